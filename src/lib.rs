@@ -1,0 +1,11 @@
+//! Pulpitum: one logical, append-only, time-ordered table whose recent buckets live in
+//! CockroachDB (or PostgreSQL, or an embedded SQLite file) and whose history lives as
+//! immutable, verified objects in S3-compatible storage, served through SQL.
+//!
+//! Layers, lowest first (an upper layer may use a lower one, never the reverse):
+//! [`model`] (pure values), [`store`] (hot tier) and [`archive`] (cold tier), [`archiver`]
+//! (the fenced cutover runner), [`table`] (routed reads and fenced appends), [`provider`]
+//! (DataFusion), and [`session`] (the embedded entry point).
+
+pub mod model;
+pub mod store;

@@ -1,0 +1,142 @@
+//! Event times: UTC instants with microsecond precision inside a documented range of years.
+//!
+//! The range 1900..=2199 keeps every bucket bound representable both as CockroachDB/PostgreSQL
+//! `TIMESTAMPTZ` and as the archive's `Timestamp(ns, UTC)` (an i64 of nanoseconds spans
+//! 1677..2262), so no bucket can be written that one tier cannot store.
+
+use chrono::{DateTime, Datelike, SecondsFormat, TimeZone, Utc};
+use std::fmt;
+
+use super::ModelError;
+
+/// First supported calendar year (inclusive).
+pub const MIN_SUPPORTED_YEAR: i32 = 1900;
+/// Last supported calendar year (inclusive).
+pub const MAX_SUPPORTED_YEAR: i32 = 2199;
+
+/// A UTC instant, stored as microseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventTime(i64);
+
+impl EventTime {
+    /// The first supported instant, `1900-01-01T00:00:00Z`.
+    pub fn min_supported() -> Self {
+        Self::from_ymd(MIN_SUPPORTED_YEAR, 1, 1)
+    }
+
+    /// The first instant after the supported range, `2200-01-01T00:00:00Z` (exclusive).
+    pub fn end_of_supported() -> Self {
+        Self::from_ymd(MAX_SUPPORTED_YEAR + 1, 1, 1)
+    }
+
+    pub(crate) fn from_ymd(y: i32, m: u32, d: u32) -> Self {
+        let dt = Utc
+            .with_ymd_and_hms(y, m, d, 0, 0, 0)
+            .single()
+            .expect("calendar date inside the supported range");
+        Self(dt.timestamp_micros())
+    }
+
+    /// Builds an event time from microseconds since the epoch, checking the range.
+    pub fn from_micros(micros: i64) -> Result<Self, ModelError> {
+        let t = Self(micros);
+        if t < Self::min_supported() || t >= Self::end_of_supported() {
+            return Err(ModelError::TimeOutOfRange(t.to_string()));
+        }
+        Ok(t)
+    }
+
+    /// Builds an event time from nanoseconds since the epoch. Sub-microsecond digits are an
+    /// error, never truncated.
+    pub fn from_nanos(nanos: i64) -> Result<Self, ModelError> {
+        if nanos % 1_000 != 0 {
+            let dt = DateTime::from_timestamp_nanos(nanos);
+            return Err(ModelError::SubMicrosecondTime(
+                dt.to_rfc3339_opts(SecondsFormat::Nanos, true),
+            ));
+        }
+        Self::from_micros(nanos / 1_000)
+    }
+
+    /// Converts a chrono instant, rejecting sub-microsecond precision and out-of-range years.
+    pub fn from_datetime(dt: DateTime<Utc>) -> Result<Self, ModelError> {
+        if dt.timestamp_subsec_nanos() % 1_000 != 0 {
+            return Err(ModelError::SubMicrosecondTime(
+                dt.to_rfc3339_opts(SecondsFormat::Nanos, true),
+            ));
+        }
+        if dt.year() < MIN_SUPPORTED_YEAR || dt.year() > MAX_SUPPORTED_YEAR {
+            return Err(ModelError::TimeOutOfRange(
+                dt.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+            ));
+        }
+        Ok(Self(dt.timestamp_micros()))
+    }
+
+    /// Parses an RFC 3339 string.
+    pub fn parse_rfc3339(s: &str) -> Result<Self, ModelError> {
+        let dt = DateTime::parse_from_rfc3339(s)
+            .map_err(|_| ModelError::TimeOutOfRange(format!("{s:?} (not RFC 3339)")))?;
+        Self::from_datetime(dt.with_timezone(&Utc))
+    }
+
+    /// Microseconds since the Unix epoch.
+    pub fn as_micros(self) -> i64 {
+        self.0
+    }
+
+    /// Nanoseconds since the Unix epoch (always representable inside the supported range).
+    pub fn as_nanos(self) -> i64 {
+        self.0 * 1_000
+    }
+
+    /// The chrono instant.
+    pub fn to_datetime(self) -> DateTime<Utc> {
+        DateTime::from_timestamp_micros(self.0).expect("supported range fits chrono")
+    }
+}
+
+impl fmt::Display for EventTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match DateTime::from_timestamp_micros(self.0) {
+            Some(dt) => f.write_str(&dt.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+            None => write!(f, "{}us", self.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_sub_microsecond_precision() {
+        let dt = Utc.timestamp_opt(1_700_000_000, 1_500).unwrap();
+        assert!(matches!(
+            EventTime::from_datetime(dt),
+            Err(ModelError::SubMicrosecondTime(_))
+        ));
+        assert!(matches!(
+            EventTime::from_nanos(1_700_000_000_000_000_001),
+            Err(ModelError::SubMicrosecondTime(_))
+        ));
+        let ok = Utc.timestamp_opt(1_700_000_000, 2_000).unwrap();
+        assert_eq!(
+            EventTime::from_datetime(ok).unwrap().as_micros(),
+            1_700_000_000_000_002
+        );
+    }
+
+    #[test]
+    fn rejects_out_of_range_years() {
+        let dt = Utc.with_ymd_and_hms(1899, 12, 31, 23, 59, 59).unwrap();
+        assert!(matches!(
+            EventTime::from_datetime(dt),
+            Err(ModelError::TimeOutOfRange(_))
+        ));
+        let dt = Utc.with_ymd_and_hms(2200, 1, 1, 0, 0, 0).unwrap();
+        assert!(EventTime::from_datetime(dt).is_err());
+        assert!(EventTime::from_micros(EventTime::end_of_supported().as_micros()).is_err());
+        assert!(EventTime::from_micros(EventTime::end_of_supported().as_micros() - 1).is_ok());
+    }
+}

@@ -1,0 +1,418 @@
+//! The hot tier: the durable authority for mutable records and for routing state.
+//!
+//! [`HotStore`] is the contract; [`postgres::PgStore`] implements it on CockroachDB or
+//! PostgreSQL and [`embedded::SqliteStore`] on an embedded SQLite file. Both run one
+//! conformance suite (`tests/conformance/`). The fencing rules live in the store itself: an
+//! append commits only into a Hot bucket, and every archiver step that writes checks owner
+//! token, fencing generation and lease expiry in the same statement, against the store's own
+//! clock, so a paused or stale worker is rejected whatever its own clock says.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::model::{
+    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, ModelError, PartitionKey,
+    Record, ScanBounds, TableId,
+};
+
+// pub mod embedded;
+// pub mod migrate;
+// pub mod postgres;
+// mod retry;
+
+// pub use retry::RetryPolicy;
+
+/// The record schema version that the hot store and the archive write today.
+pub const RECORD_SCHEMA_VERSION: i32 = 2;
+
+/// A table's registration: persisted in `pulpitum_v4_tables`, immutable in its strategy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableDefinition {
+    /// The table id.
+    pub table_id: TableId,
+    /// How event times map to buckets; fixed for the table's lifetime.
+    pub strategy: BucketStrategy,
+    /// Ingestion guard: appends are accepted only into the newest N buckets (counted in this
+    /// strategy's buckets, ending with the bucket of "now"); `None` accepts any bucket.
+    pub writable_buckets: Option<u32>,
+    /// Record schema version of the table's records.
+    pub record_schema_version: i32,
+    /// The SQL surface the table is exposed as (`chat` or `raw`); opaque to the store.
+    pub surface: String,
+}
+
+impl TableDefinition {
+    /// A definition with the default guard (none) and the current record schema.
+    pub fn new(table_id: TableId, strategy: BucketStrategy, surface: impl Into<String>) -> Self {
+        Self {
+            table_id,
+            strategy,
+            writable_buckets: None,
+            record_schema_version: RECORD_SCHEMA_VERSION,
+            surface: surface.into(),
+        }
+    }
+}
+
+/// The lifecycle state of a bucket, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BucketState {
+    /// Accepts appends; read from the hot store.
+    Hot,
+    /// Write-fenced by a claim; still read from the hot store.
+    Archiving,
+    /// Published: reads use the manifest at `object_key`.
+    Archived {
+        /// Key of the published manifest.
+        object_key: String,
+        /// Whether cleanup has removed the hot rows.
+        hot_deleted: bool,
+    },
+}
+
+impl BucketState {
+    /// Short name used in messages and EXPLAIN (`hot`, `archiving`, `archived`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Hot => "hot",
+            Self::Archiving => "archiving",
+            Self::Archived { .. } => "archived",
+        }
+    }
+}
+
+/// Everything the store knows about one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketMeta {
+    /// Identity.
+    pub id: BucketId,
+    /// Current state.
+    pub state: BucketState,
+    /// Current fencing generation (0 before the first claim).
+    pub generation: i64,
+    /// Current owner token, if a claim or cleanup claim holds it.
+    pub owner_token: Option<String>,
+    /// Lease expiry of the current owner.
+    pub lease_expires_at: Option<EventTime>,
+    /// Earliest time a deferred bucket may be claimed again.
+    pub retry_at: Option<EventTime>,
+    /// When the route was published.
+    pub published_at: Option<EventTime>,
+}
+
+/// Proof of ownership returned by a successful claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The claimed bucket.
+    pub bucket: BucketId,
+    /// Opaque owner token, unique per claim.
+    pub token: String,
+    /// Fencing generation of this claim.
+    pub generation: i64,
+    /// Lease expiry by the store's clock.
+    pub expires_at: EventTime,
+}
+
+/// The route observed together with one page of hot rows, from one statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HotPage {
+    /// The bucket has no metadata: it holds no records.
+    Missing,
+    /// The bucket is Hot or Archiving: `rows` are its hot rows for the request, in order.
+    Hot {
+        /// `hot` or `archiving` at the moment of the read.
+        state: BucketState,
+        /// Up to `limit` rows matching the bounds, in the requested order.
+        rows: Vec<Record>,
+    },
+    /// The bucket is published: read the archive at `object_key`. No hot rows are returned.
+    Archived {
+        /// Key of the published manifest.
+        object_key: String,
+    },
+}
+
+/// One page request against one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest {
+    /// Predicates applied exactly by the store (cursors included).
+    pub bounds: ScanBounds,
+    /// Newest first when true.
+    pub descending: bool,
+    /// Maximum rows returned (at least 1).
+    pub limit: usize,
+    /// When false, `value` is returned empty and its bytes are not fetched.
+    pub include_value: bool,
+}
+
+/// A selection of buckets of one table for [`HotStore::list_buckets`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BucketFilter {
+    /// Only these partitions (`None`: all).
+    pub partitions: Option<Vec<PartitionKey>>,
+    /// Only buckets with `bucket_end > start_after_or_at` ... i.e. overlapping `[from, to]`.
+    pub from: Option<EventTime>,
+    /// Only buckets with `bucket_start <= to`.
+    pub to: Option<EventTime>,
+}
+
+/// Why the archiver should look at a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkKind {
+    /// A Hot bucket that ended at or before the cutoff and whose retry time has passed.
+    Eligible,
+    /// An Archiving claim whose lease expired before publication.
+    ExpiredClaim,
+    /// A published bucket whose hot rows are not yet deleted.
+    CleanupPending,
+}
+
+/// One discovered work item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkItem {
+    /// The bucket.
+    pub bucket: BucketId,
+    /// Why it was found.
+    pub kind: WorkKind,
+}
+
+/// Result of a single append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// A new record was committed.
+    Inserted,
+    /// An identical record was already present (an idempotent retry).
+    AlreadyPresent,
+}
+
+/// Result of a batch append.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Records newly committed.
+    pub inserted: u64,
+    /// Identical records already present.
+    pub already_present: u64,
+}
+
+/// Every way a hot-store operation can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Input that violates the model.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The table id is not registered.
+    #[error("table {0} is not registered")]
+    UnknownTable(TableId),
+    /// Registering an existing table id with a different definition.
+    #[error("table {table_id} is already registered as {existing}; requested {requested} (the bucket strategy and surface of a table are immutable)")]
+    TableConflict {
+        /// The table.
+        table_id: TableId,
+        /// The stored definition, summarised.
+        existing: String,
+        /// The requested definition, summarised.
+        requested: String,
+    },
+    /// The append targets a bucket that is not Hot: it is being archived or is archived.
+    #[error("bucket {bucket} is {state}: writes are fenced")]
+    Fenced {
+        /// The bucket.
+        bucket: BucketId,
+        /// Its state name.
+        state: &'static str,
+    },
+    /// The append is older than the table's writable-bucket guard allows.
+    #[error("bucket {bucket} is outside the newest {writable_buckets} writable buckets of the table")]
+    NotWritable {
+        /// The bucket.
+        bucket: BucketId,
+        /// The configured guard.
+        writable_buckets: u32,
+    },
+    /// A different value already exists under the same physical key.
+    #[error("a different record already exists in {bucket} at event_time {event_time}, sort_key {sort_key}")]
+    DuplicateKey {
+        /// The bucket.
+        bucket: BucketId,
+        /// Event time of the key.
+        event_time: EventTime,
+        /// Sort key, displayed as hex.
+        sort_key: String,
+    },
+    /// The caller's claim is not current: another token or generation, an expired lease, or
+    /// the bucket is in another state. Nothing was written.
+    #[error("claim on {bucket} (generation {generation}) is stale: {reason}")]
+    StaleClaim {
+        /// The bucket.
+        bucket: BucketId,
+        /// The generation the caller held.
+        generation: i64,
+        /// What the store found instead.
+        reason: String,
+    },
+    /// A transition that the bucket's current state does not allow (for example cleanup
+    /// before publication, or publishing twice).
+    #[error("bucket {bucket}: cannot {operation} in state {state}")]
+    InvalidTransition {
+        /// The bucket.
+        bucket: BucketId,
+        /// The refused operation.
+        operation: &'static str,
+        /// The state found.
+        state: String,
+    },
+    /// The commit's outcome is unknown (40003, or the connection dropped during COMMIT). The
+    /// caller must re-read durable state to learn whether it took effect.
+    #[error("outcome of {operation} is unknown: {detail}")]
+    OutcomeUnknown {
+        /// The operation.
+        operation: &'static str,
+        /// The underlying error.
+        detail: String,
+    },
+    /// Serialization conflicts persisted past the retry budget.
+    #[error("{operation} kept conflicting after {attempts} attempts: {detail}")]
+    RetriesExhausted {
+        /// The operation.
+        operation: &'static str,
+        /// Attempts made.
+        attempts: u32,
+        /// The last error.
+        detail: String,
+    },
+    /// A stored row that does not decode (a corrupted or foreign value).
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+    /// Migration bookkeeping disagrees with this build (edited or unknown migrations).
+    #[error("migration error: {0}")]
+    Migration(String),
+    /// Bad connection settings.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    /// Any other database or I/O failure (retryable by the caller).
+    #[error("database error during {operation}: {detail}")]
+    Backend {
+        /// The operation.
+        operation: &'static str,
+        /// The underlying error.
+        detail: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::OutcomeUnknown { .. } | Self::RetriesExhausted { .. } | Self::Backend { .. }
+        )
+    }
+}
+
+/// Result alias for store operations.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The hot-tier contract. Every method is one serializable transaction or one statement.
+#[async_trait]
+pub trait HotStore: Send + Sync + 'static {
+    /// Applies pending migrations; safe when several processes call it at once.
+    async fn migrate(&self) -> StoreResult<()>;
+
+    /// Registers a table. The identical definition twice is a no-op; a different strategy or
+    /// surface for an existing id is [`StoreError::TableConflict`]. Returns the stored row.
+    async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition>;
+
+    /// One table's definition.
+    async fn table(&self, table_id: &TableId) -> StoreResult<Option<TableDefinition>>;
+
+    /// Every registered table, ordered by id.
+    async fn tables(&self) -> StoreResult<Vec<TableDefinition>>;
+
+    /// Appends one record: creates the bucket as Hot if absent, commits only if the bucket is
+    /// Hot, inserts if absent. An identical duplicate is `AlreadyPresent`; a different value
+    /// under the same key is `DuplicateKey`.
+    async fn append(&self, table_id: &TableId, record: &Record) -> StoreResult<AppendOutcome>;
+
+    /// Appends records atomically: all commit or none (one fenced bucket rejects the batch).
+    async fn append_batch(&self, table_id: &TableId, records: &[Record]) -> StoreResult<BatchOutcome>;
+
+    /// Buckets of a table matching the filter, ordered by partition key, then bucket start.
+    async fn list_buckets(&self, table_id: &TableId, filter: &BucketFilter) -> StoreResult<Vec<BucketMeta>>;
+
+    /// One bucket's metadata.
+    async fn bucket(&self, bucket: &BucketId) -> StoreResult<Option<BucketMeta>>;
+
+    /// The route and one page of hot rows, from one statement.
+    async fn read_page(&self, bucket: &BucketId, req: &PageRequest) -> StoreResult<HotPage>;
+
+    /// Claims a bucket for archiving: a Hot bucket whose retry time has passed, or an
+    /// Archiving bucket whose lease expired, becomes Archiving with a fresh token,
+    /// `generation + 1` and `expires_at = now + lease`. `Ok(None)` when not claimable.
+    async fn claim(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>>;
+
+    /// Claims a published bucket's cleanup: an Archived bucket with hot rows whose previous
+    /// owner's lease expired gets a fresh token and `generation + 1`. `Ok(None)` otherwise.
+    async fn claim_cleanup(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>>;
+
+    /// Extends the lease of a current claim; [`StoreError::StaleClaim`] if it is not current.
+    async fn renew(&self, claim: &Claim, lease: Duration) -> StoreResult<Claim>;
+
+    /// One ordered page of an Archiving bucket's rows strictly after `after`, verifying token,
+    /// generation and lease in the same statement that reads.
+    async fn snapshot_page(
+        &self,
+        claim: &Claim,
+        after: Option<&ClusteringKey>,
+        limit: usize,
+    ) -> StoreResult<Vec<Record>>;
+
+    /// Returns a claimed Archiving bucket to Hot, claimable again after `retry_after`.
+    async fn defer_archive(&self, claim: &Claim, retry_after: Duration) -> StoreResult<()>;
+
+    /// The read-cutover commit point: Archiving with this claim becomes
+    /// `Archived { object_key, hot_deleted: false }`.
+    async fn publish_archive(&self, claim: &Claim, object_key: &str) -> StoreResult<()>;
+
+    /// Deletes up to `limit` hot rows of a published bucket under a current cleanup claim;
+    /// when none remain, sets `hot_deleted = true`. Returns rows deleted and whether done.
+    /// Refused until `min_age` has passed since publication (the readers' route-cache bound).
+    async fn cleanup_step(
+        &self,
+        claim: &Claim,
+        limit: usize,
+        min_age: Duration,
+    ) -> StoreResult<(u64, bool)>;
+
+    /// Work for the archiver: eligible Hot buckets (`bucket_end <= cutoff`, retry passed),
+    /// expired pre-publication claims, and published buckets with cleanup pending whose
+    /// owner lease (if any) expired, up to `limit`, oldest buckets first.
+    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>>;
+
+    /// Every object key referenced by a published route (for orphan GC).
+    async fn referenced_object_keys(&self) -> StoreResult<Vec<String>>;
+
+    /// The store's current time (its clock decides leases).
+    async fn now(&self) -> StoreResult<EventTime>;
+}
+
+/// Helper shared by both stores: the bucket a record lands in, with the guard applied.
+pub fn bucket_for_append(def: &TableDefinition, record: &Record, now: EventTime) -> StoreResult<BucketId> {
+    let id = BucketId::of_record(&def.table_id, def.strategy, record);
+    if let Some(n) = def.writable_buckets {
+        let mut oldest: BucketKey = def.strategy.bucket_of(now);
+        for _ in 1..n.max(1) {
+            match oldest.prev() {
+                Some(p) => oldest = p,
+                None => break,
+            }
+        }
+        if id.bucket_key.start() < oldest.start() {
+            return Err(StoreError::NotWritable {
+                bucket: id,
+                writable_buckets: n,
+            });
+        }
+    }
+    Ok(id)
+}
