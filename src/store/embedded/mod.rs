@@ -1173,3 +1173,299 @@ impl HotStore for SqliteStore {
         })?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ScanBounds;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    fn tid(s: &str) -> TableId {
+        TableId::new(s).unwrap()
+    }
+
+    fn rec(pk: &[u8], micros: i64, sk: &[u8], v: &[u8]) -> Record {
+        Record {
+            partition_key: PartitionKey::new(pk.to_vec()).unwrap(),
+            event_time: EventTime::from_micros(micros).unwrap(),
+            sort_key: SortKey::new(sk.to_vec()).unwrap(),
+            value: v.to_vec(),
+        }
+    }
+
+    async fn store_with(def: &TableDefinition) -> SqliteStore {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        s.register_table(def).await.unwrap();
+        s
+    }
+
+    fn ledger(s: &SqliteStore) -> Vec<(i64, String)> {
+        let c = lock(&s.inner.writer);
+        let mut st = c
+            .prepare("SELECT version, name FROM pulpitum_v4_schema_migrations ORDER BY version")
+            .unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn migrations_apply_once_and_refuse_foreign_bookkeeping() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        s.migrate().await.unwrap();
+        let want: Vec<(i64, String)> = migrate::MIGRATIONS
+            .iter()
+            .map(|m| (m.version, m.name.to_string()))
+            .collect();
+        assert_eq!(ledger(&s), want);
+
+        lock(&s.inner.writer)
+            .execute("UPDATE pulpitum_v4_schema_migrations SET checksum = 'x' WHERE version = 2", [])
+            .unwrap();
+        let err = s.migrate().await.unwrap_err();
+        assert!(matches!(&err, StoreError::Migration(m) if m.contains("different SQL")), "{err}");
+
+        let sum = migrate::checksum(migrate::MIGRATIONS[1].sql);
+        lock(&s.inner.writer)
+            .execute(
+                "UPDATE pulpitum_v4_schema_migrations SET checksum = ?1 WHERE version = 2",
+                [sum],
+            )
+            .unwrap();
+        lock(&s.inner.writer)
+            .execute(
+                "INSERT INTO pulpitum_v4_schema_migrations VALUES (99, 'future', 'x', 0)",
+                [],
+            )
+            .unwrap();
+        let err = s.migrate().await.unwrap_err();
+        assert!(matches!(&err, StoreError::Migration(m) if m.contains("does not know")), "{err}");
+    }
+
+    #[tokio::test]
+    async fn registration_is_immutable_in_strategy_and_surface() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        let mut def = TableDefinition::new(tid("chat"), BucketStrategy::CalendarDayUtc, "chat");
+        def.writable_buckets = Some(3);
+        assert_eq!(s.register_table(&def).await.unwrap(), def);
+        assert_eq!(s.register_table(&def).await.unwrap(), def);
+
+        let other_strategy = TableDefinition {
+            strategy: BucketStrategy::CalendarMonthUtc,
+            ..def.clone()
+        };
+        let err = s.register_table(&other_strategy).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::TableConflict { existing, requested, .. }
+                if existing.contains("calendar_day_utc") && requested.contains("calendar_month_utc")),
+            "{err}"
+        );
+        let other_surface = TableDefinition {
+            surface: "raw".into(),
+            ..def.clone()
+        };
+        assert!(matches!(
+            s.register_table(&other_surface).await,
+            Err(StoreError::TableConflict { .. })
+        ));
+        // A different guard is not a conflict: the stored row is returned unchanged.
+        let other_guard = TableDefinition {
+            writable_buckets: None,
+            ..def.clone()
+        };
+        assert_eq!(s.register_table(&other_guard).await.unwrap(), def);
+
+        let raw = TableDefinition::new(tid("audit"), BucketStrategy::CalendarYearUtc, "raw");
+        s.register_table(&raw).await.unwrap();
+        assert_eq!(s.tables().await.unwrap(), vec![raw.clone(), def.clone()]);
+        assert_eq!(s.table(&tid("chat")).await.unwrap(), Some(def));
+        assert_eq!(s.table(&tid("nope")).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn append_is_insert_if_absent_and_typed() {
+        let def = TableDefinition::new(tid("t"), BucketStrategy::CalendarYearUtc, "raw");
+        let s = store_with(&def).await;
+        let r = rec(b"p", 1_700_000_000_000_000, b"a", b"v1");
+        assert!(matches!(
+            s.append(&tid("unknown"), &r).await,
+            Err(StoreError::UnknownTable(_))
+        ));
+        assert_eq!(s.append(&tid("t"), &r).await.unwrap(), AppendOutcome::Inserted);
+        assert_eq!(s.append(&tid("t"), &r).await.unwrap(), AppendOutcome::AlreadyPresent);
+        let changed = Record {
+            value: b"v2".to_vec(),
+            ..r.clone()
+        };
+        let err = s.append(&tid("t"), &changed).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::DuplicateKey { sort_key, .. } if sort_key == "61"),
+            "{err}"
+        );
+        let id = BucketId::of_record(&tid("t"), def.strategy, &r);
+        let meta = s.bucket(&id).await.unwrap().unwrap();
+        assert_eq!(meta.state, BucketState::Hot);
+        assert_eq!(meta.generation, 0);
+        assert_eq!(meta.owner_token, None);
+        let page = s
+            .read_page(
+                &id,
+                &PageRequest {
+                    bounds: ScanBounds::all(),
+                    descending: false,
+                    limit: 10,
+                    include_value: true,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            page,
+            HotPage::Hot {
+                state: BucketState::Hot,
+                rows: vec![r]
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn writable_bucket_guard_rejects_old_buckets_and_writes_nothing() {
+        let mut def = TableDefinition::new(tid("g"), BucketStrategy::CalendarDayUtc, "raw");
+        def.writable_buckets = Some(2);
+        let s = store_with(&def).await;
+        let now = s.now().await.unwrap().as_micros();
+        let day = 86_400_000_000;
+        let old = rec(b"p", now - 3 * day, b"", b"x");
+        let err = s.append(&tid("g"), &old).await.unwrap_err();
+        assert!(matches!(err, StoreError::NotWritable { writable_buckets: 2, .. }), "{err}");
+        let id = BucketId::of_record(&tid("g"), def.strategy, &old);
+        assert_eq!(s.bucket(&id).await.unwrap(), None);
+        // Yesterday is the second-newest bucket: accepted.
+        let recent = rec(b"p", now - day, b"", b"x");
+        assert_eq!(s.append(&tid("g"), &recent).await.unwrap(), AppendOutcome::Inserted);
+        // A batch with one guarded record commits nothing.
+        let err = s
+            .append_batch(&tid("g"), &[rec(b"q", now, b"", b"x"), old.clone()])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::NotWritable { .. }));
+        let q = BucketId::of_record(&tid("g"), def.strategy, &rec(b"q", now, b"", b""));
+        assert_eq!(s.bucket(&q).await.unwrap(), None);
+    }
+
+    fn random_bounds(rng: &mut StdRng, times: &[i64], keys: &[Vec<u8>]) -> ScanBounds {
+        let t = |rng: &mut StdRng| EventTime::from_micros(times[rng.random_range(0..times.len())]).unwrap();
+        let k = |rng: &mut StdRng| SortKey::new(keys[rng.random_range(0..keys.len())].clone()).unwrap();
+        let tb = |rng: &mut StdRng| match rng.random_range(0..3) {
+            0 => Bound::Unbounded,
+            1 => Bound::Included(t(rng)),
+            _ => Bound::Excluded(t(rng)),
+        };
+        let kb = |rng: &mut StdRng| match rng.random_range(0..4) {
+            0 | 1 => Bound::Unbounded,
+            2 => Bound::Included(k(rng)),
+            _ => Bound::Excluded(k(rng)),
+        };
+        let ck = |rng: &mut StdRng| {
+            rng.random_bool(0.4).then(|| ClusteringKey {
+                event_time: t(rng),
+                sort_key: k(rng),
+            })
+        };
+        ScanBounds {
+            time_lower: tb(rng),
+            time_upper: tb(rng),
+            sort_lower: kb(rng),
+            sort_upper: kb(rng),
+            after: ck(rng),
+            before: ck(rng),
+        }
+    }
+
+    /// `read_page` must agree exactly with the reference filter `ScanBounds::matches`, in
+    /// both orders, with limits and without values.
+    #[tokio::test]
+    async fn read_page_applies_bounds_like_the_reference_filter() {
+        let def = TableDefinition::new(tid("b"), BucketStrategy::CalendarYearUtc, "raw");
+        let s = store_with(&def).await;
+        let base = 1_700_000_000_000_000;
+        let times: Vec<i64> = (0..8).map(|i| base + i * 1_000).collect();
+        // Keys that differ in length and in a byte >= 0x80, where bytewise order matters.
+        let keys: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![1], vec![0x7f], vec![0x80], vec![0xff, 1]];
+        let mut all = Vec::new();
+        for &t in &times {
+            for k in &keys {
+                all.push(rec(b"p", t, k, &[k.len() as u8, (t % 251) as u8]));
+            }
+        }
+        let out = s.append_batch(&tid("b"), &all).await.unwrap();
+        assert_eq!(out.inserted, all.len() as u64);
+        all.sort_by(|a, b| a.clustering_key().cmp(&b.clustering_key()));
+        let id = BucketId::of_record(&tid("b"), def.strategy, &all[0]);
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut nonempty = 0;
+        for _ in 0..300 {
+            let bounds = random_bounds(&mut rng, &times, &keys);
+            let descending = rng.random_bool(0.5);
+            let include_value = rng.random_bool(0.5);
+            let limit = rng.random_range(1..70);
+            let mut want: Vec<Record> = all.iter().filter(|r| bounds.matches(r)).cloned().collect();
+            if descending {
+                want.reverse();
+            }
+            want.truncate(limit);
+            if !include_value {
+                for r in &mut want {
+                    r.value.clear();
+                }
+            }
+            nonempty += usize::from(!want.is_empty());
+            let req = PageRequest {
+                bounds: bounds.clone(),
+                descending,
+                limit,
+                include_value,
+            };
+            let HotPage::Hot { state, rows } = s.read_page(&id, &req).await.unwrap() else {
+                panic!("bucket should be hot");
+            };
+            assert_eq!(state, BucketState::Hot);
+            assert_eq!(rows, want, "bounds {bounds:?} desc {descending} limit {limit}");
+        }
+        assert!(nonempty > 100, "the random bounds should mostly select rows ({nonempty})");
+    }
+
+    #[tokio::test]
+    async fn file_store_is_durable_wal_and_creates_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/deeper/hot.sqlite");
+        let def = TableDefinition::new(tid("f"), BucketStrategy::CalendarMonthUtc, "raw");
+        let r = rec(b"p", 1_700_000_000_000_000, b"k", b"v");
+        {
+            let s = SqliteStore::open(&path).unwrap();
+            assert_eq!(s.path(), Some(path.as_path()));
+            s.migrate().await.unwrap();
+            s.register_table(&def).await.unwrap();
+            s.append(&tid("f"), &r).await.unwrap();
+            let c = lock(&s.inner.writer);
+            let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+            assert_eq!(mode, "wal");
+            let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+            assert_eq!(sync, 2, "synchronous must be FULL");
+        }
+        let s = SqliteStore::open(&path).unwrap();
+        s.migrate().await.unwrap();
+        assert_eq!(s.tables().await.unwrap(), vec![def.clone()]);
+        assert_eq!(s.append(&tid("f"), &r).await.unwrap(), AppendOutcome::AlreadyPresent);
+        // Readers are read-only connections.
+        let reader = lock(&s.inner.readers[0]);
+        assert!(reader
+            .execute("DELETE FROM pulpitum_v4_records", [])
+            .is_err());
+    }
+}
