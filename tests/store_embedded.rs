@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pulpitum::model::{
-    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, ModelError, PartitionKey, Record,
-    ScanBounds, SortKey, TableId,
+    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, ModelError, PartitionKey,
+    Record, ScanBounds, SortKey, TableId,
 };
 use pulpitum::store::embedded::SqliteStore;
 use pulpitum::store::{
@@ -27,7 +27,9 @@ fn tid(s: &str) -> TableId {
 }
 
 fn t0() -> i64 {
-    EventTime::parse_rfc3339("2024-03-10T00:00:00Z").unwrap().as_micros()
+    EventTime::parse_rfc3339("2024-03-10T00:00:00Z")
+        .unwrap()
+        .as_micros()
 }
 
 fn rec(pk: &[u8], micros: i64, sk: &[u8], v: &[u8]) -> Record {
@@ -59,7 +61,14 @@ async fn fresh() -> (TempDir, SqliteStore) {
 /// clustering order.
 async fn filled(s: &SqliteStore, pk: &[u8], d: i64, n: usize) -> (BucketId, Vec<Record>) {
     let rows: Vec<Record> = (0..n)
-        .map(|i| rec(pk, t0() + d * DAY + (i as i64 / 2) * 1_000, &[i as u8], format!("v{i}").as_bytes()))
+        .map(|i| {
+            rec(
+                pk,
+                t0() + d * DAY + (i as i64 / 2) * 1_000,
+                &[i as u8],
+                format!("v{i}").as_bytes(),
+            )
+        })
         .collect();
     let out = s.append_batch(&tid("t"), &rows).await.unwrap();
     assert_eq!(out.inserted, n as u64);
@@ -91,7 +100,10 @@ fn all_rows(limit: usize) -> PageRequest {
 fn assert_stale(r: Result<impl std::fmt::Debug, StoreError>, needle: &str) {
     match r {
         Err(StoreError::StaleClaim { reason, .. }) => {
-            assert!(reason.contains(needle), "reason {reason:?} should mention {needle:?}")
+            assert!(
+                reason.contains(needle),
+                "reason {reason:?} should mention {needle:?}"
+            )
         }
         other => panic!("expected StaleClaim ({needle}), got {other:?}"),
     }
@@ -100,7 +112,10 @@ fn assert_stale(r: Result<impl std::fmt::Debug, StoreError>, needle: &str) {
 fn assert_invalid(r: Result<impl std::fmt::Debug, StoreError>, op: &str) {
     match r {
         Err(StoreError::InvalidTransition { operation, .. }) => {
-            assert!(operation.contains(op), "operation {operation:?} should be {op:?}")
+            assert!(
+                operation.contains(op),
+                "operation {operation:?} should be {op:?}"
+            )
         }
         other => panic!("expected InvalidTransition ({op}), got {other:?}"),
     }
@@ -119,7 +134,11 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
             kind: WorkKind::Eligible
         }]
     );
-    let c = s.claim(&id, LONG).await.unwrap().expect("hot bucket is claimable");
+    let c = s
+        .claim(&id, LONG)
+        .await
+        .unwrap()
+        .expect("hot bucket is claimable");
     assert_eq!(c.generation, 1);
     assert!(c.expires_at > now);
     let meta = s.bucket(&id).await.unwrap().unwrap();
@@ -127,8 +146,14 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
     assert_eq!(meta.owner_token.as_deref(), Some(c.token.as_str()));
     assert_eq!(meta.lease_expires_at, Some(c.expires_at));
     assert_eq!(meta.generation, 1);
-    assert!(s.discover(now, 10).await.unwrap().is_empty(), "a live claim is not work");
-    assert!(s.claim(&id, LONG).await.unwrap().is_none(), "a live claim cannot be taken");
+    assert!(
+        s.discover(now, 10).await.unwrap().is_empty(),
+        "a live claim is not work"
+    );
+    assert!(
+        s.claim(&id, LONG).await.unwrap().is_none(),
+        "a live claim cannot be taken"
+    );
 
     // The fence: nothing new commits, not even an identical retry of an existing record.
     let late = rec(b"chan", t0() + 500, b"late", b"x");
@@ -157,9 +182,14 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
 
     let renewed = s.renew(&c, Duration::from_secs(120)).await.unwrap();
     assert!(renewed.expires_at > c.expires_at);
-    assert_eq!((renewed.token.as_str(), renewed.generation), (c.token.as_str(), 1));
+    assert_eq!(
+        (renewed.token.as_str(), renewed.generation),
+        (c.token.as_str(), 1)
+    );
 
-    s.publish_archive(&renewed, "t/manifest-g1.json").await.unwrap();
+    s.publish_archive(&renewed, "t/manifest-g1.json")
+        .await
+        .unwrap();
     let meta = s.bucket(&id).await.unwrap().unwrap();
     assert_eq!(
         meta.state,
@@ -178,7 +208,10 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
     );
     assert!(matches!(
         s.append(&tid("t"), &late).await,
-        Err(StoreError::Fenced { state: "archived", .. })
+        Err(StoreError::Fenced {
+            state: "archived",
+            ..
+        })
     ));
     assert_eq!(
         s.referenced_object_keys().await.unwrap(),
@@ -193,9 +226,16 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
     );
     assert!(s.claim(&id, LONG).await.unwrap().is_none());
 
-    let cc = s.claim_cleanup(&id, LONG).await.unwrap().expect("cleanup is claimable");
+    let cc = s
+        .claim_cleanup(&id, LONG)
+        .await
+        .unwrap()
+        .expect("cleanup is claimable");
     assert_eq!(cc.generation, 2);
-    assert!(s.claim_cleanup(&id, LONG).await.unwrap().is_none(), "held by cc");
+    assert!(
+        s.claim_cleanup(&id, LONG).await.unwrap().is_none(),
+        "held by cc"
+    );
     assert!(s.discover(now, 10).await.unwrap().is_empty());
     let mut deleted = 0;
     let mut steps = 0;
@@ -218,7 +258,11 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
             hot_deleted: true
         }
     );
-    assert_eq!(s.cleanup_step(&cc, 3, Duration::ZERO).await.unwrap(), (0, true), "idempotent");
+    assert_eq!(
+        s.cleanup_step(&cc, 3, Duration::ZERO).await.unwrap(),
+        (0, true),
+        "idempotent"
+    );
     assert!(s.claim_cleanup(&id, LONG).await.unwrap().is_none());
     assert!(s.discover(now, 10).await.unwrap().is_empty());
     assert_eq!(
@@ -240,10 +284,19 @@ async fn stale_tokens_and_generations_are_rejected_and_write_nothing() {
         token: "0".repeat(32),
         ..c.clone()
     };
-    assert_stale(s.snapshot_page(&wrong_token, None, 10).await, "another owner token");
-    assert_stale(s.publish_archive(&wrong_token, "k").await, "another owner token");
+    assert_stale(
+        s.snapshot_page(&wrong_token, None, 10).await,
+        "another owner token",
+    );
+    assert_stale(
+        s.publish_archive(&wrong_token, "k").await,
+        "another owner token",
+    );
     assert_stale(s.renew(&wrong_token, LONG).await, "another owner token");
-    assert_stale(s.defer_archive(&wrong_token, LONG).await, "another owner token");
+    assert_stale(
+        s.defer_archive(&wrong_token, LONG).await,
+        "another owner token",
+    );
 
     for generation in [0, 2] {
         let wrong_gen = Claim {
@@ -260,7 +313,11 @@ async fn stale_tokens_and_generations_are_rejected_and_write_nothing() {
         ..c.clone()
     };
     assert_stale(s.publish_archive(&other_bucket, "k").await, "no metadata");
-    assert_eq!(s.bucket(&id).await.unwrap(), before, "rejections write nothing");
+    assert_eq!(
+        s.bucket(&id).await.unwrap(),
+        before,
+        "rejections write nothing"
+    );
     assert!(s.referenced_object_keys().await.unwrap().is_empty());
 }
 
@@ -268,7 +325,11 @@ async fn stale_tokens_and_generations_are_rejected_and_write_nothing() {
 async fn an_expired_lease_loses_ownership_to_the_next_claim() {
     let (_d, s) = fresh().await;
     let (id, rows) = filled(&s, b"p", 0, 4).await;
-    let c1 = s.claim(&id, Duration::from_millis(150)).await.unwrap().unwrap();
+    let c1 = s
+        .claim(&id, Duration::from_millis(150))
+        .await
+        .unwrap()
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await;
 
     assert_stale(s.snapshot_page(&c1, None, 10).await, "expired");
@@ -289,13 +350,20 @@ async fn an_expired_lease_loses_ownership_to_the_next_claim() {
         }]
     );
 
-    let c2 = s.claim(&id, LONG).await.unwrap().expect("expired claim is reclaimable");
+    let c2 = s
+        .claim(&id, LONG)
+        .await
+        .unwrap()
+        .expect("expired claim is reclaimable");
     assert_eq!(c2.generation, 2);
     assert_ne!(c2.token, c1.token);
     assert_stale(s.publish_archive(&c1, "k1").await, "generation 2");
     assert_eq!(snapshot_all(&s, &c2, 10).await, rows);
     s.publish_archive(&c2, "k2").await.unwrap();
-    assert_eq!(s.referenced_object_keys().await.unwrap(), vec!["k2".to_string()]);
+    assert_eq!(
+        s.referenced_object_keys().await.unwrap(),
+        vec!["k2".to_string()]
+    );
 }
 
 #[tokio::test]
@@ -303,7 +371,9 @@ async fn defer_returns_the_bucket_to_hot_until_the_retry_time() {
     let (_d, s) = fresh().await;
     let (id, _) = filled(&s, b"p", 0, 2).await;
     let c = s.claim(&id, LONG).await.unwrap().unwrap();
-    s.defer_archive(&c, Duration::from_millis(300)).await.unwrap();
+    s.defer_archive(&c, Duration::from_millis(300))
+        .await
+        .unwrap();
     let meta = s.bucket(&id).await.unwrap().unwrap();
     assert_eq!(meta.state, BucketState::Hot);
     assert_eq!(meta.generation, 1, "defer keeps the generation");
@@ -312,7 +382,10 @@ async fn defer_returns_the_bucket_to_hot_until_the_retry_time() {
 
     // Hot again: appends commit.
     let extra = rec(b"p", t0() + 77, b"new", b"x");
-    assert_eq!(s.append(&tid("t"), &extra).await.unwrap(), AppendOutcome::Inserted);
+    assert_eq!(
+        s.append(&tid("t"), &extra).await.unwrap(),
+        AppendOutcome::Inserted
+    );
     // The deferring claim is over.
     assert_invalid(s.snapshot_page(&c, None, 10).await, "snapshot");
     assert_invalid(s.publish_archive(&c, "k").await, "publish");
@@ -320,12 +393,19 @@ async fn defer_returns_the_bucket_to_hot_until_the_retry_time() {
     assert_stale(s.renew(&c, LONG).await, "released");
 
     let now = s.now().await.unwrap();
-    assert!(s.claim(&id, LONG).await.unwrap().is_none(), "retry time not reached");
+    assert!(
+        s.claim(&id, LONG).await.unwrap().is_none(),
+        "retry time not reached"
+    );
     assert!(s.discover(now, 10).await.unwrap().is_empty());
     tokio::time::sleep(Duration::from_millis(400)).await;
     let now = s.now().await.unwrap();
     assert_eq!(s.discover(now, 10).await.unwrap().len(), 1);
-    let c2 = s.claim(&id, LONG).await.unwrap().expect("retry time passed");
+    let c2 = s
+        .claim(&id, LONG)
+        .await
+        .unwrap()
+        .expect("retry time passed");
     assert_eq!(c2.generation, 2);
     assert_eq!(s.bucket(&id).await.unwrap().unwrap().retry_at, None);
     assert_eq!(snapshot_all(&s, &c2, 2).await.len(), 3);
@@ -351,7 +431,10 @@ async fn wrong_state_transitions_are_refused() {
 
     // Cleanup before min_age since publication.
     let cc = s.claim_cleanup(&id, LONG).await.unwrap().unwrap();
-    assert_invalid(s.cleanup_step(&cc, 10, Duration::from_secs(3600)).await, "min_age");
+    assert_invalid(
+        s.cleanup_step(&cc, 10, Duration::from_secs(3600)).await,
+        "min_age",
+    );
     let page = s.bucket(&id).await.unwrap().unwrap();
     assert_eq!(
         page.state,
@@ -362,12 +445,17 @@ async fn wrong_state_transitions_are_refused() {
     );
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(
-        s.cleanup_step(&cc, 10, Duration::from_millis(200)).await.unwrap(),
+        s.cleanup_step(&cc, 10, Duration::from_millis(200))
+            .await
+            .unwrap(),
         (5, true)
     );
     // A publication claim of an older generation is stale for everything now.
     assert_stale(s.publish_archive(&c, "k").await, "generation 2");
-    assert_eq!(s.referenced_object_keys().await.unwrap(), vec!["k".to_string()]);
+    assert_eq!(
+        s.referenced_object_keys().await.unwrap(),
+        vec!["k".to_string()]
+    );
 }
 
 #[tokio::test]
@@ -376,9 +464,16 @@ async fn cleanup_claims_are_leased_and_fenced_by_generation() {
     let (id, _) = filled(&s, b"p", 0, 6).await;
     let c = s.claim(&id, LONG).await.unwrap().unwrap();
     s.publish_archive(&c, "k").await.unwrap();
-    let a = s.claim_cleanup(&id, Duration::from_millis(150)).await.unwrap().unwrap();
+    let a = s
+        .claim_cleanup(&id, Duration::from_millis(150))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(a.generation, 2);
-    assert_eq!(s.cleanup_step(&a, 2, Duration::ZERO).await.unwrap(), (2, false));
+    assert_eq!(
+        s.cleanup_step(&a, 2, Duration::ZERO).await.unwrap(),
+        (2, false)
+    );
     let renewed = s.renew(&a, Duration::from_millis(150)).await.unwrap();
     assert!(renewed.expires_at >= a.expires_at);
     assert!(s.claim_cleanup(&id, LONG).await.unwrap().is_none());
@@ -395,7 +490,10 @@ async fn cleanup_claims_are_leased_and_fenced_by_generation() {
     let b = s.claim_cleanup(&id, LONG).await.unwrap().unwrap();
     assert_eq!(b.generation, 3);
     assert_stale(s.cleanup_step(&a, 2, Duration::ZERO).await, "generation 3");
-    assert_eq!(s.cleanup_step(&b, 100, Duration::ZERO).await.unwrap(), (4, true));
+    assert_eq!(
+        s.cleanup_step(&b, 100, Duration::ZERO).await.unwrap(),
+        (4, true)
+    );
 }
 
 /// The fence under concurrency: 8 writers append continuously while a claim fences the
@@ -449,16 +547,32 @@ async fn fence_holds_under_concurrent_writers() {
             rejected.extend(r);
         }
         let snapped: BTreeSet<ClusteringKey> = snap.iter().map(Record::clustering_key).collect();
-        assert_eq!(snapped.len(), snap.len(), "round {round}: snapshot has duplicates");
-        assert!(!acked.is_empty() && !rejected.is_empty(), "round {round}: race not exercised");
-        assert!(snapped.is_disjoint(&rejected), "round {round}: a rejected append is visible");
-        assert_eq!(snapped, acked, "round {round}: snapshot differs from acknowledged appends");
+        assert_eq!(
+            snapped.len(),
+            snap.len(),
+            "round {round}: snapshot has duplicates"
+        );
+        assert!(
+            snapped.is_disjoint(&rejected),
+            "round {round}: a rejected append is visible"
+        );
+        assert_eq!(
+            snapped, acked,
+            "round {round}: snapshot differs from acknowledged appends"
+        );
+        assert!(
+            !acked.is_empty() && !rejected.is_empty(),
+            "round {round}: race not exercised"
+        );
         // Once fenced, always fenced: the hot rows are exactly the acknowledged ones.
-        let HotPage::Hot { rows, .. } = s.read_page(&id, &all_rows(1_000_000)).await.unwrap() else {
+        let HotPage::Hot { rows, .. } = s.read_page(&id, &all_rows(1_000_000)).await.unwrap()
+        else {
             panic!("round {round}: bucket should still be read hot");
         };
         assert_eq!(rows.len(), acked.len());
-        s.publish_archive(&claim, &format!("k{round}")).await.unwrap();
+        s.publish_archive(&claim, &format!("k{round}"))
+            .await
+            .unwrap();
     }
 }
 
@@ -478,13 +592,19 @@ async fn racing_claimers_have_exactly_one_winner_per_generation() {
             let mut tasks = Vec::new();
             for i in 0..6 {
                 let (s, id) = (Arc::clone(&stores[i % 2]), id.clone());
-                tasks.push(tokio::spawn(async move { s.claim(&id, lease).await.unwrap() }));
+                tasks.push(tokio::spawn(
+                    async move { s.claim(&id, lease).await.unwrap() },
+                ));
             }
             let mut winners = Vec::new();
             for t in tasks {
                 winners.extend(t.await.unwrap());
             }
-            assert_eq!(winners.len(), 1, "round {round} generation {generation}: {winners:?}");
+            assert_eq!(
+                winners.len(),
+                1,
+                "round {round} generation {generation}: {winners:?}"
+            );
             assert_eq!(winners[0].generation, generation);
             let meta = stores[1].bucket(&id).await.unwrap().unwrap();
             assert_eq!(meta.owner_token.as_deref(), Some(winners[0].token.as_str()));
@@ -524,13 +644,21 @@ async fn batches_are_all_or_nothing() {
         s.append_batch(&tid("t"), &batch).await,
         Err(StoreError::DuplicateKey { .. })
     ));
-    let HotPage::Hot { rows, .. } = s.read_page(&bucket_of(&fresh_rows[0]), &all_rows(10)).await.unwrap() else {
+    let HotPage::Hot { rows, .. } = s
+        .read_page(&bucket_of(&fresh_rows[0]), &all_rows(10))
+        .await
+        .unwrap()
+    else {
         panic!("hot");
     };
     assert_eq!(rows, fresh_rows);
 
     // Identical duplicates (also inside one batch) are counted, not errors.
-    let again = vec![fresh_rows[0].clone(), rec(b"q", t0() + 3, b"4", b""), rec(b"q", t0() + 3, b"4", b"")];
+    let again = vec![
+        fresh_rows[0].clone(),
+        rec(b"q", t0() + 3, b"4", b""),
+        rec(b"q", t0() + 3, b"4", b""),
+    ];
     let out = s.append_batch(&tid("t"), &again).await.unwrap();
     assert_eq!((out.inserted, out.already_present), (1, 2));
     assert_eq!(s.append_batch(&tid("t"), &[]).await.unwrap().inserted, 0);
@@ -557,7 +685,13 @@ async fn discovery_is_oldest_first_limited_and_respects_the_cutoff() {
     assert_eq!(s.discover(now, 2).await.unwrap().len(), 2);
     // bucket_end <= cutoff: the cutoff at the end of day 3 includes day 3, not day 5.
     let end3 = d3.bucket_key.end();
-    let ids: Vec<BucketId> = s.discover(end3, 10).await.unwrap().into_iter().map(|w| w.bucket).collect();
+    let ids: Vec<BucketId> = s
+        .discover(end3, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.bucket)
+        .collect();
     assert_eq!(ids, vec![d1.clone(), d3.clone()]);
     let just_before = EventTime::from_micros(end3.as_micros() - 1).unwrap();
     assert_eq!(s.discover(just_before, 10).await.unwrap().len(), 1);
@@ -598,30 +732,43 @@ async fn list_buckets_filters_by_partition_and_time() {
         vec![a1.clone(), a2.clone(), b1.clone(), c9.clone()]
     );
     let only = BucketFilter {
-        partitions: Some(vec![PartitionKey::new(b"c".to_vec()).unwrap(), PartitionKey::new(b"a".to_vec()).unwrap()]),
+        partitions: Some(vec![
+            PartitionKey::new(b"c".to_vec()).unwrap(),
+            PartitionKey::new(b"a".to_vec()).unwrap(),
+        ]),
         ..BucketFilter::default()
     };
-    assert_eq!(ids(s.list_buckets(&t, &only).await.unwrap()), vec![a1.clone(), a2.clone(), c9.clone()]);
+    assert_eq!(
+        ids(s.list_buckets(&t, &only).await.unwrap()),
+        vec![a1.clone(), a2.clone(), c9.clone()]
+    );
     // [from, to] overlaps day 2 only: from at the first instant of day 2, to just before day 3.
     let window = BucketFilter {
         partitions: None,
         from: Some(a2.bucket_key.start()),
         to: Some(EventTime::from_micros(a2.bucket_key.end().as_micros() - 1).unwrap()),
     };
-    assert_eq!(ids(s.list_buckets(&t, &window).await.unwrap()), vec![a2.clone()]);
+    assert_eq!(
+        ids(s.list_buckets(&t, &window).await.unwrap()),
+        vec![a2.clone()]
+    );
     let none = BucketFilter {
         partitions: Some(vec![]),
         ..BucketFilter::default()
     };
     assert!(s.list_buckets(&t, &none).await.unwrap().is_empty());
     let m = s.list_buckets(&t, &BucketFilter::default()).await.unwrap();
-    assert!(m.iter().all(|m| m.state == BucketState::Hot && m.generation == 0));
+    assert!(m
+        .iter()
+        .all(|m| m.state == BucketState::Hot && m.generation == 0));
     assert!(matches!(
         s.list_buckets(&tid("nope"), &BucketFilter::default()).await,
         Err(StoreError::UnknownTable(_))
     ));
     assert_eq!(
-        s.read_page(&bucket_of(&rec(b"zz", t0(), b"", b"")), &all_rows(5)).await.unwrap(),
+        s.read_page(&bucket_of(&rec(b"zz", t0(), b"", b"")), &all_rows(5))
+            .await
+            .unwrap(),
         HotPage::Missing
     );
 }
@@ -637,9 +784,15 @@ async fn bad_input_is_typed_and_writes_nothing() {
     ));
     assert!(matches!(
         PartitionKey::new(vec![0; 513]),
-        Err(ModelError::InvalidKey { kind: "partition", .. })
+        Err(ModelError::InvalidKey {
+            kind: "partition",
+            ..
+        })
     ));
-    assert!(matches!(SortKey::new(vec![0; 513]), Err(ModelError::InvalidKey { kind: "sort", .. })));
+    assert!(matches!(
+        SortKey::new(vec![0; 513]),
+        Err(ModelError::InvalidKey { kind: "sort", .. })
+    ));
     assert!(matches!(
         EventTime::from_nanos(1_700_000_000_000_000_001),
         Err(ModelError::SubMicrosecondTime(_))
@@ -652,31 +805,52 @@ async fn bad_input_is_typed_and_writes_nothing() {
         s.append(&tid("missing"), &rec(b"p", t0(), b"", b"")).await,
         Err(StoreError::UnknownTable(_))
     ));
-    assert!(s.list_buckets(&tid("t"), &BucketFilter::default()).await.unwrap().is_empty());
+    assert!(s
+        .list_buckets(&tid("t"), &BucketFilter::default())
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(s.tables().await.unwrap(), vec![def()]);
 
     // A malformed key written behind the store's back surfaces as Corrupt.
     filled(&s, b"p", 0, 1).await;
     let raw = rusqlite::Connection::open(dir.path().join("hot.sqlite")).unwrap();
     raw.busy_timeout(Duration::from_secs(5)).unwrap();
-    raw.execute("UPDATE pulpitum_v4_bucket_metadata SET bucket_key = 'day:2024-02-30'", [])
-        .unwrap();
+    raw.execute(
+        "UPDATE pulpitum_v4_bucket_metadata SET bucket_key = 'day:2024-02-30'",
+        [],
+    )
+    .unwrap();
     assert!(matches!(
         s.list_buckets(&tid("t"), &BucketFilter::default()).await,
         Err(StoreError::Corrupt(_))
     ));
-    raw.execute("UPDATE pulpitum_v4_tables SET bucket_strategy = 'calendar_day_utc'", [])
-        .unwrap();
+    raw.execute(
+        "UPDATE pulpitum_v4_tables SET bucket_strategy = 'calendar_day_utc'",
+        [],
+    )
+    .unwrap();
     // The schema's CHECKs refuse unknown strategies and states outright.
     assert!(raw
-        .execute("UPDATE pulpitum_v4_tables SET bucket_strategy = 'weekly'", [])
+        .execute(
+            "UPDATE pulpitum_v4_tables SET bucket_strategy = 'weekly'",
+            []
+        )
         .is_err());
     assert!(raw
-        .execute("UPDATE pulpitum_v4_bucket_metadata SET state = 'frozen'", [])
+        .execute(
+            "UPDATE pulpitum_v4_bucket_metadata SET state = 'frozen'",
+            []
+        )
         .is_err());
-    assert!(raw
-        .execute("UPDATE pulpitum_v4_bucket_metadata SET state = 'archived'", [])
-        .is_err(), "archived without an object key");
+    assert!(
+        raw.execute(
+            "UPDATE pulpitum_v4_bucket_metadata SET state = 'archived'",
+            []
+        )
+        .is_err(),
+        "archived without an object key"
+    );
 }
 
 /// Two stores on one file (as the REPL and the archiver would be): a claim through one
@@ -696,6 +870,8 @@ async fn the_fence_holds_across_connections_to_one_file() {
     b.publish_archive(&c, "k").await.unwrap();
     assert_eq!(
         a.read_page(&id, &all_rows(10)).await.unwrap(),
-        HotPage::Archived { object_key: "k".into() }
+        HotPage::Archived {
+            object_key: "k".into()
+        }
     );
 }

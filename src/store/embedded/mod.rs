@@ -35,15 +35,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use rand::Rng;
 use rusqlite::types::Value;
-use rusqlite::{params, params_from_iter, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
+use rusqlite::{
+    params, params_from_iter, Connection, ErrorCode, OptionalExtension, Transaction,
+    TransactionBehavior,
+};
 
 use crate::model::{
-    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, SortKey, TableId,
+    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, SortKey,
+    TableId,
 };
 
 use super::{
-    bucket_for_append, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, Claim, HotPage,
-    HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem, WorkKind,
+    bucket_for_append, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, Claim,
+    HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem, WorkKind,
 };
 
 /// How long one SQLite call waits for another process's write lock before it reports busy.
@@ -56,7 +60,8 @@ const MAX_ATTEMPTS: u32 = 4;
 const READERS: usize = 2;
 
 /// The metadata columns every bucket query selects, in the order [`meta_from_row`] reads.
-const META_COLUMNS: &str = "table_id, partition_key, bucket_key, bucket_strategy, state, owner_token, \
+const META_COLUMNS: &str =
+    "table_id, partition_key, bucket_key, bucket_strategy, state, owner_token, \
      generation, lease_expires_at, retry_at, object_key, hot_deleted, published_at";
 
 /// The primary-key predicate of one bucket, binding `?1..?3`.
@@ -184,7 +189,11 @@ impl SqliteStore {
         Ok(Self::from_parts(c, Vec::new(), None))
     }
 
-    fn from_parts(writer: Connection, readers: Vec<Mutex<Connection>>, path: Option<PathBuf>) -> Self {
+    fn from_parts(
+        writer: Connection,
+        readers: Vec<Mutex<Connection>>,
+        path: Option<PathBuf>,
+    ) -> Self {
         writer.set_prepared_statement_cache_capacity(32);
         Self {
             inner: Arc::new(Inner {
@@ -356,7 +365,12 @@ fn meta_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<MetaRow> {
 
 impl MetaRow {
     fn bucket_id(&self) -> TxResult<BucketId> {
-        bucket_id(&self.table_id, &self.partition_key, &self.strategy, &self.bucket_key)
+        bucket_id(
+            &self.table_id,
+            &self.partition_key,
+            &self.strategy,
+            &self.bucket_key,
+        )
     }
 
     fn state(&self) -> TxResult<BucketState> {
@@ -364,10 +378,12 @@ impl MetaRow {
             "hot" => BucketState::Hot,
             "archiving" => BucketState::Archiving,
             _ => BucketState::Archived {
-                object_key: self
-                    .object_key
-                    .clone()
-                    .ok_or_else(|| corrupt(format!("archived bucket {} has no object key", self.bucket_key)))?,
+                object_key: self.object_key.clone().ok_or_else(|| {
+                    corrupt(format!(
+                        "archived bucket {} has no object key",
+                        self.bucket_key
+                    ))
+                })?,
                 hot_deleted: self.hot_deleted,
             },
         })
@@ -379,9 +395,15 @@ impl MetaRow {
             state: self.state()?,
             generation: self.generation,
             owner_token: self.owner_token.clone(),
-            lease_expires_at: self.lease_expires_at.map(|t| time(t, "lease expiry")).transpose()?,
+            lease_expires_at: self
+                .lease_expires_at
+                .map(|t| time(t, "lease expiry"))
+                .transpose()?,
             retry_at: self.retry_at.map(|t| time(t, "retry time")).transpose()?,
-            published_at: self.published_at.map(|t| time(t, "publication time")).transpose()?,
+            published_at: self
+                .published_at
+                .map(|t| time(t, "publication time"))
+                .transpose()?,
         })
     }
 
@@ -400,13 +422,19 @@ impl MetaRow {
     }
 }
 
-fn bucket_id(table_id: &str, partition_key: &[u8], strategy: &str, bucket_key: &str) -> TxResult<BucketId> {
+fn bucket_id(
+    table_id: &str,
+    partition_key: &[u8],
+    strategy: &str,
+    bucket_key: &str,
+) -> TxResult<BucketId> {
     let strategy: BucketStrategy = strategy
         .parse()
         .map_err(|e| corrupt(format!("bucket {bucket_key}: {e}")))?;
     Ok(BucketId {
         table_id: TableId::new(table_id).map_err(|e| corrupt(e.to_string()))?,
-        partition_key: PartitionKey::new(partition_key.to_vec()).map_err(|e| corrupt(e.to_string()))?,
+        partition_key: PartitionKey::new(partition_key.to_vec())
+            .map_err(|e| corrupt(e.to_string()))?,
         bucket_key: BucketKey::parse(strategy, bucket_key).map_err(|e| corrupt(e.to_string()))?,
     })
 }
@@ -416,13 +444,19 @@ fn load_meta(tx: &Transaction<'_>, id: &BucketId) -> TxResult<Option<MetaRow>> {
     Ok(tx
         .prepare_cached(&sql)?
         .query_row(
-            params![id.table_id.as_str(), id.partition_key.as_bytes(), id.bucket_key.to_string()],
+            params![
+                id.table_id.as_str(),
+                id.partition_key.as_bytes(),
+                id.bucket_key.to_string()
+            ],
             meta_from_row,
         )
         .optional()?)
 }
 
-fn table_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, Option<i64>, i32, String)> {
+fn table_from_row(
+    r: &rusqlite::Row<'_>,
+) -> rusqlite::Result<(String, String, Option<i64>, i32, String)> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
 }
 
@@ -434,14 +468,17 @@ fn table_def(row: (String, String, Option<i64>, i32, String)) -> TxResult<TableD
             .parse()
             .map_err(|e| corrupt(format!("table {id}: {e}")))?,
         writable_buckets: writable
-            .map(|n| u32::try_from(n).map_err(|_| corrupt(format!("table {id}: writable_buckets {n}"))))
+            .map(|n| {
+                u32::try_from(n).map_err(|_| corrupt(format!("table {id}: writable_buckets {n}")))
+            })
             .transpose()?,
         record_schema_version: version,
         surface,
     })
 }
 
-const TABLE_COLUMNS: &str = "table_id, bucket_strategy, writable_buckets, record_schema_version, surface";
+const TABLE_COLUMNS: &str =
+    "table_id, bucket_strategy, writable_buckets, record_schema_version, surface";
 
 fn load_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<Option<TableDefinition>> {
     let sql = format!("SELECT {TABLE_COLUMNS} FROM pulpitum_v4_tables WHERE table_id = ?1");
@@ -453,7 +490,8 @@ fn load_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<Option<Table
 }
 
 fn require_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<TableDefinition> {
-    load_table(tx, table_id)?.ok_or_else(|| TxError::Store(StoreError::UnknownTable(table_id.clone())))
+    load_table(tx, table_id)?
+        .ok_or_else(|| TxError::Store(StoreError::UnknownTable(table_id.clone())))
 }
 
 /// Creates the bucket's metadata as Hot if absent, then refuses unless it is Hot: the fence.
@@ -484,7 +522,11 @@ fn ensure_hot(tx: &Transaction<'_>, id: &BucketId, now: i64) -> TxResult<()> {
             "SELECT state FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK}"
         ))?
         .query_row(
-            params![id.table_id.as_str(), id.partition_key.as_bytes(), id.bucket_key.to_string()],
+            params![
+                id.table_id.as_str(),
+                id.partition_key.as_bytes(),
+                id.bucket_key.to_string()
+            ],
             |r| r.get(0),
         )?;
     match state_name(&state)? {
@@ -536,7 +578,12 @@ fn insert_record(tx: &Transaction<'_>, id: &BucketId, record: &Record) -> TxResu
     }
 }
 
-fn record_from(partition_key: &PartitionKey, t: i64, k: Vec<u8>, value: Vec<u8>) -> TxResult<Record> {
+fn record_from(
+    partition_key: &PartitionKey,
+    t: i64,
+    k: Vec<u8>,
+    value: Vec<u8>,
+) -> TxResult<Record> {
     Ok(Record {
         partition_key: partition_key.clone(),
         event_time: time(t, "event time")?,
@@ -587,11 +634,16 @@ fn verify_claim(
     let state_ok = match accepts {
         ClaimState::Archiving => row.state == "archiving",
         ClaimState::Cleanup => row.state == "archived" && !row.hot_deleted,
-        ClaimState::Any => row.state == "archiving" || (row.state == "archived" && !row.hot_deleted),
+        ClaimState::Any => {
+            row.state == "archiving" || (row.state == "archived" && !row.hot_deleted)
+        }
     };
     if !state_ok {
         if accepts == ClaimState::Any {
-            return Err(stale(format!("the bucket is {}; the claim was released", row.describe())));
+            return Err(stale(format!(
+                "the bucket is {}; the claim was released",
+                row.describe()
+            )));
         }
         return Err(StoreError::InvalidTransition {
             bucket: claim.bucket.clone(),
@@ -610,7 +662,10 @@ fn verify_claim(
         let expired = row
             .lease_expires_at
             .and_then(|t| EventTime::from_micros(t).ok())
-            .map_or_else(|| "no lease is set".to_string(), |t| format!("the lease expired at {t}"));
+            .map_or_else(
+                || "no lease is set".to_string(),
+                |t| format!("the lease expired at {t}"),
+            );
         let now = EventTime::from_micros(now).map_or_else(|_| now.to_string(), |t| t.to_string());
         return Err(stale(format!("{expired} (store time {now})")));
     }
@@ -654,8 +709,10 @@ fn bucket_args(id: &BucketId) -> Vec<Value> {
 #[async_trait]
 impl HotStore for SqliteStore {
     async fn migrate(&self) -> StoreResult<()> {
-        self.run("migrate", Mode::Write, |tx, now| migrate::apply(tx, now).map(|_| ()))
-            .await
+        self.run("migrate", Mode::Write, |tx, now| {
+            migrate::apply(tx, now).map(|_| ())
+        })
+        .await
     }
 
     async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {
@@ -723,7 +780,11 @@ impl HotStore for SqliteStore {
         .await
     }
 
-    async fn append_batch(&self, table_id: &TableId, records: &[Record]) -> StoreResult<BatchOutcome> {
+    async fn append_batch(
+        &self,
+        table_id: &TableId,
+        records: &[Record],
+    ) -> StoreResult<BatchOutcome> {
         let table_id = table_id.clone();
         let records = records.to_vec();
         self.run("append_batch", Mode::Write, move |tx, now| {
@@ -749,12 +810,18 @@ impl HotStore for SqliteStore {
         .await
     }
 
-    async fn list_buckets(&self, table_id: &TableId, filter: &BucketFilter) -> StoreResult<Vec<BucketMeta>> {
+    async fn list_buckets(
+        &self,
+        table_id: &TableId,
+        filter: &BucketFilter,
+    ) -> StoreResult<Vec<BucketMeta>> {
         let table_id = table_id.clone();
         let filter = filter.clone();
         self.run("list_buckets", Mode::Read, move |tx, _| {
             require_table(tx, &table_id)?;
-            let mut sql = format!("SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata WHERE table_id = ?");
+            let mut sql = format!(
+                "SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata WHERE table_id = ?"
+            );
             let mut base = vec![Value::Text(table_id.as_str().to_string())];
             if let Some(from) = filter.from {
                 sql.push_str(" AND bucket_end > ?");
@@ -813,7 +880,9 @@ impl HotStore for SqliteStore {
                 return Ok(HotPage::Missing);
             };
             let state = match meta.state()? {
-                BucketState::Archived { object_key, .. } => return Ok(HotPage::Archived { object_key }),
+                BucketState::Archived { object_key, .. } => {
+                    return Ok(HotPage::Archived { object_key })
+                }
                 s => s,
             };
             let b = &req.bounds;
@@ -823,10 +892,34 @@ impl HotStore for SqliteStore {
                  WHERE table_id = ? AND partition_key = ? AND bucket_key = ?"
             );
             let mut args = bucket_args(&id);
-            push_bound(&mut sql, &mut args, "event_time", true, &time_bound(&b.time_lower));
-            push_bound(&mut sql, &mut args, "event_time", false, &time_bound(&b.time_upper));
-            push_bound(&mut sql, &mut args, "sort_key", true, &sort_bound(&b.sort_lower));
-            push_bound(&mut sql, &mut args, "sort_key", false, &sort_bound(&b.sort_upper));
+            push_bound(
+                &mut sql,
+                &mut args,
+                "event_time",
+                true,
+                &time_bound(&b.time_lower),
+            );
+            push_bound(
+                &mut sql,
+                &mut args,
+                "event_time",
+                false,
+                &time_bound(&b.time_upper),
+            );
+            push_bound(
+                &mut sql,
+                &mut args,
+                "sort_key",
+                true,
+                &sort_bound(&b.sort_lower),
+            );
+            push_bound(
+                &mut sql,
+                &mut args,
+                "sort_key",
+                false,
+                &sort_bound(&b.sort_upper),
+            );
             for (cursor, op) in [(&b.after, ">"), (&b.before, "<")] {
                 if let Some(c) = cursor {
                     sql.push_str(&format!(" AND (event_time, sort_key) {op} (?, ?)"));
@@ -835,13 +928,19 @@ impl HotStore for SqliteStore {
                 }
             }
             let dir = if req.descending { "DESC" } else { "ASC" };
-            sql.push_str(&format!(" ORDER BY event_time {dir}, sort_key {dir} LIMIT ?"));
+            sql.push_str(&format!(
+                " ORDER BY event_time {dir}, sort_key {dir} LIMIT ?"
+            ));
             args.push(Value::Integer(to_i64(req.limit)));
             let mut stmt = tx.prepare_cached(&sql)?;
             let mut rows = stmt.query(params_from_iter(args.iter()))?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
-                let value = if req.include_value { r.get(2)? } else { Vec::new() };
+                let value = if req.include_value {
+                    r.get(2)?
+                } else {
+                    Vec::new()
+                };
                 out.push(record_from(&id.partition_key, r.get(0)?, r.get(1)?, value)?);
             }
             Ok(HotPage::Hot { state, rows: out })
@@ -893,7 +992,11 @@ impl HotStore for SqliteStore {
         .await
     }
 
-    async fn claim_cleanup(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
+    async fn claim_cleanup(
+        &self,
+        bucket: &BucketId,
+        lease: Duration,
+    ) -> StoreResult<Option<Claim>> {
         let id = bucket.clone();
         self.run("claim_cleanup", Mode::Write, move |tx, now| {
             let Some(row) = load_meta(tx, &id)? else {
@@ -986,7 +1089,12 @@ impl HotStore for SqliteStore {
             let mut rows = stmt.query(params_from_iter(args.iter()))?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
-                out.push(record_from(&id.partition_key, r.get(0)?, r.get(1)?, r.get(2)?)?);
+                out.push(record_from(
+                    &id.partition_key,
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                )?);
             }
             Ok(out)
         })
@@ -1049,7 +1157,12 @@ impl HotStore for SqliteStore {
         .await
     }
 
-    async fn cleanup_step(&self, claim: &Claim, limit: usize, min_age: Duration) -> StoreResult<(u64, bool)> {
+    async fn cleanup_step(
+        &self,
+        claim: &Claim,
+        limit: usize,
+        min_age: Duration,
+    ) -> StoreResult<(u64, bool)> {
         let claim = claim.clone();
         self.run("cleanup_step", Mode::Write, move |tx, now| {
             // A repeated step after the last one committed is a no-op that reports done.
@@ -1224,10 +1337,16 @@ mod tests {
         assert_eq!(ledger(&s), want);
 
         lock(&s.inner.writer)
-            .execute("UPDATE pulpitum_v4_schema_migrations SET checksum = 'x' WHERE version = 2", [])
+            .execute(
+                "UPDATE pulpitum_v4_schema_migrations SET checksum = 'x' WHERE version = 2",
+                [],
+            )
             .unwrap();
         let err = s.migrate().await.unwrap_err();
-        assert!(matches!(&err, StoreError::Migration(m) if m.contains("different SQL")), "{err}");
+        assert!(
+            matches!(&err, StoreError::Migration(m) if m.contains("different SQL")),
+            "{err}"
+        );
 
         let sum = migrate::checksum(migrate::MIGRATIONS[1].sql);
         lock(&s.inner.writer)
@@ -1243,7 +1362,10 @@ mod tests {
             )
             .unwrap();
         let err = s.migrate().await.unwrap_err();
-        assert!(matches!(&err, StoreError::Migration(m) if m.contains("does not know")), "{err}");
+        assert!(
+            matches!(&err, StoreError::Migration(m) if m.contains("does not know")),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -1296,8 +1418,14 @@ mod tests {
             s.append(&tid("unknown"), &r).await,
             Err(StoreError::UnknownTable(_))
         ));
-        assert_eq!(s.append(&tid("t"), &r).await.unwrap(), AppendOutcome::Inserted);
-        assert_eq!(s.append(&tid("t"), &r).await.unwrap(), AppendOutcome::AlreadyPresent);
+        assert_eq!(
+            s.append(&tid("t"), &r).await.unwrap(),
+            AppendOutcome::Inserted
+        );
+        assert_eq!(
+            s.append(&tid("t"), &r).await.unwrap(),
+            AppendOutcome::AlreadyPresent
+        );
         let changed = Record {
             value: b"v2".to_vec(),
             ..r.clone()
@@ -1342,12 +1470,24 @@ mod tests {
         let day = 86_400_000_000;
         let old = rec(b"p", now - 3 * day, b"", b"x");
         let err = s.append(&tid("g"), &old).await.unwrap_err();
-        assert!(matches!(err, StoreError::NotWritable { writable_buckets: 2, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                StoreError::NotWritable {
+                    writable_buckets: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         let id = BucketId::of_record(&tid("g"), def.strategy, &old);
         assert_eq!(s.bucket(&id).await.unwrap(), None);
         // Yesterday is the second-newest bucket: accepted.
         let recent = rec(b"p", now - day, b"", b"x");
-        assert_eq!(s.append(&tid("g"), &recent).await.unwrap(), AppendOutcome::Inserted);
+        assert_eq!(
+            s.append(&tid("g"), &recent).await.unwrap(),
+            AppendOutcome::Inserted
+        );
         // A batch with one guarded record commits nothing.
         let err = s
             .append_batch(&tid("g"), &[rec(b"q", now, b"", b"x"), old.clone()])
@@ -1359,8 +1499,11 @@ mod tests {
     }
 
     fn random_bounds(rng: &mut StdRng, times: &[i64], keys: &[Vec<u8>]) -> ScanBounds {
-        let t = |rng: &mut StdRng| EventTime::from_micros(times[rng.random_range(0..times.len())]).unwrap();
-        let k = |rng: &mut StdRng| SortKey::new(keys[rng.random_range(0..keys.len())].clone()).unwrap();
+        let t = |rng: &mut StdRng| {
+            EventTime::from_micros(times[rng.random_range(0..times.len())]).unwrap()
+        };
+        let k =
+            |rng: &mut StdRng| SortKey::new(keys[rng.random_range(0..keys.len())].clone()).unwrap();
         let tb = |rng: &mut StdRng| match rng.random_range(0..3) {
             0 => Bound::Unbounded,
             1 => Bound::Included(t(rng)),
@@ -1396,7 +1539,15 @@ mod tests {
         let base = 1_700_000_000_000_000;
         let times: Vec<i64> = (0..8).map(|i| base + i * 1_000).collect();
         // Keys that differ in length and in a byte >= 0x80, where bytewise order matters.
-        let keys: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![1], vec![0x7f], vec![0x80], vec![0xff, 1]];
+        let keys: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0],
+            vec![0, 0],
+            vec![1],
+            vec![0x7f],
+            vec![0x80],
+            vec![0xff, 1],
+        ];
         let mut all = Vec::new();
         for &t in &times {
             for k in &keys {
@@ -1405,7 +1556,7 @@ mod tests {
         }
         let out = s.append_batch(&tid("b"), &all).await.unwrap();
         assert_eq!(out.inserted, all.len() as u64);
-        all.sort_by(|a, b| a.clustering_key().cmp(&b.clustering_key()));
+        all.sort_by_key(Record::clustering_key);
         let id = BucketId::of_record(&tid("b"), def.strategy, &all[0]);
         let mut rng = StdRng::seed_from_u64(7);
         let mut nonempty = 0;
@@ -1435,9 +1586,15 @@ mod tests {
                 panic!("bucket should be hot");
             };
             assert_eq!(state, BucketState::Hot);
-            assert_eq!(rows, want, "bounds {bounds:?} desc {descending} limit {limit}");
+            assert_eq!(
+                rows, want,
+                "bounds {bounds:?} desc {descending} limit {limit}"
+            );
         }
-        assert!(nonempty > 100, "the random bounds should mostly select rows ({nonempty})");
+        assert!(
+            nonempty > 100,
+            "the random bounds should mostly select rows ({nonempty})"
+        );
     }
 
     #[tokio::test]
@@ -1453,7 +1610,9 @@ mod tests {
             s.register_table(&def).await.unwrap();
             s.append(&tid("f"), &r).await.unwrap();
             let c = lock(&s.inner.writer);
-            let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+            let mode: String = c
+                .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap();
             assert_eq!(mode, "wal");
             let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
             assert_eq!(sync, 2, "synchronous must be FULL");
@@ -1461,7 +1620,10 @@ mod tests {
         let s = SqliteStore::open(&path).unwrap();
         s.migrate().await.unwrap();
         assert_eq!(s.tables().await.unwrap(), vec![def.clone()]);
-        assert_eq!(s.append(&tid("f"), &r).await.unwrap(), AppendOutcome::AlreadyPresent);
+        assert_eq!(
+            s.append(&tid("f"), &r).await.unwrap(),
+            AppendOutcome::AlreadyPresent
+        );
         // Readers are read-only connections.
         let reader = lock(&s.inner.readers[0]);
         assert!(reader
