@@ -817,8 +817,8 @@ impl HotStore for SqliteStore {
     ) -> StoreResult<Vec<BucketMeta>> {
         let table_id = table_id.clone();
         let filter = filter.clone();
+        // An unregistered table simply has no buckets (as in the PostgreSQL store).
         self.run("list_buckets", Mode::Read, move |tx, _| {
-            require_table(tx, &table_id)?;
             let mut sql = format!(
                 "SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata WHERE table_id = ?"
             );
