@@ -25,7 +25,7 @@
 
 mod migrate;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -792,13 +792,13 @@ impl HotStore for SqliteStore {
             let now_t = time(now, "store clock")?;
             // Each bucket is checked once per transaction; the write lock keeps it Hot until
             // commit, so later records of the same bucket need no second check.
-            let mut checked: HashMap<BucketId, ()> = HashMap::new();
+            let mut checked: HashSet<BucketId> = HashSet::new();
             let mut out = BatchOutcome::default();
             for record in &records {
                 let id = bucket_for_append(&def, record, now_t)?;
-                if !checked.contains_key(&id) {
+                if !checked.contains(&id) {
                     ensure_hot(tx, &id, now)?;
-                    checked.insert(id.clone(), ());
+                    checked.insert(id.clone());
                 }
                 match insert_record(tx, &id, record)? {
                     AppendOutcome::Inserted => out.inserted += 1,
