@@ -932,3 +932,18 @@ async fn waiting_calls_do_not_block_the_runtime_thread() {
     raw.execute_batch("COMMIT").unwrap();
     assert_eq!(append.await.unwrap().unwrap(), AppendOutcome::Inserted);
 }
+
+/// Durations beyond the supported time range are clamped to its last instant, not wrapped
+/// or refused: a lease of `Duration::MAX` is simply a lease that does not expire.
+#[tokio::test]
+async fn extreme_durations_are_clamped_to_the_supported_range() {
+    let (_d, s) = fresh().await;
+    let (id, _) = filled(&s, b"p", 0, 1).await;
+    let c = s.claim(&id, Duration::MAX).await.unwrap().unwrap();
+    let last = EventTime::from_micros(EventTime::end_of_supported().as_micros() - 1).unwrap();
+    assert_eq!(c.expires_at, last);
+    assert_eq!(s.renew(&c, Duration::MAX).await.unwrap().expires_at, last);
+    s.defer_archive(&c, Duration::MAX).await.unwrap();
+    assert_eq!(s.bucket(&id).await.unwrap().unwrap().retry_at, Some(last));
+    assert!(s.claim(&id, LONG).await.unwrap().is_none());
+}
