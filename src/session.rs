@@ -36,6 +36,7 @@ use crate::archive::{ArchiveError, ArchiveStore};
 use crate::provider::factory::FORMAT_NAME;
 use crate::provider::{ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits};
 use crate::store::embedded::SqliteStore;
+use crate::store::postgres::PgStore;
 use crate::store::{HotStore, StoreError};
 use crate::table::{RouteCacheConfig, DEFAULT_PAGE_ROWS};
 
@@ -141,7 +142,7 @@ pub async fn open_store(database_url: &str) -> Result<Arc<dyn HotStore>, Session
 }
 
 async fn open_postgres(url: &str) -> Result<Arc<dyn HotStore>, SessionError> {
-    Err(SessionError::UnsupportedDatabaseUrl(url.to_string()))
+    Ok(Arc::new(PgStore::connect(url).await?))
 }
 
 /// Builds a session from a database URL and an archive URL with default options.
