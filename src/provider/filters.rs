@@ -13,7 +13,6 @@
 //! narrowing it would change which rows match).
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::ops::Bound;
 
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
@@ -421,13 +420,51 @@ fn tighten_sort(slot: &mut Bound<SortKey>, new: Bound<SortKey>, lower: bool) {
     }
 }
 
-impl fmt::Display for PushedFilters {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.shown.is_empty() {
-            f.write_str("[]")
-        } else {
-            write!(f, "[{}]", self.shown.join(", "))
+impl PushedFilters {
+    /// The pushed predicates in the surface's column names, with readable literals (for
+    /// EXPLAIN): e.g. `[channel_id IN (1), timestamp >= 2024-05-02T00:00:00Z]`.
+    pub fn describe(&self, surface: Surface) -> String {
+        let [p, t, k, _] = surface.column_names();
+        let key = |b: &[u8]| match surface {
+            Surface::Chat => super::surface::decode_i64(b)
+                .map_or_else(|| format!("0x{}", hex::encode(b)), |v| v.to_string()),
+            Surface::Raw => format!("0x{}", hex::encode(b)),
+        };
+        let mut parts = Vec::new();
+        if let Some(set) = &self.partitions {
+            let vals: Vec<String> = set.iter().map(|pk| key(pk.as_bytes())).collect();
+            parts.push(format!("{p} IN ({})", vals.join(", ")));
         }
+        match &self.bounds.time_lower {
+            Bound::Included(x) => parts.push(format!("{t} >= {x}")),
+            Bound::Excluded(x) => parts.push(format!("{t} > {x}")),
+            Bound::Unbounded => {}
+        }
+        match &self.bounds.time_upper {
+            Bound::Included(x) => parts.push(format!("{t} <= {x}")),
+            Bound::Excluded(x) => parts.push(format!("{t} < {x}")),
+            Bound::Unbounded => {}
+        }
+        match &self.bounds.sort_lower {
+            Bound::Included(x) => parts.push(format!("{k} >= {}", key(x.as_bytes()))),
+            Bound::Excluded(x) => parts.push(format!("{k} > {}", key(x.as_bytes()))),
+            Bound::Unbounded => {}
+        }
+        match &self.bounds.sort_upper {
+            Bound::Included(x) => parts.push(format!("{k} <= {}", key(x.as_bytes()))),
+            Bound::Excluded(x) => parts.push(format!("{k} < {}", key(x.as_bytes()))),
+            Bound::Unbounded => {}
+        }
+        if let Some(c) = &self.bounds.after {
+            parts.push(format!("({t}, {k}) > ({}, {})", c.event_time, key(c.sort_key.as_bytes())));
+        }
+        if let Some(c) = &self.bounds.before {
+            parts.push(format!("({t}, {k}) < ({}, {})", c.event_time, key(c.sort_key.as_bytes())));
+        }
+        if self.empty {
+            parts.push("false".into());
+        }
+        format!("[{}]", parts.join(", "))
     }
 }
 

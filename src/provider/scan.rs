@@ -188,7 +188,7 @@ impl DisplayAs for PulpitumScanExec {
                     "PulpitumScanExec: table={}, projection=[{}], filters={}, partitions={}, keys={}, buckets=[hot={}, archiving={}, archived={}, pruned={}], order={}, limit={}",
                     s.table.definition().table_id,
                     cols.join(", "),
-                    s.pushed,
+                    s.pushed.describe(s.surface),
                     s.groups.len().max(1),
                     keys,
                     c.hot,
@@ -198,9 +198,6 @@ impl DisplayAs for PulpitumScanExec {
                     if s.descending { "desc" } else { "asc" },
                     s.limit.map_or("none".to_string(), |l| l.to_string()),
                 )?;
-                if s.pushed.empty {
-                    write!(f, ", empty=true")?;
-                }
                 Ok(())
             }
         }
@@ -298,10 +295,6 @@ impl ExecutionPlan for PulpitumScanExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
-    }
-
-    fn supports_limit_pushdown(&self) -> bool {
-        true
     }
 
     fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {

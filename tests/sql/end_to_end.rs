@@ -35,3 +35,4 @@ async fn create_insert_select_and_reopen() {
     insta::assert_snapshot!("e2e_desc_limit_rows", pretty(&out));
     env.cleanup().await;
 }
+

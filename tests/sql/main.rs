@@ -4,3 +4,5 @@
 
 mod common;
 mod end_to_end;
+mod correctness;
+mod dataset;
