@@ -366,9 +366,7 @@ impl DurableTable {
                                 }
                                 Ok(HotPage::Hot { rows, .. }) => {
                                     let full = rows.len() >= page.limit;
-                                    let Some(last) = rows.last() else {
-                                        return None;
-                                    };
+                                    let last = rows.last()?;
                                     let next = if req.descending {
                                         bounds.with_before(last.clustering_key())
                                     } else {

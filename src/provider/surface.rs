@@ -150,7 +150,7 @@ impl Surface {
         }
         let times = micros_of(t)?;
         let mut out = Vec::with_capacity(batch.num_rows());
-        for row in 0..batch.num_rows() {
+        for (row, &micros) in times.iter().enumerate() {
             let (pk, sk, value) = match self {
                 Self::Chat => {
                     let p = downcast::<Int64Array>(p, "channel_id")?.value(row);
@@ -166,7 +166,7 @@ impl Surface {
             };
             out.push(Record {
                 partition_key: PartitionKey::new(pk)?,
-                event_time: EventTime::from_micros(times[row])?,
+                event_time: EventTime::from_micros(micros)?,
                 sort_key: SortKey::new(sk)?,
                 value,
             });

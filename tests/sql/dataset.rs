@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::stream;
 use pulpitum::archive::PayloadFormat;
-use pulpitum::model::{BucketId, BucketKey, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::model::{BucketId, EventTime, PartitionKey, Record, SortKey, TableId};
 use pulpitum::provider::surface::encode_i64;
 use pulpitum::store::{BucketFilter, BucketState, HotStore};
 use rand::rngs::StdRng;
@@ -164,7 +164,7 @@ pub async fn load(env: &Env, seed: u64) -> Loaded {
 }
 
 /// Archives one bucket through the store's fenced steps and the archive writer.
-async fn archive(env: &Env, bucket: &BucketId, format: PayloadFormat, clean: bool, loaded: &mut Loaded) {
+pub async fn archive(env: &Env, bucket: &BucketId, format: PayloadFormat, clean: bool, loaded: &mut Loaded) {
     let lease = Duration::from_secs(300);
     let claim = env.store.claim(bucket, lease).await.unwrap().expect("claimable");
     let mut pages = Vec::new();
@@ -201,9 +201,4 @@ async fn archive(env: &Env, bucket: &BucketId, format: PayloadFormat, clean: boo
     }
     let meta = env.store.bucket(bucket).await.unwrap().unwrap();
     assert!(matches!(meta.state, BucketState::Archived { .. }), "{meta:?}");
-}
-
-/// The bucket key of a message time (for tests that pick buckets by tier).
-pub fn day_of(micros: i64) -> BucketKey {
-    BucketStrategy::CalendarDayUtc.bucket_of(EventTime::from_micros(micros).unwrap())
 }

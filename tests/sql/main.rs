@@ -6,3 +6,5 @@ mod common;
 mod end_to_end;
 mod correctness;
 mod dataset;
+mod plans;
+mod errors;
