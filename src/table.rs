@@ -70,7 +70,7 @@ pub enum TableError {
         bucket: BucketId,
         /// The cold-tier error.
         #[source]
-        source: ArchiveError,
+        source: Box<ArchiveError>,
     },
 }
 
@@ -293,7 +293,7 @@ impl DurableTable {
             .await
             .map_err(|source| TableError::Archive {
                 bucket: bucket.clone(),
-                source,
+                source: Box::new(source),
             })?;
         let manifest = Arc::new(manifest);
         self.inner
@@ -376,7 +376,7 @@ impl DurableTable {
                                         Ok(b) => b,
                                         Err(source) => {
                                             return Some((
-                                                Err(TableError::Archive { bucket, source }),
+                                                Err(TableError::Archive { bucket, source: Box::new(source) }),
                                                 (St::Done, 0),
                                             ))
                                         }
@@ -396,7 +396,7 @@ impl DurableTable {
                             None => return None,
                             Some(Err(source)) => {
                                 return Some((
-                                    Err(TableError::Archive { bucket, source }),
+                                    Err(TableError::Archive { bucket, source: Box::new(source) }),
                                     (St::Done, 0),
                                 ))
                             }
@@ -446,7 +446,7 @@ impl DurableTable {
             .await
             .map_err(|source| TableError::Archive {
                 bucket: bucket.clone(),
-                source,
+                source: Box::new(source),
             })
     }
 

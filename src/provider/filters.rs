@@ -147,7 +147,15 @@ fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
             left,
             op: Operator::Or,
             right,
-        }) => cursor(surface, left, right),
+        }) => cursor(surface, left, right).or_else(|| {
+            // DataFusion rewrites a short `IN` list into ORed equalities.
+            match (piece(surface, left)?, piece(surface, right)?) {
+                (Piece::Partitions(a), Piece::Partitions(b)) => {
+                    Some(Piece::Partitions(a.union(&b).cloned().collect()))
+                }
+                _ => None,
+            }
+        }),
         Expr::BinaryExpr(_) => {
             let (role, op, v) = comparison(surface, e)?;
             match role {
@@ -475,7 +483,7 @@ mod tests {
     use datafusion::prelude::Expr;
 
     fn ts(s: &str) -> Expr {
-        let t = EventTime::parse_rfc3339(s).unwrap().as_micros();
+        let t = chrono::DateTime::parse_from_rfc3339(s).unwrap().timestamp_micros();
         Expr::Literal(ScalarValue::TimestampMicrosecond(Some(t), Some("UTC".into())), None)
     }
 
@@ -488,6 +496,12 @@ mod tests {
         assert!(exact(&col("channel_id").eq(lit(5i64))));
         assert!(exact(&lit(5i64).eq(col("channel_id"))));
         assert!(exact(&col("channel_id").in_list(vec![lit(1i64), lit(2i64)], false)));
+        let ors = col("channel_id")
+            .eq(lit(1i64))
+            .or(col("channel_id").eq(lit(2i64)).or(col("channel_id").eq(lit(3i64))));
+        assert!(exact(&ors));
+        assert_eq!(PushedFilters::from_exprs(Surface::Chat, &[ors]).partitions.unwrap().len(), 3);
+        assert!(!exact(&col("channel_id").eq(lit(1i64)).or(col("id").eq(lit(2i64)))));
         assert!(exact(&col("timestamp").gt(ts("2024-01-01T00:00:00Z"))));
         assert!(exact(&ts("2024-01-01T00:00:00Z").lt_eq(col("timestamp"))));
         assert!(exact(&col("timestamp").between(ts("2024-01-01T00:00:00Z"), ts("2024-01-02T00:00:00Z"))));

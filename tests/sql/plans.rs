@@ -38,6 +38,9 @@ async fn plan_env() -> Env {
     };
     let env = Env::with_options("plans", opts).await;
     dataset::load(&env, 7).await;
+    // A known message in a day of its own, for the one-bucket range query.
+    env.sql("INSERT INTO chat VALUES (1, TIMESTAMP '2024-03-01T12:00:00Z', 777777, 'planted')")
+        .await;
     env
 }
 
