@@ -8,3 +8,4 @@ mod correctness;
 mod dataset;
 mod plans;
 mod errors;
+mod routes;
