@@ -9,3 +9,4 @@ mod dataset;
 mod plans;
 mod errors;
 mod routes;
+mod repl;
