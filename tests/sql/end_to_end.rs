@@ -36,3 +36,24 @@ async fn create_insert_select_and_reopen() {
     env.cleanup().await;
 }
 
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_surface_round_trips_bytes_and_pushes_filters() {
+    let env = Env::new("raw").await;
+    env.sql("CREATE EXTERNAL TABLE audit STORED AS PULPITUM LOCATION '' OPTIONS ('surface' 'raw')")
+        .await;
+    env.sql(
+        "INSERT INTO audit VALUES \
+         (X'0a0b', TIMESTAMP '2024-05-01T00:00:00Z', X'', X'7b7d'), \
+         (X'0a0b', TIMESTAMP '2024-05-01T00:00:00Z', X'01', X''), \
+         (X'ff', TIMESTAMP '2023-05-01T00:00:00.000001Z', X'02', X'00ff')",
+    )
+    .await;
+    let q = "SELECT partition_key, event_time, sort_key, value FROM audit \
+             WHERE partition_key = X'0a0b' AND sort_key >= X'' ORDER BY event_time, sort_key";
+    insta::assert_snapshot!("raw_rows", pretty(&env.sql(q).await));
+    let plan = pretty(&env.sql(&format!("EXPLAIN {q}")).await);
+    assert!(plan.contains("filters=[partition_key IN (0x0a0b), sort_key >= 0x]"), "{plan}");
+    assert!(!plan.contains("SortExec") && !plan.contains("FilterExec"), "{plan}");
+    env.cleanup().await;
+}
