@@ -62,9 +62,15 @@ pub(super) fn apply(tx: &Transaction<'_>, now_micros: i64) -> Result<usize, TxEr
     tx.execute(CREATE_LEDGER, [])?;
     let mut applied = 0;
     {
-        let mut stmt = tx.prepare("SELECT version, name, checksum FROM pulpitum_v4_schema_migrations ORDER BY version")?;
+        let mut stmt = tx.prepare(
+            "SELECT version, name, checksum FROM pulpitum_v4_schema_migrations ORDER BY version",
+        )?;
         let rows = stmt.query_map([], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
         })?;
         for row in rows {
             let (version, name, sum) = row?;
@@ -114,7 +120,11 @@ mod tests {
     #[test]
     fn versions_are_dense_and_names_match_files() {
         for (i, m) in MIGRATIONS.iter().enumerate() {
-            assert_eq!(m.version, i as i64 + 1, "migration versions must have no gaps");
+            assert_eq!(
+                m.version,
+                i as i64 + 1,
+                "migration versions must have no gaps"
+            );
             assert!(!m.sql.trim().is_empty(), "migration {} is empty", m.name);
         }
     }

@@ -25,7 +25,7 @@
 
 mod migrate;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,15 +35,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use rand::Rng;
 use rusqlite::types::Value;
-use rusqlite::{params, params_from_iter, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
+use rusqlite::{
+    params, params_from_iter, Connection, ErrorCode, OptionalExtension, Transaction,
+    TransactionBehavior,
+};
 
 use crate::model::{
-    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, SortKey, TableId,
+    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, SortKey,
+    TableId,
 };
 
 use super::{
-    bucket_for_append, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, Claim, HotPage,
-    HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem, WorkKind,
+    bucket_for_append, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, Claim,
+    HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem, WorkKind,
 };
 
 /// How long one SQLite call waits for another process's write lock before it reports busy.
@@ -56,7 +60,8 @@ const MAX_ATTEMPTS: u32 = 4;
 const READERS: usize = 2;
 
 /// The metadata columns every bucket query selects, in the order [`meta_from_row`] reads.
-const META_COLUMNS: &str = "table_id, partition_key, bucket_key, bucket_strategy, state, owner_token, \
+const META_COLUMNS: &str =
+    "table_id, partition_key, bucket_key, bucket_strategy, state, owner_token, \
      generation, lease_expires_at, retry_at, object_key, hot_deleted, published_at";
 
 /// The primary-key predicate of one bucket, binding `?1..?3`.
@@ -184,7 +189,11 @@ impl SqliteStore {
         Ok(Self::from_parts(c, Vec::new(), None))
     }
 
-    fn from_parts(writer: Connection, readers: Vec<Mutex<Connection>>, path: Option<PathBuf>) -> Self {
+    fn from_parts(
+        writer: Connection,
+        readers: Vec<Mutex<Connection>>,
+        path: Option<PathBuf>,
+    ) -> Self {
         writer.set_prepared_statement_cache_capacity(32);
         Self {
             inner: Arc::new(Inner {
@@ -356,7 +365,12 @@ fn meta_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<MetaRow> {
 
 impl MetaRow {
     fn bucket_id(&self) -> TxResult<BucketId> {
-        bucket_id(&self.table_id, &self.partition_key, &self.strategy, &self.bucket_key)
+        bucket_id(
+            &self.table_id,
+            &self.partition_key,
+            &self.strategy,
+            &self.bucket_key,
+        )
     }
 
     fn state(&self) -> TxResult<BucketState> {
@@ -364,10 +378,12 @@ impl MetaRow {
             "hot" => BucketState::Hot,
             "archiving" => BucketState::Archiving,
             _ => BucketState::Archived {
-                object_key: self
-                    .object_key
-                    .clone()
-                    .ok_or_else(|| corrupt(format!("archived bucket {} has no object key", self.bucket_key)))?,
+                object_key: self.object_key.clone().ok_or_else(|| {
+                    corrupt(format!(
+                        "archived bucket {} has no object key",
+                        self.bucket_key
+                    ))
+                })?,
                 hot_deleted: self.hot_deleted,
             },
         })
@@ -379,9 +395,15 @@ impl MetaRow {
             state: self.state()?,
             generation: self.generation,
             owner_token: self.owner_token.clone(),
-            lease_expires_at: self.lease_expires_at.map(|t| time(t, "lease expiry")).transpose()?,
+            lease_expires_at: self
+                .lease_expires_at
+                .map(|t| time(t, "lease expiry"))
+                .transpose()?,
             retry_at: self.retry_at.map(|t| time(t, "retry time")).transpose()?,
-            published_at: self.published_at.map(|t| time(t, "publication time")).transpose()?,
+            published_at: self
+                .published_at
+                .map(|t| time(t, "publication time"))
+                .transpose()?,
         })
     }
 
@@ -400,13 +422,19 @@ impl MetaRow {
     }
 }
 
-fn bucket_id(table_id: &str, partition_key: &[u8], strategy: &str, bucket_key: &str) -> TxResult<BucketId> {
+fn bucket_id(
+    table_id: &str,
+    partition_key: &[u8],
+    strategy: &str,
+    bucket_key: &str,
+) -> TxResult<BucketId> {
     let strategy: BucketStrategy = strategy
         .parse()
         .map_err(|e| corrupt(format!("bucket {bucket_key}: {e}")))?;
     Ok(BucketId {
         table_id: TableId::new(table_id).map_err(|e| corrupt(e.to_string()))?,
-        partition_key: PartitionKey::new(partition_key.to_vec()).map_err(|e| corrupt(e.to_string()))?,
+        partition_key: PartitionKey::new(partition_key.to_vec())
+            .map_err(|e| corrupt(e.to_string()))?,
         bucket_key: BucketKey::parse(strategy, bucket_key).map_err(|e| corrupt(e.to_string()))?,
     })
 }
@@ -416,13 +444,19 @@ fn load_meta(tx: &Transaction<'_>, id: &BucketId) -> TxResult<Option<MetaRow>> {
     Ok(tx
         .prepare_cached(&sql)?
         .query_row(
-            params![id.table_id.as_str(), id.partition_key.as_bytes(), id.bucket_key.to_string()],
+            params![
+                id.table_id.as_str(),
+                id.partition_key.as_bytes(),
+                id.bucket_key.to_string()
+            ],
             meta_from_row,
         )
         .optional()?)
 }
 
-fn table_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, Option<i64>, i32, String)> {
+fn table_from_row(
+    r: &rusqlite::Row<'_>,
+) -> rusqlite::Result<(String, String, Option<i64>, i32, String)> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
 }
 
@@ -434,14 +468,17 @@ fn table_def(row: (String, String, Option<i64>, i32, String)) -> TxResult<TableD
             .parse()
             .map_err(|e| corrupt(format!("table {id}: {e}")))?,
         writable_buckets: writable
-            .map(|n| u32::try_from(n).map_err(|_| corrupt(format!("table {id}: writable_buckets {n}"))))
+            .map(|n| {
+                u32::try_from(n).map_err(|_| corrupt(format!("table {id}: writable_buckets {n}")))
+            })
             .transpose()?,
         record_schema_version: version,
         surface,
     })
 }
 
-const TABLE_COLUMNS: &str = "table_id, bucket_strategy, writable_buckets, record_schema_version, surface";
+const TABLE_COLUMNS: &str =
+    "table_id, bucket_strategy, writable_buckets, record_schema_version, surface";
 
 fn load_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<Option<TableDefinition>> {
     let sql = format!("SELECT {TABLE_COLUMNS} FROM pulpitum_v4_tables WHERE table_id = ?1");
@@ -453,7 +490,8 @@ fn load_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<Option<Table
 }
 
 fn require_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<TableDefinition> {
-    load_table(tx, table_id)?.ok_or_else(|| TxError::Store(StoreError::UnknownTable(table_id.clone())))
+    load_table(tx, table_id)?
+        .ok_or_else(|| TxError::Store(StoreError::UnknownTable(table_id.clone())))
 }
 
 /// Creates the bucket's metadata as Hot if absent, then refuses unless it is Hot: the fence.
@@ -484,7 +522,11 @@ fn ensure_hot(tx: &Transaction<'_>, id: &BucketId, now: i64) -> TxResult<()> {
             "SELECT state FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK}"
         ))?
         .query_row(
-            params![id.table_id.as_str(), id.partition_key.as_bytes(), id.bucket_key.to_string()],
+            params![
+                id.table_id.as_str(),
+                id.partition_key.as_bytes(),
+                id.bucket_key.to_string()
+            ],
             |r| r.get(0),
         )?;
     match state_name(&state)? {
@@ -536,7 +578,12 @@ fn insert_record(tx: &Transaction<'_>, id: &BucketId, record: &Record) -> TxResu
     }
 }
 
-fn record_from(partition_key: &PartitionKey, t: i64, k: Vec<u8>, value: Vec<u8>) -> TxResult<Record> {
+fn record_from(
+    partition_key: &PartitionKey,
+    t: i64,
+    k: Vec<u8>,
+    value: Vec<u8>,
+) -> TxResult<Record> {
     Ok(Record {
         partition_key: partition_key.clone(),
         event_time: time(t, "event time")?,
@@ -587,11 +634,16 @@ fn verify_claim(
     let state_ok = match accepts {
         ClaimState::Archiving => row.state == "archiving",
         ClaimState::Cleanup => row.state == "archived" && !row.hot_deleted,
-        ClaimState::Any => row.state == "archiving" || (row.state == "archived" && !row.hot_deleted),
+        ClaimState::Any => {
+            row.state == "archiving" || (row.state == "archived" && !row.hot_deleted)
+        }
     };
     if !state_ok {
         if accepts == ClaimState::Any {
-            return Err(stale(format!("the bucket is {}; the claim was released", row.describe())));
+            return Err(stale(format!(
+                "the bucket is {}; the claim was released",
+                row.describe()
+            )));
         }
         return Err(StoreError::InvalidTransition {
             bucket: claim.bucket.clone(),
@@ -610,7 +662,10 @@ fn verify_claim(
         let expired = row
             .lease_expires_at
             .and_then(|t| EventTime::from_micros(t).ok())
-            .map_or_else(|| "no lease is set".to_string(), |t| format!("the lease expired at {t}"));
+            .map_or_else(
+                || "no lease is set".to_string(),
+                |t| format!("the lease expired at {t}"),
+            );
         let now = EventTime::from_micros(now).map_or_else(|_| now.to_string(), |t| t.to_string());
         return Err(stale(format!("{expired} (store time {now})")));
     }
@@ -654,8 +709,10 @@ fn bucket_args(id: &BucketId) -> Vec<Value> {
 #[async_trait]
 impl HotStore for SqliteStore {
     async fn migrate(&self) -> StoreResult<()> {
-        self.run("migrate", Mode::Write, |tx, now| migrate::apply(tx, now).map(|_| ()))
-            .await
+        self.run("migrate", Mode::Write, |tx, now| {
+            migrate::apply(tx, now).map(|_| ())
+        })
+        .await
     }
 
     async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {
@@ -723,7 +780,11 @@ impl HotStore for SqliteStore {
         .await
     }
 
-    async fn append_batch(&self, table_id: &TableId, records: &[Record]) -> StoreResult<BatchOutcome> {
+    async fn append_batch(
+        &self,
+        table_id: &TableId,
+        records: &[Record],
+    ) -> StoreResult<BatchOutcome> {
         let table_id = table_id.clone();
         let records = records.to_vec();
         self.run("append_batch", Mode::Write, move |tx, now| {
@@ -731,13 +792,13 @@ impl HotStore for SqliteStore {
             let now_t = time(now, "store clock")?;
             // Each bucket is checked once per transaction; the write lock keeps it Hot until
             // commit, so later records of the same bucket need no second check.
-            let mut checked: HashMap<BucketId, ()> = HashMap::new();
+            let mut checked: HashSet<BucketId> = HashSet::new();
             let mut out = BatchOutcome::default();
             for record in &records {
                 let id = bucket_for_append(&def, record, now_t)?;
-                if !checked.contains_key(&id) {
+                if !checked.contains(&id) {
                     ensure_hot(tx, &id, now)?;
-                    checked.insert(id.clone(), ());
+                    checked.insert(id.clone());
                 }
                 match insert_record(tx, &id, record)? {
                     AppendOutcome::Inserted => out.inserted += 1,
@@ -749,12 +810,18 @@ impl HotStore for SqliteStore {
         .await
     }
 
-    async fn list_buckets(&self, table_id: &TableId, filter: &BucketFilter) -> StoreResult<Vec<BucketMeta>> {
+    async fn list_buckets(
+        &self,
+        table_id: &TableId,
+        filter: &BucketFilter,
+    ) -> StoreResult<Vec<BucketMeta>> {
         let table_id = table_id.clone();
         let filter = filter.clone();
+        // An unregistered table simply has no buckets (as in the PostgreSQL store).
         self.run("list_buckets", Mode::Read, move |tx, _| {
-            require_table(tx, &table_id)?;
-            let mut sql = format!("SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata WHERE table_id = ?");
+            let mut sql = format!(
+                "SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata WHERE table_id = ?"
+            );
             let mut base = vec![Value::Text(table_id.as_str().to_string())];
             if let Some(from) = filter.from {
                 sql.push_str(" AND bucket_end > ?");
@@ -813,7 +880,9 @@ impl HotStore for SqliteStore {
                 return Ok(HotPage::Missing);
             };
             let state = match meta.state()? {
-                BucketState::Archived { object_key, .. } => return Ok(HotPage::Archived { object_key }),
+                BucketState::Archived { object_key, .. } => {
+                    return Ok(HotPage::Archived { object_key })
+                }
                 s => s,
             };
             let b = &req.bounds;
@@ -823,10 +892,34 @@ impl HotStore for SqliteStore {
                  WHERE table_id = ? AND partition_key = ? AND bucket_key = ?"
             );
             let mut args = bucket_args(&id);
-            push_bound(&mut sql, &mut args, "event_time", true, &time_bound(&b.time_lower));
-            push_bound(&mut sql, &mut args, "event_time", false, &time_bound(&b.time_upper));
-            push_bound(&mut sql, &mut args, "sort_key", true, &sort_bound(&b.sort_lower));
-            push_bound(&mut sql, &mut args, "sort_key", false, &sort_bound(&b.sort_upper));
+            push_bound(
+                &mut sql,
+                &mut args,
+                "event_time",
+                true,
+                &time_bound(&b.time_lower),
+            );
+            push_bound(
+                &mut sql,
+                &mut args,
+                "event_time",
+                false,
+                &time_bound(&b.time_upper),
+            );
+            push_bound(
+                &mut sql,
+                &mut args,
+                "sort_key",
+                true,
+                &sort_bound(&b.sort_lower),
+            );
+            push_bound(
+                &mut sql,
+                &mut args,
+                "sort_key",
+                false,
+                &sort_bound(&b.sort_upper),
+            );
             for (cursor, op) in [(&b.after, ">"), (&b.before, "<")] {
                 if let Some(c) = cursor {
                     sql.push_str(&format!(" AND (event_time, sort_key) {op} (?, ?)"));
@@ -835,13 +928,19 @@ impl HotStore for SqliteStore {
                 }
             }
             let dir = if req.descending { "DESC" } else { "ASC" };
-            sql.push_str(&format!(" ORDER BY event_time {dir}, sort_key {dir} LIMIT ?"));
+            sql.push_str(&format!(
+                " ORDER BY event_time {dir}, sort_key {dir} LIMIT ?"
+            ));
             args.push(Value::Integer(to_i64(req.limit)));
             let mut stmt = tx.prepare_cached(&sql)?;
             let mut rows = stmt.query(params_from_iter(args.iter()))?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
-                let value = if req.include_value { r.get(2)? } else { Vec::new() };
+                let value = if req.include_value {
+                    r.get(2)?
+                } else {
+                    Vec::new()
+                };
                 out.push(record_from(&id.partition_key, r.get(0)?, r.get(1)?, value)?);
             }
             Ok(HotPage::Hot { state, rows: out })
@@ -893,7 +992,11 @@ impl HotStore for SqliteStore {
         .await
     }
 
-    async fn claim_cleanup(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
+    async fn claim_cleanup(
+        &self,
+        bucket: &BucketId,
+        lease: Duration,
+    ) -> StoreResult<Option<Claim>> {
         let id = bucket.clone();
         self.run("claim_cleanup", Mode::Write, move |tx, now| {
             let Some(row) = load_meta(tx, &id)? else {
@@ -986,7 +1089,12 @@ impl HotStore for SqliteStore {
             let mut rows = stmt.query(params_from_iter(args.iter()))?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
-                out.push(record_from(&id.partition_key, r.get(0)?, r.get(1)?, r.get(2)?)?);
+                out.push(record_from(
+                    &id.partition_key,
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                )?);
             }
             Ok(out)
         })
@@ -1049,7 +1157,12 @@ impl HotStore for SqliteStore {
         .await
     }
 
-    async fn cleanup_step(&self, claim: &Claim, limit: usize, min_age: Duration) -> StoreResult<(u64, bool)> {
+    async fn cleanup_step(
+        &self,
+        claim: &Claim,
+        limit: usize,
+        min_age: Duration,
+    ) -> StoreResult<(u64, bool)> {
         let claim = claim.clone();
         self.run("cleanup_step", Mode::Write, move |tx, now| {
             // A repeated step after the last one committed is a no-op that reports done.
@@ -1171,5 +1284,350 @@ impl HotStore for SqliteStore {
             TxError::Store(s) => s,
             TxError::Sql(s) => backend("now", s),
         })?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ScanBounds;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    fn tid(s: &str) -> TableId {
+        TableId::new(s).unwrap()
+    }
+
+    fn rec(pk: &[u8], micros: i64, sk: &[u8], v: &[u8]) -> Record {
+        Record {
+            partition_key: PartitionKey::new(pk.to_vec()).unwrap(),
+            event_time: EventTime::from_micros(micros).unwrap(),
+            sort_key: SortKey::new(sk.to_vec()).unwrap(),
+            value: v.to_vec(),
+        }
+    }
+
+    async fn store_with(def: &TableDefinition) -> SqliteStore {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        s.register_table(def).await.unwrap();
+        s
+    }
+
+    fn ledger(s: &SqliteStore) -> Vec<(i64, String)> {
+        let c = lock(&s.inner.writer);
+        let mut st = c
+            .prepare("SELECT version, name FROM pulpitum_v4_schema_migrations ORDER BY version")
+            .unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn migrations_apply_once_and_refuse_foreign_bookkeeping() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        s.migrate().await.unwrap();
+        let want: Vec<(i64, String)> = migrate::MIGRATIONS
+            .iter()
+            .map(|m| (m.version, m.name.to_string()))
+            .collect();
+        assert_eq!(ledger(&s), want);
+
+        lock(&s.inner.writer)
+            .execute(
+                "UPDATE pulpitum_v4_schema_migrations SET checksum = 'x' WHERE version = 2",
+                [],
+            )
+            .unwrap();
+        let err = s.migrate().await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Migration(m) if m.contains("different SQL")),
+            "{err}"
+        );
+
+        let sum = migrate::checksum(migrate::MIGRATIONS[1].sql);
+        lock(&s.inner.writer)
+            .execute(
+                "UPDATE pulpitum_v4_schema_migrations SET checksum = ?1 WHERE version = 2",
+                [sum],
+            )
+            .unwrap();
+        lock(&s.inner.writer)
+            .execute(
+                "INSERT INTO pulpitum_v4_schema_migrations VALUES (99, 'future', 'x', 0)",
+                [],
+            )
+            .unwrap();
+        let err = s.migrate().await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Migration(m) if m.contains("does not know")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn registration_is_immutable_in_strategy_and_surface() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        let mut def = TableDefinition::new(tid("chat"), BucketStrategy::CalendarDayUtc, "chat");
+        def.writable_buckets = Some(3);
+        assert_eq!(s.register_table(&def).await.unwrap(), def);
+        assert_eq!(s.register_table(&def).await.unwrap(), def);
+
+        let other_strategy = TableDefinition {
+            strategy: BucketStrategy::CalendarMonthUtc,
+            ..def.clone()
+        };
+        let err = s.register_table(&other_strategy).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::TableConflict { existing, requested, .. }
+                if existing.contains("calendar_day_utc") && requested.contains("calendar_month_utc")),
+            "{err}"
+        );
+        let other_surface = TableDefinition {
+            surface: "raw".into(),
+            ..def.clone()
+        };
+        assert!(matches!(
+            s.register_table(&other_surface).await,
+            Err(StoreError::TableConflict { .. })
+        ));
+        // A different guard is not a conflict: the stored row is returned unchanged.
+        let other_guard = TableDefinition {
+            writable_buckets: None,
+            ..def.clone()
+        };
+        assert_eq!(s.register_table(&other_guard).await.unwrap(), def);
+
+        let raw = TableDefinition::new(tid("audit"), BucketStrategy::CalendarYearUtc, "raw");
+        s.register_table(&raw).await.unwrap();
+        assert_eq!(s.tables().await.unwrap(), vec![raw.clone(), def.clone()]);
+        assert_eq!(s.table(&tid("chat")).await.unwrap(), Some(def));
+        assert_eq!(s.table(&tid("nope")).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn append_is_insert_if_absent_and_typed() {
+        let def = TableDefinition::new(tid("t"), BucketStrategy::CalendarYearUtc, "raw");
+        let s = store_with(&def).await;
+        let r = rec(b"p", 1_700_000_000_000_000, b"a", b"v1");
+        assert!(matches!(
+            s.append(&tid("unknown"), &r).await,
+            Err(StoreError::UnknownTable(_))
+        ));
+        assert_eq!(
+            s.append(&tid("t"), &r).await.unwrap(),
+            AppendOutcome::Inserted
+        );
+        assert_eq!(
+            s.append(&tid("t"), &r).await.unwrap(),
+            AppendOutcome::AlreadyPresent
+        );
+        let changed = Record {
+            value: b"v2".to_vec(),
+            ..r.clone()
+        };
+        let err = s.append(&tid("t"), &changed).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::DuplicateKey { sort_key, .. } if sort_key == "61"),
+            "{err}"
+        );
+        let id = BucketId::of_record(&tid("t"), def.strategy, &r);
+        let meta = s.bucket(&id).await.unwrap().unwrap();
+        assert_eq!(meta.state, BucketState::Hot);
+        assert_eq!(meta.generation, 0);
+        assert_eq!(meta.owner_token, None);
+        let page = s
+            .read_page(
+                &id,
+                &PageRequest {
+                    bounds: ScanBounds::all(),
+                    descending: false,
+                    limit: 10,
+                    include_value: true,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            page,
+            HotPage::Hot {
+                state: BucketState::Hot,
+                rows: vec![r]
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn writable_bucket_guard_rejects_old_buckets_and_writes_nothing() {
+        let mut def = TableDefinition::new(tid("g"), BucketStrategy::CalendarDayUtc, "raw");
+        def.writable_buckets = Some(2);
+        let s = store_with(&def).await;
+        let now = s.now().await.unwrap().as_micros();
+        let day = 86_400_000_000;
+        let old = rec(b"p", now - 3 * day, b"", b"x");
+        let err = s.append(&tid("g"), &old).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::NotWritable {
+                    writable_buckets: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let id = BucketId::of_record(&tid("g"), def.strategy, &old);
+        assert_eq!(s.bucket(&id).await.unwrap(), None);
+        // Yesterday is the second-newest bucket: accepted.
+        let recent = rec(b"p", now - day, b"", b"x");
+        assert_eq!(
+            s.append(&tid("g"), &recent).await.unwrap(),
+            AppendOutcome::Inserted
+        );
+        // A batch with one guarded record commits nothing.
+        let err = s
+            .append_batch(&tid("g"), &[rec(b"q", now, b"", b"x"), old.clone()])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::NotWritable { .. }));
+        let q = BucketId::of_record(&tid("g"), def.strategy, &rec(b"q", now, b"", b""));
+        assert_eq!(s.bucket(&q).await.unwrap(), None);
+    }
+
+    fn random_bounds(rng: &mut StdRng, times: &[i64], keys: &[Vec<u8>]) -> ScanBounds {
+        let t = |rng: &mut StdRng| {
+            EventTime::from_micros(times[rng.random_range(0..times.len())]).unwrap()
+        };
+        let k =
+            |rng: &mut StdRng| SortKey::new(keys[rng.random_range(0..keys.len())].clone()).unwrap();
+        let tb = |rng: &mut StdRng| match rng.random_range(0..3) {
+            0 => Bound::Unbounded,
+            1 => Bound::Included(t(rng)),
+            _ => Bound::Excluded(t(rng)),
+        };
+        let kb = |rng: &mut StdRng| match rng.random_range(0..4) {
+            0 | 1 => Bound::Unbounded,
+            2 => Bound::Included(k(rng)),
+            _ => Bound::Excluded(k(rng)),
+        };
+        let ck = |rng: &mut StdRng| {
+            rng.random_bool(0.4).then(|| ClusteringKey {
+                event_time: t(rng),
+                sort_key: k(rng),
+            })
+        };
+        ScanBounds {
+            time_lower: tb(rng),
+            time_upper: tb(rng),
+            sort_lower: kb(rng),
+            sort_upper: kb(rng),
+            after: ck(rng),
+            before: ck(rng),
+        }
+    }
+
+    /// `read_page` must agree exactly with the reference filter `ScanBounds::matches`, in
+    /// both orders, with limits and without values.
+    #[tokio::test]
+    async fn read_page_applies_bounds_like_the_reference_filter() {
+        let def = TableDefinition::new(tid("b"), BucketStrategy::CalendarYearUtc, "raw");
+        let s = store_with(&def).await;
+        let base = 1_700_000_000_000_000;
+        let times: Vec<i64> = (0..8).map(|i| base + i * 1_000).collect();
+        // Keys that differ in length and in a byte >= 0x80, where bytewise order matters.
+        let keys: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0],
+            vec![0, 0],
+            vec![1],
+            vec![0x7f],
+            vec![0x80],
+            vec![0xff, 1],
+        ];
+        let mut all = Vec::new();
+        for &t in &times {
+            for k in &keys {
+                all.push(rec(b"p", t, k, &[k.len() as u8, (t % 251) as u8]));
+            }
+        }
+        let out = s.append_batch(&tid("b"), &all).await.unwrap();
+        assert_eq!(out.inserted, all.len() as u64);
+        all.sort_by_key(Record::clustering_key);
+        let id = BucketId::of_record(&tid("b"), def.strategy, &all[0]);
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut nonempty = 0;
+        for _ in 0..300 {
+            let bounds = random_bounds(&mut rng, &times, &keys);
+            let descending = rng.random_bool(0.5);
+            let include_value = rng.random_bool(0.5);
+            let limit = rng.random_range(1..70);
+            let mut want: Vec<Record> = all.iter().filter(|r| bounds.matches(r)).cloned().collect();
+            if descending {
+                want.reverse();
+            }
+            want.truncate(limit);
+            if !include_value {
+                for r in &mut want {
+                    r.value.clear();
+                }
+            }
+            nonempty += usize::from(!want.is_empty());
+            let req = PageRequest {
+                bounds: bounds.clone(),
+                descending,
+                limit,
+                include_value,
+            };
+            let HotPage::Hot { state, rows } = s.read_page(&id, &req).await.unwrap() else {
+                panic!("bucket should be hot");
+            };
+            assert_eq!(state, BucketState::Hot);
+            assert_eq!(
+                rows, want,
+                "bounds {bounds:?} desc {descending} limit {limit}"
+            );
+        }
+        assert!(
+            nonempty > 100,
+            "the random bounds should mostly select rows ({nonempty})"
+        );
+    }
+
+    #[tokio::test]
+    async fn file_store_is_durable_wal_and_creates_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/deeper/hot.sqlite");
+        let def = TableDefinition::new(tid("f"), BucketStrategy::CalendarMonthUtc, "raw");
+        let r = rec(b"p", 1_700_000_000_000_000, b"k", b"v");
+        {
+            let s = SqliteStore::open(&path).unwrap();
+            assert_eq!(s.path(), Some(path.as_path()));
+            s.migrate().await.unwrap();
+            s.register_table(&def).await.unwrap();
+            s.append(&tid("f"), &r).await.unwrap();
+            let c = lock(&s.inner.writer);
+            let mode: String = c
+                .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(mode, "wal");
+            let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+            assert_eq!(sync, 2, "synchronous must be FULL");
+        }
+        let s = SqliteStore::open(&path).unwrap();
+        s.migrate().await.unwrap();
+        assert_eq!(s.tables().await.unwrap(), vec![def.clone()]);
+        assert_eq!(
+            s.append(&tid("f"), &r).await.unwrap(),
+            AppendOutcome::AlreadyPresent
+        );
+        // Readers are read-only connections.
+        let reader = lock(&s.inner.readers[0]);
+        assert!(reader
+            .execute("DELETE FROM pulpitum_v4_records", [])
+            .is_err());
     }
 }
