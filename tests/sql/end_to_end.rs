@@ -57,3 +57,23 @@ async fn raw_surface_round_trips_bytes_and_pushes_filters() {
     assert!(!plan.contains("SortExec") && !plan.contains("FilterExec"), "{plan}");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_spellings_of_time_predicates_are_pushed_down() {
+    let env = Env::new("spell").await;
+    env.sql(
+        "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+         OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
+    )
+    .await;
+    for (q, expect) in [
+        ("SELECT * FROM chat WHERE channel_id = 1 AND timestamp >= '2024-01-01T00:00:00Z'", "timestamp >= 2024-01-01T00:00:00Z"),
+        ("SELECT * FROM chat WHERE channel_id = 1 AND timestamp < '2024-01-02'", "timestamp <= 2024-01-01T23:59:59.999999Z"),
+        ("SELECT * FROM chat WHERE channel_id = 1 AND timestamp > now() - INTERVAL '1 day'", "timestamp >= "),
+        ("SELECT * FROM chat WHERE channel_id = 1 AND timestamp = to_timestamp_micros(1704067200000000)", "timestamp <= 2024-01-01T00:00:00Z"),
+    ] {
+        let plan = pretty(&env.sql(&format!("EXPLAIN {q}")).await);
+        assert!(plan.contains(expect) && !plan.contains("FilterExec"), "{q}\n{plan}");
+    }
+    env.cleanup().await;
+}

@@ -157,6 +157,20 @@ async fn query_limits_stop_queries_with_clear_errors() {
         .unwrap();
     let e = run(&ctx, "SELECT * FROM chat").await.unwrap_err();
     assert!(e.contains("max_bytes = 100"), "{e}");
+
+    let opts = SessionOptions {
+        limits: QueryLimits {
+            max_rows: None,
+            max_bytes: None,
+            max_duration: Some(Duration::from_nanos(1)),
+        },
+        ..SessionOptions::default()
+    };
+    let ctx = pulpitum::session::session(env.store.clone() as std::sync::Arc<dyn HotStore>, env.archive.clone(), opts)
+        .await
+        .unwrap();
+    let e = run(&ctx, "SELECT * FROM chat").await.unwrap_err();
+    assert!(e.contains("max_duration"), "{e}");
     env.cleanup().await;
 }
 
