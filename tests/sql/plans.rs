@@ -96,6 +96,10 @@ async fn plan_snapshots() {
         settings.bind(|| insta::assert_snapshot!(name, text, sql));
     }
 
+    // EXPLAIN ANALYZE of the latest page, with timings and sizes masked.
+    let text = explain_analyze(&env, QUERIES[6].1).await;
+    settings.bind(|| insta::assert_snapshot!("analyze_latest_page", text));
+
     // Ordered by (timestamp, id) on one channel: the scan's declared ordering removes the sort.
     let text = explain(&env, QUERIES[1].1).await;
     assert!(!text.contains("SortExec"), "{text}");
