@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pulpitum::archive::{ArchiveStore, FaultLayer, FaultPlan, PayloadFormat};
-use pulpitum::model::{BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::model::{
+    BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
+};
 use pulpitum::provider::surface::encode_i64;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
@@ -59,16 +61,27 @@ async fn archive_bucket(store: &PgStore, archive: &ArchiveStore, bucket: &Bucket
     let mut pages = Vec::new();
     let mut after = None;
     loop {
-        let page = store.snapshot_page(&claim, after.as_ref(), 1000).await.unwrap();
+        let page = store
+            .snapshot_page(&claim, after.as_ref(), 1000)
+            .await
+            .unwrap();
         let Some(last) = page.last() else { break };
         after = Some(last.clustering_key());
         pages.push(Ok(page));
     }
     let written = archive
-        .write_bucket(bucket, claim.generation, PayloadFormat::Parquet, futures::stream::iter(pages))
+        .write_bucket(
+            bucket,
+            claim.generation,
+            PayloadFormat::Parquet,
+            futures::stream::iter(pages),
+        )
         .await
         .unwrap();
-    store.publish_archive(&claim, &written.manifest_key).await.unwrap();
+    store
+        .publish_archive(&claim, &written.manifest_key)
+        .await
+        .unwrap();
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -80,17 +93,25 @@ async fn main() {
         .unwrap()
         .layer(counter.clone());
     let archive = Arc::new(ArchiveStore::from_operator(op, "bench"));
-    let ctx = session(store.clone() as Arc<dyn HotStore>, archive.clone(), SessionOptions::default())
-        .await
-        .unwrap();
+    let ctx = session(
+        store.clone() as Arc<dyn HotStore>,
+        archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
     ctx.sql("CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc')")
         .await
         .unwrap();
     let table = TableId::new("chat").unwrap();
-    let day0 = EventTime::parse_rfc3339("2025-03-01T00:00:00Z").unwrap().as_micros();
+    let day0 = EventTime::parse_rfc3339("2025-03-01T00:00:00Z")
+        .unwrap()
+        .as_micros();
     // Channel 1: 2,000 messages in one hot day. Channel 2: the same in a day to archive.
     for ch in [1i64, 2] {
-        let recs: Vec<Record> = (0..2000).map(|i| record(ch, day0 + i * 30_000_000, i)).collect();
+        let recs: Vec<Record> = (0..2000)
+            .map(|i| record(ch, day0 + i * 30_000_000, i))
+            .collect();
         for c in recs.chunks(500) {
             store.append_batch(&table, c).await.unwrap();
         }
@@ -103,7 +124,11 @@ async fn main() {
     archive_bucket(&store, &archive, &archived).await;
 
     let n = 300;
-    let sql = |ch: i64| format!("SELECT * FROM chat WHERE channel_id = {ch} ORDER BY timestamp DESC, id DESC LIMIT 50");
+    let sql = |ch: i64| {
+        format!(
+            "SELECT * FROM chat WHERE channel_id = {ch} ORDER BY timestamp DESC, id DESC LIMIT 50"
+        )
+    };
     let q1 = sql(1);
     let (sql_p50, sql_p99) = time_it(n, || async {
         let b = ctx.sql(&q1).await.unwrap().collect().await.unwrap();
@@ -155,9 +180,13 @@ async fn main() {
     for c in recs.chunks(500) {
         store.append_batch(&big, c).await.unwrap();
     }
-    let ctx2 = session(store.clone() as Arc<dyn HotStore>, archive.clone(), SessionOptions::default())
-        .await
-        .unwrap();
+    let ctx2 = session(
+        store.clone() as Arc<dyn HotStore>,
+        archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
     let one_day = format!(
         "SELECT * FROM big WHERE channel_id = 3 AND timestamp >= to_timestamp_micros({}) AND timestamp < to_timestamp_micros({})",
         day0 - 500 * DAY,

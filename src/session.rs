@@ -134,9 +134,13 @@ pub async fn open_store(database_url: &str) -> Result<Arc<dyn HotStore>, Session
     if database_url == "sqlite::memory:" {
         return Ok(Arc::new(SqliteStore::open_in_memory()?));
     }
-    let path = database_url.strip_prefix("sqlite://").unwrap_or(database_url);
+    let path = database_url
+        .strip_prefix("sqlite://")
+        .unwrap_or(database_url);
     if path.is_empty() || path.contains("://") {
-        return Err(SessionError::UnsupportedDatabaseUrl(database_url.to_string()));
+        return Err(SessionError::UnsupportedDatabaseUrl(
+            database_url.to_string(),
+        ));
     }
     Ok(Arc::new(SqliteStore::open(path)?))
 }
@@ -146,7 +150,10 @@ async fn open_postgres(url: &str) -> Result<Arc<dyn HotStore>, SessionError> {
 }
 
 /// Builds a session from a database URL and an archive URL with default options.
-pub async fn connect(database_url: &str, archive_url: &str) -> Result<SessionContext, SessionError> {
+pub async fn connect(
+    database_url: &str,
+    archive_url: &str,
+) -> Result<SessionContext, SessionError> {
     let store = open_store(database_url).await?;
     let archive = Arc::new(ArchiveStore::from_url(archive_url)?);
     session(store, archive, SessionOptions::default()).await

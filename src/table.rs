@@ -19,12 +19,12 @@ use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::{self, BoxStream, StreamExt};
 
 use crate::archive::{records_to_batch, ArchiveError, ArchiveScan, ArchiveStore, Manifest};
+use crate::model::Record;
 use crate::model::{BucketId, ScanBounds};
 use crate::store::{
     AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, HotPage, HotStore,
     PageRequest, StoreError, TableDefinition,
 };
-use crate::model::Record;
 
 /// How long an archived route may be served from the cache before it is re-read from the
 /// hot store. The archiver must wait at least this long after publication before deleting
@@ -251,7 +251,11 @@ impl DurableTable {
 
     /// Appends one record; the store refuses it unless its bucket is Hot at commit time.
     pub async fn append(&self, record: &Record) -> Result<AppendOutcome, TableError> {
-        Ok(self.inner.store.append(&self.inner.def.table_id, record).await?)
+        Ok(self
+            .inner
+            .store
+            .append(&self.inner.def.table_id, record)
+            .await?)
     }
 
     /// Appends records atomically (all or none).
@@ -341,7 +345,10 @@ impl DurableTable {
                     match st {
                         St::Done => return None,
                         St::Start(Some(object_key)) => {
-                            match table.open_archive(&bucket, &object_key, &req, &req.bounds).await {
+                            match table
+                                .open_archive(&bucket, &object_key, &req, &req.bounds)
+                                .await
+                            {
                                 Ok(s) => st = St::Archive(s),
                                 Err(e) => return Some((Err(e), (St::Done, 0))),
                             }
@@ -359,7 +366,10 @@ impl DurableTable {
                                 Err(e) => return Some((Err(e.into()), (St::Done, 0))),
                                 Ok(HotPage::Missing) => return None,
                                 Ok(HotPage::Archived { object_key }) => {
-                                    match table.open_archive(&bucket, &object_key, &req, &bounds).await {
+                                    match table
+                                        .open_archive(&bucket, &object_key, &req, &bounds)
+                                        .await
+                                    {
                                         Ok(s) => st = St::Archive(s),
                                         Err(e) => return Some((Err(e), (St::Done, 0))),
                                     }
@@ -376,7 +386,10 @@ impl DurableTable {
                                         Ok(b) => b,
                                         Err(source) => {
                                             return Some((
-                                                Err(TableError::Archive { bucket, source: Box::new(source) }),
+                                                Err(TableError::Archive {
+                                                    bucket,
+                                                    source: Box::new(source),
+                                                }),
                                                 (St::Done, 0),
                                             ))
                                         }
@@ -396,7 +409,10 @@ impl DurableTable {
                             None => return None,
                             Some(Err(source)) => {
                                 return Some((
-                                    Err(TableError::Archive { bucket, source: Box::new(source) }),
+                                    Err(TableError::Archive {
+                                        bucket,
+                                        source: Box::new(source),
+                                    }),
                                     (St::Done, 0),
                                 ))
                             }

@@ -82,13 +82,16 @@ impl Shell {
         let mut out = std::io::stdout().lock();
         match self.format {
             Format::Table => {
-                if batches.iter().all(|b| b.num_rows() == 0) && batches.first().is_none_or(|b| b.num_columns() == 0) {
+                if batches.iter().all(|b| b.num_rows() == 0)
+                    && batches.first().is_none_or(|b| b.num_columns() == 0)
+                {
                     return Ok(());
                 }
                 let text = pretty_format_batches(batches).map_err(|e| e.to_string())?;
                 writeln!(out, "{text}").map_err(|e| e.to_string())?;
                 let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-                writeln!(out, "({rows} row{})", if rows == 1 { "" } else { "s" }).map_err(|e| e.to_string())?;
+                writeln!(out, "({rows} row{})", if rows == 1 { "" } else { "s" })
+                    .map_err(|e| e.to_string())?;
             }
             Format::Csv => {
                 let mut w = datafusion::arrow::csv::WriterBuilder::new()
@@ -132,7 +135,9 @@ impl Shell {
                 self.run_statement(&format!("DESCRIBE {name}")).await?;
                 Ok(Meta::Handled)
             }
-            (Some(other), _) => Err(format!("unknown command {other} (try \\d, \\d NAME, \\timing, \\q)")),
+            (Some(other), _) => Err(format!(
+                "unknown command {other} (try \\d, \\d NAME, \\timing, \\q)"
+            )),
             (None, _) => Ok(Meta::Handled),
         }
     }
@@ -160,7 +165,11 @@ impl Shell {
         }
         let mut buffer = String::new();
         loop {
-            let prompt = if buffer.is_empty() { "pulpitum> " } else { "pulpitum-> " };
+            let prompt = if buffer.is_empty() {
+                "pulpitum> "
+            } else {
+                "pulpitum-> "
+            };
             match rl.readline(prompt) {
                 Ok(line) => {
                     let trimmed = line.trim();
@@ -328,7 +337,10 @@ async fn run(cli: Cli) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("Error: {e}");

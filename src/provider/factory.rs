@@ -57,7 +57,8 @@ impl PulpitumTableFactory {
 
     /// The provider of an already registered table.
     pub fn provider(&self, def: TableDefinition) -> Result<PulpitumTable, ProviderError> {
-        let table = DurableTable::with_cache(self.store.clone(), self.archive.clone(), def, self.cache);
+        let table =
+            DurableTable::with_cache(self.store.clone(), self.archive.clone(), def, self.cache);
         PulpitumTable::try_new(table, self.options)
     }
 
@@ -97,11 +98,18 @@ impl PulpitumTableFactory {
             )));
         }
         if !cmd.table_partition_cols.is_empty() || !cmd.order_exprs.is_empty() {
-            return Err(bad("PARTITIONED BY and WITH ORDER are fixed by the surface".into()));
+            return Err(bad(
+                "PARTITIONED BY and WITH ORDER are fixed by the surface".into(),
+            ));
         }
         if !cmd.schema.fields().is_empty() {
             let want = surface.schema();
-            let names: Vec<&str> = cmd.schema.fields().iter().map(|f| f.name().as_str()).collect();
+            let names: Vec<&str> = cmd
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect();
             let expected: Vec<&str> = want.fields().iter().map(|f| f.name().as_str()).collect();
             let types_ok = cmd
                 .schema
@@ -113,7 +121,11 @@ impl PulpitumTableFactory {
                 return Err(bad(format!(
                     "the {} surface has the columns ({}); omit the column list or match it",
                     surface.as_str(),
-                    want.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
+                    want.fields()
+                        .iter()
+                        .map(|f| format!("{} {}", f.name(), f.data_type()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )));
             }
         }

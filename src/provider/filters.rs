@@ -142,7 +142,10 @@ fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
             left,
             op: Operator::And,
             right,
-        }) => Some(Piece::All(vec![piece(surface, left)?, piece(surface, right)?])),
+        }) => Some(Piece::All(vec![
+            piece(surface, left)?,
+            piece(surface, right)?,
+        ])),
         Expr::BinaryExpr(BinaryExpr {
             left,
             op: Operator::Or,
@@ -167,13 +170,31 @@ fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
                     let (lo, hi) = (true, false);
                     Some(match op {
                         Operator::Eq => Piece::All(vec![
-                            Piece::Time { lower: lo, bound: TimeBound::Included(t) },
-                            Piece::Time { lower: hi, bound: TimeBound::Included(t) },
+                            Piece::Time {
+                                lower: lo,
+                                bound: TimeBound::Included(t),
+                            },
+                            Piece::Time {
+                                lower: hi,
+                                bound: TimeBound::Included(t),
+                            },
                         ]),
-                        Operator::Gt => Piece::Time { lower: lo, bound: TimeBound::Excluded(t) },
-                        Operator::GtEq => Piece::Time { lower: lo, bound: TimeBound::Included(t) },
-                        Operator::Lt => Piece::Time { lower: hi, bound: TimeBound::Excluded(t) },
-                        Operator::LtEq => Piece::Time { lower: hi, bound: TimeBound::Included(t) },
+                        Operator::Gt => Piece::Time {
+                            lower: lo,
+                            bound: TimeBound::Excluded(t),
+                        },
+                        Operator::GtEq => Piece::Time {
+                            lower: lo,
+                            bound: TimeBound::Included(t),
+                        },
+                        Operator::Lt => Piece::Time {
+                            lower: hi,
+                            bound: TimeBound::Excluded(t),
+                        },
+                        Operator::LtEq => Piece::Time {
+                            lower: hi,
+                            bound: TimeBound::Included(t),
+                        },
                         _ => return None,
                     })
                 }
@@ -181,13 +202,31 @@ fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
                     let k = sort_key_of(surface, &v)?;
                     Some(match op {
                         Operator::Eq => Piece::All(vec![
-                            Piece::Sort { lower: true, bound: Bound::Included(k.clone()) },
-                            Piece::Sort { lower: false, bound: Bound::Included(k) },
+                            Piece::Sort {
+                                lower: true,
+                                bound: Bound::Included(k.clone()),
+                            },
+                            Piece::Sort {
+                                lower: false,
+                                bound: Bound::Included(k),
+                            },
                         ]),
-                        Operator::Gt => Piece::Sort { lower: true, bound: Bound::Excluded(k) },
-                        Operator::GtEq => Piece::Sort { lower: true, bound: Bound::Included(k) },
-                        Operator::Lt => Piece::Sort { lower: false, bound: Bound::Excluded(k) },
-                        Operator::LtEq => Piece::Sort { lower: false, bound: Bound::Included(k) },
+                        Operator::Gt => Piece::Sort {
+                            lower: true,
+                            bound: Bound::Excluded(k),
+                        },
+                        Operator::GtEq => Piece::Sort {
+                            lower: true,
+                            bound: Bound::Included(k),
+                        },
+                        Operator::Lt => Piece::Sort {
+                            lower: false,
+                            bound: Bound::Excluded(k),
+                        },
+                        Operator::LtEq => Piece::Sort {
+                            lower: false,
+                            bound: Bound::Included(k),
+                        },
                         _ => return None,
                     })
                 }
@@ -200,7 +239,9 @@ fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
             }
             let mut set = BTreeSet::new();
             for item in &list.list {
-                let Expr::Literal(v, _) = item else { return None };
+                let Expr::Literal(v, _) = item else {
+                    return None;
+                };
                 set.insert(partition_of(surface, v)?);
             }
             Some(Piece::Partitions(set))
@@ -216,12 +257,24 @@ fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
             };
             match column_role(surface, expr)? {
                 Role::Time => Some(Piece::All(vec![
-                    Piece::Time { lower: true, bound: TimeBound::Included(micros_of(lo)?) },
-                    Piece::Time { lower: false, bound: TimeBound::Included(micros_of(hi)?) },
+                    Piece::Time {
+                        lower: true,
+                        bound: TimeBound::Included(micros_of(lo)?),
+                    },
+                    Piece::Time {
+                        lower: false,
+                        bound: TimeBound::Included(micros_of(hi)?),
+                    },
                 ])),
                 Role::Sort => Some(Piece::All(vec![
-                    Piece::Sort { lower: true, bound: Bound::Included(sort_key_of(surface, lo)?) },
-                    Piece::Sort { lower: false, bound: Bound::Included(sort_key_of(surface, hi)?) },
+                    Piece::Sort {
+                        lower: true,
+                        bound: Bound::Included(sort_key_of(surface, lo)?),
+                    },
+                    Piece::Sort {
+                        lower: false,
+                        bound: Bound::Included(sort_key_of(surface, hi)?),
+                    },
                 ])),
                 _ => None,
             }
@@ -248,7 +301,9 @@ fn cursor(surface: Surface, l: &Expr, r: &Expr) -> Option<Piece> {
             return None;
         };
         let parts = [comparison(surface, left)?, comparison(surface, right)?];
-        let eq = parts.iter().find(|(r, o, _)| *r == Role::Time && *o == Operator::Eq)?;
+        let eq = parts
+            .iter()
+            .find(|(r, o, _)| *r == Role::Time && *o == Operator::Eq)?;
         let key = parts.iter().find(|(r, _, _)| *r == Role::Sort)?;
         if micros_of(&eq.2)? != t || key.1 != op {
             return None;
@@ -464,10 +519,18 @@ impl PushedFilters {
             Bound::Unbounded => {}
         }
         if let Some(c) = &self.bounds.after {
-            parts.push(format!("({t}, {k}) > ({}, {})", c.event_time, key(c.sort_key.as_bytes())));
+            parts.push(format!(
+                "({t}, {k}) > ({}, {})",
+                c.event_time,
+                key(c.sort_key.as_bytes())
+            ));
         }
         if let Some(c) = &self.bounds.before {
-            parts.push(format!("({t}, {k}) < ({}, {})", c.event_time, key(c.sort_key.as_bytes())));
+            parts.push(format!(
+                "({t}, {k}) < ({}, {})",
+                c.event_time,
+                key(c.sort_key.as_bytes())
+            ));
         }
         if self.empty {
             parts.push("false".into());
@@ -483,8 +546,13 @@ mod tests {
     use datafusion::prelude::Expr;
 
     fn ts(s: &str) -> Expr {
-        let t = chrono::DateTime::parse_from_rfc3339(s).unwrap().timestamp_micros();
-        Expr::Literal(ScalarValue::TimestampMicrosecond(Some(t), Some("UTC".into())), None)
+        let t = chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap()
+            .timestamp_micros();
+        Expr::Literal(
+            ScalarValue::TimestampMicrosecond(Some(t), Some("UTC".into())),
+            None,
+        )
     }
 
     fn exact(e: &Expr) -> bool {
@@ -495,16 +563,29 @@ mod tests {
     fn accepted_shapes() {
         assert!(exact(&col("channel_id").eq(lit(5i64))));
         assert!(exact(&lit(5i64).eq(col("channel_id"))));
-        assert!(exact(&col("channel_id").in_list(vec![lit(1i64), lit(2i64)], false)));
-        let ors = col("channel_id")
-            .eq(lit(1i64))
-            .or(col("channel_id").eq(lit(2i64)).or(col("channel_id").eq(lit(3i64))));
+        assert!(exact(
+            &col("channel_id").in_list(vec![lit(1i64), lit(2i64)], false)
+        ));
+        let ors = col("channel_id").eq(lit(1i64)).or(col("channel_id")
+            .eq(lit(2i64))
+            .or(col("channel_id").eq(lit(3i64))));
         assert!(exact(&ors));
-        assert_eq!(PushedFilters::from_exprs(Surface::Chat, &[ors]).partitions.unwrap().len(), 3);
-        assert!(!exact(&col("channel_id").eq(lit(1i64)).or(col("id").eq(lit(2i64)))));
+        assert_eq!(
+            PushedFilters::from_exprs(Surface::Chat, &[ors])
+                .partitions
+                .unwrap()
+                .len(),
+            3
+        );
+        assert!(!exact(
+            &col("channel_id").eq(lit(1i64)).or(col("id").eq(lit(2i64)))
+        ));
         assert!(exact(&col("timestamp").gt(ts("2024-01-01T00:00:00Z"))));
         assert!(exact(&ts("2024-01-01T00:00:00Z").lt_eq(col("timestamp"))));
-        assert!(exact(&col("timestamp").between(ts("2024-01-01T00:00:00Z"), ts("2024-01-02T00:00:00Z"))));
+        assert!(exact(&col("timestamp").between(
+            ts("2024-01-01T00:00:00Z"),
+            ts("2024-01-02T00:00:00Z")
+        )));
         assert!(exact(&col("id").lt(lit(10i64))));
         let t = ts("2024-01-01T00:00:00Z");
         let fwd = col("timestamp")
@@ -536,11 +617,14 @@ mod tests {
                 .gt(t.clone())
                 .or(col("timestamp").eq(t.clone()).and(col("id").lt(lit(7i64)))),
             // Different instants are not a cursor.
-            col("timestamp")
-                .gt(t.clone())
-                .or(col("timestamp").eq(ts("2024-01-02T00:00:00Z")).and(col("id").gt(lit(7i64)))),
+            col("timestamp").gt(t.clone()).or(col("timestamp")
+                .eq(ts("2024-01-02T00:00:00Z"))
+                .and(col("id").gt(lit(7i64)))),
             // Sub-microsecond literal: refused, never narrowed.
-            col("timestamp").gt(Expr::Literal(ScalarValue::TimestampNanosecond(Some(1_500), None), None)),
+            col("timestamp").gt(Expr::Literal(
+                ScalarValue::TimestampNanosecond(Some(1_500), None),
+                None,
+            )),
             col("id").is_null(),
         ] {
             assert!(!exact(&e), "{e} must be Unsupported");
@@ -562,25 +646,52 @@ mod tests {
         assert_eq!(p.partitions.as_ref().unwrap().len(), 1);
         assert!(!p.empty);
         let (lo, hi) = p.bounds.time_interval().unwrap();
-        assert_eq!(lo, EventTime::parse_rfc3339("2024-01-05T00:00:00Z").unwrap());
-        assert_eq!(hi.as_micros(), EventTime::parse_rfc3339("2024-01-10T00:00:00Z").unwrap().as_micros() - 1);
+        assert_eq!(
+            lo,
+            EventTime::parse_rfc3339("2024-01-05T00:00:00Z").unwrap()
+        );
+        assert_eq!(
+            hi.as_micros(),
+            EventTime::parse_rfc3339("2024-01-10T00:00:00Z")
+                .unwrap()
+                .as_micros()
+                - 1
+        );
         let p = PushedFilters::from_exprs(
             Surface::Chat,
-            &[col("channel_id").eq(lit(1i64)), col("channel_id").eq(lit(2i64))],
+            &[
+                col("channel_id").eq(lit(1i64)),
+                col("channel_id").eq(lit(2i64)),
+            ],
         );
         assert!(p.empty);
-        let p = PushedFilters::from_exprs(Surface::Chat, &[col("id").gt(lit(5i64)), col("id").lt(lit(3i64))]);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("id").gt(lit(5i64)), col("id").lt(lit(3i64))],
+        );
         assert!(p.empty);
-        let p = PushedFilters::from_exprs(Surface::Chat, &[col("id").gt(lit(5i64)), col("id").lt_eq(lit(5i64))]);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("id").gt(lit(5i64)), col("id").lt_eq(lit(5i64))],
+        );
         assert!(p.empty);
-        let p = PushedFilters::from_exprs(Surface::Chat, &[col("id").gt_eq(lit(5i64)), col("id").lt_eq(lit(5i64))]);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("id").gt_eq(lit(5i64)), col("id").lt_eq(lit(5i64))],
+        );
         assert!(!p.empty);
         // Out of the supported range: a lower bound before 1900 restricts nothing; an upper
         // bound before 1900 matches nothing.
-        let p = PushedFilters::from_exprs(Surface::Chat, &[col("timestamp").gt(ts("1800-01-01T00:00:00Z"))]);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("timestamp").gt(ts("1800-01-01T00:00:00Z"))],
+        );
         assert!(!p.empty);
         assert_eq!(p.bounds.time_lower, Bound::Unbounded);
-        let p = PushedFilters::from_exprs(Surface::Chat, &[col("timestamp").lt(ts("1800-01-01T00:00:00Z"))]);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("timestamp").lt(ts("1800-01-01T00:00:00Z"))],
+        );
         assert!(p.empty);
     }
 }

@@ -155,7 +155,10 @@ impl PulpitumTable {
         if !pushed.empty {
             let interval = pushed.bounds.time_interval();
             let filter = BucketFilter {
-                partitions: pushed.partitions.as_ref().map(|p| p.iter().cloned().collect()),
+                partitions: pushed
+                    .partitions
+                    .as_ref()
+                    .map(|p| p.iter().cloned().collect()),
                 from: interval.map(|i| i.0),
                 to: interval.map(|i| i.1),
             };

@@ -25,7 +25,9 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -174,13 +176,26 @@ impl DisplayAs for PulpitumScanExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let s = &self.spec;
         let c = s.counts;
-        let cols: Vec<&str> = self.schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let cols: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
         let keys: usize = s.groups.iter().map(Vec::len).sum();
         match t {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "table={}", s.table.definition().table_id)?;
-                writeln!(f, "buckets=hot:{} archiving:{} archived:{} pruned:{}", c.hot, c.archiving, c.archived, c.pruned)?;
-                write!(f, "limit={}", s.limit.map_or("none".to_string(), |l| l.to_string()))
+                writeln!(
+                    f,
+                    "buckets=hot:{} archiving:{} archived:{} pruned:{}",
+                    c.hot, c.archiving, c.archived, c.pruned
+                )?;
+                write!(
+                    f,
+                    "limit={}",
+                    s.limit.map_or("none".to_string(), |l| l.to_string())
+                )
             }
             _ => {
                 write!(
@@ -289,7 +304,9 @@ impl ExecutionPlan for PulpitumScanExec {
         if children.is_empty() {
             Ok(self)
         } else {
-            Err(DataFusionError::Internal("PulpitumScanExec has no children".into()))
+            Err(DataFusionError::Internal(
+                "PulpitumScanExec has no children".into(),
+            ))
         }
     }
 
@@ -363,7 +380,10 @@ impl ExecutionPlan for PulpitumScanExec {
         let req_base = BucketScan {
             bounds: spec.pushed.bounds.clone(),
             descending: spec.descending,
-            include_value: spec.projection.iter().any(|&i| Surface::role_at(i) == Role::Value),
+            include_value: spec
+                .projection
+                .iter()
+                .any(|&i| Surface::role_at(i) == Role::Value),
             page_rows: spec.page_rows,
             limit: None,
         };
@@ -395,61 +415,62 @@ impl ExecutionPlan for PulpitumScanExec {
         let projection = spec.projection.clone();
         let limits = spec.limits;
         let out_schema = schema.clone();
-        let out = stream::unfold(
-            (chunks, false),
-            move |(mut chunks, done)| {
-                let out_schema = out_schema.clone();
-                let projection = projection.clone();
-                let shared = shared.clone();
-                let remaining = remaining.clone();
-                async move {
-                    if done || remaining.load(AtomicOrdering::SeqCst) == 0 {
-                        return None;
-                    }
-                    let next = match limits.max_duration {
-                        Some(max) => {
-                            let left = max.saturating_sub(started.elapsed());
-                            match tokio::time::timeout(left, chunks.next()).await {
-                                Ok(n) => n,
-                                Err(_) => {
-                                    let e = ProviderError::LimitExceeded(format!(
-                                        "query ran longer than max_duration {max:?}"
-                                    ));
-                                    return Some((Err(e.into()), (chunks, true)));
-                                }
+        let out = stream::unfold((chunks, false), move |(mut chunks, done)| {
+            let out_schema = out_schema.clone();
+            let projection = projection.clone();
+            let shared = shared.clone();
+            let remaining = remaining.clone();
+            async move {
+                if done || remaining.load(AtomicOrdering::SeqCst) == 0 {
+                    return None;
+                }
+                let next = match limits.max_duration {
+                    Some(max) => {
+                        let left = max.saturating_sub(started.elapsed());
+                        match tokio::time::timeout(left, chunks.next()).await {
+                            Ok(n) => n,
+                            Err(_) => {
+                                let e = ProviderError::LimitExceeded(format!(
+                                    "query ran longer than max_duration {max:?}"
+                                ));
+                                return Some((Err(e.into()), (chunks, true)));
                             }
                         }
-                        None => chunks.next().await,
+                    }
+                    None => chunks.next().await,
+                };
+                let chunk = match next {
+                    None => return None,
+                    Some(Err(e)) => {
+                        return Some((Err(ProviderError::from(e).into()), (chunks, true)))
+                    }
+                    Some(Ok(c)) => c,
+                };
+                let res = (|| -> Result<RecordBatch, ProviderError> {
+                    let left = remaining.load(AtomicOrdering::SeqCst);
+                    let env = if chunk.batch.num_rows() > left {
+                        chunk.batch.slice(0, left)
+                    } else {
+                        chunk.batch
                     };
-                    let chunk = match next {
-                        None => return None,
-                        Some(Err(e)) => {
-                            return Some((Err(ProviderError::from(e).into()), (chunks, true)))
-                        }
-                        Some(Ok(c)) => c,
-                    };
-                    let res = (|| -> Result<RecordBatch, ProviderError> {
-                        let left = remaining.load(AtomicOrdering::SeqCst);
-                        let env = if chunk.batch.num_rows() > left {
-                            chunk.batch.slice(0, left)
-                        } else {
-                            chunk.batch
-                        };
-                        if left != usize::MAX {
-                            remaining.fetch_sub(env.num_rows(), AtomicOrdering::SeqCst);
-                        }
-                        let rows = shared.rows.fetch_add(env.num_rows() as u64, AtomicOrdering::SeqCst)
-                            + env.num_rows() as u64;
-                        let bytes = shared.bytes.fetch_add(batch_bytes(&env) as u64, AtomicOrdering::SeqCst)
-                            + batch_bytes(&env) as u64;
-                        limits.check(rows, bytes, started.elapsed())?;
-                        surface.envelope_to_surface(&env, &projection, &out_schema)
-                    })();
-                    let failed = res.is_err();
-                    Some((res.map_err(DataFusionError::from), (chunks, failed)))
-                }
-            },
-        );
+                    if left != usize::MAX {
+                        remaining.fetch_sub(env.num_rows(), AtomicOrdering::SeqCst);
+                    }
+                    let rows = shared
+                        .rows
+                        .fetch_add(env.num_rows() as u64, AtomicOrdering::SeqCst)
+                        + env.num_rows() as u64;
+                    let bytes = shared
+                        .bytes
+                        .fetch_add(batch_bytes(&env) as u64, AtomicOrdering::SeqCst)
+                        + batch_bytes(&env) as u64;
+                    limits.check(rows, bytes, started.elapsed())?;
+                    surface.envelope_to_surface(&env, &projection, &out_schema)
+                })();
+                let failed = res.is_err();
+                Some((res.map_err(DataFusionError::from), (chunks, failed)))
+            }
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
     }
 }

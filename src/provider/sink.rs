@@ -80,15 +80,24 @@ impl DataSink for PulpitumSink {
         let mut written = 0u64;
         while let Some(batch) = data.next().await {
             let batch = batch?;
-            let records = self.surface.batch_to_records(&batch).map_err(DataFusionError::from)?;
+            let records = self
+                .surface
+                .batch_to_records(&batch)
+                .map_err(DataFusionError::from)?;
             for r in records {
                 pending.push(r);
                 if pending.len() >= INSERT_BATCH_ROWS {
-                    written += self.flush(&mut pending).await.map_err(DataFusionError::from)?;
+                    written += self
+                        .flush(&mut pending)
+                        .await
+                        .map_err(DataFusionError::from)?;
                 }
             }
         }
-        written += self.flush(&mut pending).await.map_err(DataFusionError::from)?;
+        written += self
+            .flush(&mut pending)
+            .await
+            .map_err(DataFusionError::from)?;
         Ok(written)
     }
 }

@@ -118,7 +118,9 @@ impl Surface {
         for &i in projection {
             let arr: ArrayRef = match (self, Self::role_at(i)) {
                 (_, Role::Time) => time_to_micros(col("event_time")?)?,
-                (Self::Chat, Role::Partition) => decode_i64_column(col("partition_key")?, "channel_id")?,
+                (Self::Chat, Role::Partition) => {
+                    decode_i64_column(col("partition_key")?, "channel_id")?
+                }
                 (Self::Chat, Role::Sort) => decode_i64_column(col("sort_key")?, "id")?,
                 (Self::Chat, Role::Value) => utf8_column(col("value")?)?,
                 (Self::Raw, Role::Partition) => col("partition_key")?.clone(),
@@ -128,16 +130,20 @@ impl Surface {
             columns.push(arr);
         }
         let opts = RecordBatchOptions::new().with_row_count(Some(envelope.num_rows()));
-        Ok(RecordBatch::try_new_with_options(out_schema.clone(), columns, &opts)?)
+        Ok(RecordBatch::try_new_with_options(
+            out_schema.clone(),
+            columns,
+            &opts,
+        )?)
     }
 
     /// Converts a batch in this surface's full schema into records (for INSERT).
     pub fn batch_to_records(self, batch: &RecordBatch) -> Result<Vec<Record>, ProviderError> {
         let names = self.column_names();
         let get = |i: usize| {
-            batch.column_by_name(names[i]).ok_or_else(|| {
-                ProviderError::InvalidInsert(format!("missing column {}", names[i]))
-            })
+            batch
+                .column_by_name(names[i])
+                .ok_or_else(|| ProviderError::InvalidInsert(format!("missing column {}", names[i])))
         };
         let (p, t, s, v) = (get(0)?, get(1)?, get(2)?, get(3)?);
         for (i, c) in [p, t, s, v].iter().enumerate() {
@@ -156,10 +162,16 @@ impl Surface {
                     let p = downcast::<Int64Array>(p, "channel_id")?.value(row);
                     let s = downcast::<Int64Array>(s, "id")?.value(row);
                     let v = downcast::<StringArray>(v, "content")?.value(row);
-                    (encode_i64(p).to_vec(), encode_i64(s).to_vec(), v.as_bytes().to_vec())
+                    (
+                        encode_i64(p).to_vec(),
+                        encode_i64(s).to_vec(),
+                        v.as_bytes().to_vec(),
+                    )
                 }
                 Self::Raw => (
-                    downcast::<BinaryArray>(p, "partition_key")?.value(row).to_vec(),
+                    downcast::<BinaryArray>(p, "partition_key")?
+                        .value(row)
+                        .to_vec(),
                     downcast::<BinaryArray>(s, "sort_key")?.value(row).to_vec(),
                     downcast::<BinaryArray>(v, "value")?.value(row).to_vec(),
                 ),
@@ -192,9 +204,9 @@ pub fn decode_i64(bytes: &[u8]) -> Option<i64> {
 }
 
 fn downcast<'a, T: 'static>(a: &'a ArrayRef, name: &str) -> Result<&'a T, ProviderError> {
-    a.as_any()
-        .downcast_ref::<T>()
-        .ok_or_else(|| ProviderError::InvalidInsert(format!("column {name} has type {}", a.data_type())))
+    a.as_any().downcast_ref::<T>().ok_or_else(|| {
+        ProviderError::InvalidInsert(format!("column {name} has type {}", a.data_type()))
+    })
 }
 
 fn micros_of(a: &ArrayRef) -> Result<Vec<i64>, ProviderError> {
@@ -221,10 +233,9 @@ fn time_to_micros(a: &ArrayRef) -> Result<ArrayRef, ProviderError> {
 }
 
 fn decode_i64_column(a: &ArrayRef, name: &str) -> Result<ArrayRef, ProviderError> {
-    let bin = a
-        .as_any()
-        .downcast_ref::<BinaryArray>()
-        .ok_or_else(|| ProviderError::Internal(format!("{name} source has type {}", a.data_type())))?;
+    let bin = a.as_any().downcast_ref::<BinaryArray>().ok_or_else(|| {
+        ProviderError::Internal(format!("{name} source has type {}", a.data_type()))
+    })?;
     let mut b = Int64Builder::with_capacity(bin.len());
     for v in bin.iter() {
         let v = v.unwrap_or_default();
@@ -247,9 +258,8 @@ fn utf8_column(a: &ArrayRef) -> Result<ArrayRef, ProviderError> {
     let mut b = StringBuilder::with_capacity(bin.len(), bin.value_data().len());
     for v in bin.iter() {
         let v = v.unwrap_or_default();
-        let s = std::str::from_utf8(v).map_err(|e| {
-            ProviderError::CorruptRow(format!("content is not valid UTF-8 ({e})"))
-        })?;
+        let s = std::str::from_utf8(v)
+            .map_err(|e| ProviderError::CorruptRow(format!("content is not valid UTF-8 ({e})")))?;
         b.append_value(s);
     }
     Ok(Arc::new(b.finish()))
@@ -280,7 +290,10 @@ mod tests {
     #[test]
     fn encoding_edges() {
         assert_eq!(encode_i64(i64::MIN), [0; 8]);
-        assert_eq!(encode_i64(-1), [0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(
+            encode_i64(-1),
+            [0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]
+        );
         assert_eq!(encode_i64(0), [0x80, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(encode_i64(i64::MAX), [0xff; 8]);
         assert_eq!(decode_i64(&[1, 2, 3]), None);

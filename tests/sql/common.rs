@@ -27,23 +27,38 @@ impl Env {
 
     pub async fn with_options(name: &str, opts: SessionOptions) -> Self {
         let schema = format!("sqlt_{name}_{}", rand::random::<u32>());
-        let store = Arc::new(PgStore::connect_with_schema(PG_URL, &schema).await.expect("connect"));
+        let store = Arc::new(
+            PgStore::connect_with_schema(PG_URL, &schema)
+                .await
+                .expect("connect"),
+        );
         let archive = Arc::new(ArchiveStore::from_url("memory://").expect("archive"));
         let ctx = session(store.clone() as Arc<dyn HotStore>, archive.clone(), opts)
             .await
             .expect("session");
-        Self { store, archive, ctx, opts }
+        Self {
+            store,
+            archive,
+            ctx,
+            opts,
+        }
     }
 
     /// A fresh session over the same store and archive (tables must be found again).
     pub async fn reopen(&self) -> SessionContext {
-        session(self.store.clone() as Arc<dyn HotStore>, self.archive.clone(), self.opts)
-            .await
-            .expect("session")
+        session(
+            self.store.clone() as Arc<dyn HotStore>,
+            self.archive.clone(),
+            self.opts,
+        )
+        .await
+        .expect("session")
     }
 
     pub async fn sql(&self, sql: &str) -> Vec<RecordBatch> {
-        run(&self.ctx, sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+        run(&self.ctx, sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
     pub async fn sql_err(&self, sql: &str) -> String {
@@ -64,7 +79,9 @@ pub async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, St
 }
 
 pub fn pretty(b: &[RecordBatch]) -> String {
-    pretty_format_batches(b).map(|d| d.to_string()).unwrap_or_default()
+    pretty_format_batches(b)
+        .map(|d| d.to_string())
+        .unwrap_or_default()
 }
 
 pub fn rows(b: &[RecordBatch]) -> usize {

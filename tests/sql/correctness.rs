@@ -38,14 +38,33 @@ fn df_rows(batches: &[RecordBatch]) -> Vec<Vec<V>> {
                 let any = c.as_any();
                 row.push(match c.data_type() {
                     DataType::Int64 => V::I(any.downcast_ref::<Int64Array>().unwrap().value(r)),
-                    DataType::Int32 => V::I(i64::from(any.downcast_ref::<Int32Array>().unwrap().value(r))),
-                    DataType::UInt64 => V::I(any.downcast_ref::<UInt64Array>().unwrap().value(r) as i64),
-                    DataType::Utf8 => V::S(any.downcast_ref::<StringArray>().unwrap().value(r).to_string()),
-                    DataType::Utf8View => V::S(any.downcast_ref::<StringViewArray>().unwrap().value(r).to_string()),
-                    DataType::Float64 => V::F(format!("{:.6}", any.downcast_ref::<Float64Array>().unwrap().value(r))),
-                    DataType::Timestamp(TimeUnit::Microsecond, _) => {
-                        V::T(any.downcast_ref::<TimestampMicrosecondArray>().unwrap().value(r))
+                    DataType::Int32 => V::I(i64::from(
+                        any.downcast_ref::<Int32Array>().unwrap().value(r),
+                    )),
+                    DataType::UInt64 => {
+                        V::I(any.downcast_ref::<UInt64Array>().unwrap().value(r) as i64)
                     }
+                    DataType::Utf8 => V::S(
+                        any.downcast_ref::<StringArray>()
+                            .unwrap()
+                            .value(r)
+                            .to_string(),
+                    ),
+                    DataType::Utf8View => V::S(
+                        any.downcast_ref::<StringViewArray>()
+                            .unwrap()
+                            .value(r)
+                            .to_string(),
+                    ),
+                    DataType::Float64 => V::F(format!(
+                        "{:.6}",
+                        any.downcast_ref::<Float64Array>().unwrap().value(r)
+                    )),
+                    DataType::Timestamp(TimeUnit::Microsecond, _) => V::T(
+                        any.downcast_ref::<TimestampMicrosecondArray>()
+                            .unwrap()
+                            .value(r),
+                    ),
                     other => panic!("unexpected result type {other}"),
                 });
             }
@@ -63,8 +82,12 @@ fn pg_rows(rows: &[tokio_postgres::Row]) -> Vec<Vec<V>> {
                     let t = row.columns()[i].type_().clone();
                     match t {
                         Type::INT8 => row.get::<_, Option<i64>>(i).map_or(V::Null, V::I),
-                        Type::INT4 => row.get::<_, Option<i32>>(i).map_or(V::Null, |v| V::I(v.into())),
-                        Type::TEXT | Type::VARCHAR => row.get::<_, Option<String>>(i).map_or(V::Null, V::S),
+                        Type::INT4 => row
+                            .get::<_, Option<i32>>(i)
+                            .map_or(V::Null, |v| V::I(v.into())),
+                        Type::TEXT | Type::VARCHAR => {
+                            row.get::<_, Option<String>>(i).map_or(V::Null, V::S)
+                        }
                         Type::FLOAT8 => row
                             .get::<_, Option<f64>>(i)
                             .map_or(V::Null, |v| V::F(format!("{v:.6}"))),
@@ -81,7 +104,10 @@ fn pg_rows(rows: &[tokio_postgres::Row]) -> Vec<Vec<V>> {
 
 fn ts(micros: i64) -> String {
     let dt = chrono::DateTime::from_timestamp_micros(micros).unwrap();
-    format!("TIMESTAMP '{}'", dt.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+    format!(
+        "TIMESTAMP '{}'",
+        dt.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    )
 }
 
 /// Generates one query of each family in turn, with parameters drawn from the data.
@@ -93,11 +119,20 @@ fn queries(msgs: &[Msg], channels: &[i64], n: usize, seed: u64) -> Vec<String> {
     for i in 0..n {
         let m = &msgs[rng.random_range(0..msgs.len())];
         let m2 = &msgs[rng.random_range(0..msgs.len())];
-        let (lo, hi) = if m.micros <= m2.micros { (m.micros, m2.micros) } else { (m2.micros, m.micros) };
-        let ch = if rng.random_bool(0.8) { m.channel } else { channels[rng.random_range(0..channels.len())] };
+        let (lo, hi) = if m.micros <= m2.micros {
+            (m.micros, m2.micros)
+        } else {
+            (m2.micros, m.micros)
+        };
+        let ch = if rng.random_bool(0.8) {
+            m.channel
+        } else {
+            channels[rng.random_range(0..channels.len())]
+        };
         let limit = rng.random_range(1..40);
         let offset = rng.random_range(0..10);
-        let span = rng.random_range(0..40i64) * 86_400_000_000 + rng.random_range(0..86_400_000_000i64);
+        let span =
+            rng.random_range(0..40i64) * 86_400_000_000 + rng.random_range(0..86_400_000_000i64);
         let q = match i % 16 {
             0 => format!("SELECT {cols} FROM chat WHERE channel_id = {ch} ORDER BY \"timestamp\", id"),
             1 => format!(
@@ -183,7 +218,12 @@ async fn generated_queries_match_postgresql() {
     let mut nonempty = 0;
     for q in &qs {
         let ours = df_rows(&env.sql(q).await);
-        let reference = pg_rows(&client.query(&q.replace("FROM chat ", "FROM chat_ref "), &[]).await.unwrap_or_else(|e| panic!("{q}: {e}")));
+        let reference = pg_rows(
+            &client
+                .query(&q.replace("FROM chat ", "FROM chat_ref "), &[])
+                .await
+                .unwrap_or_else(|e| panic!("{q}: {e}")),
+        );
         if ours != reference {
             panic!(
                 "mismatch for {q}\n pulpitum ({} rows): {:?}\n reference ({} rows): {:?}",
@@ -198,6 +238,10 @@ async fn generated_queries_match_postgresql() {
         }
     }
     // The generator aims at real rows: most queries must return something.
-    assert!(nonempty > qs.len() / 2, "only {nonempty} of {} queries returned rows", qs.len());
+    assert!(
+        nonempty > qs.len() / 2,
+        "only {nonempty} of {} queries returned rows",
+        qs.len()
+    );
     env.cleanup().await;
 }

@@ -48,7 +48,9 @@ const WORDS: [&str; 8] = ["hello", "world", "ünïcode", "a b", "x", "ok", "zzz"
 /// monotonic in time (negative ones included).
 pub fn generate(seed: u64) -> Vec<Msg> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let start = EventTime::parse_rfc3339("2023-01-01T00:00:00Z").unwrap().as_micros();
+    let start = EventTime::parse_rfc3339("2023-01-01T00:00:00Z")
+        .unwrap()
+        .as_micros();
     let day = 86_400_000_000i64;
     let mut out = Vec::new();
     for &ch in &CHANNELS {
@@ -72,7 +74,12 @@ pub fn generate(seed: u64) -> Vec<Msg> {
                     WORDS[rng.random_range(0..WORDS.len())],
                     rng.random_range(0..1000)
                 );
-                out.push(Msg { channel: ch, micros: t, id, content });
+                out.push(Msg {
+                    channel: ch,
+                    micros: t,
+                    id,
+                    content,
+                });
                 if rng.random_bool(0.7) {
                     t += rng.random_range(1..3_600_000_000i64);
                 }
@@ -121,13 +128,31 @@ pub async fn load(env: &Env, seed: u64) -> Loaded {
     for m in metas {
         let roll: f64 = rng.random();
         if roll < 0.30 {
-            archive(env, &m.id, PayloadFormat::Parquet, rng.random_bool(0.7), &mut loaded).await;
+            archive(
+                env,
+                &m.id,
+                PayloadFormat::Parquet,
+                rng.random_bool(0.7),
+                &mut loaded,
+            )
+            .await;
             loaded.parquet += 1;
         } else if roll < 0.55 {
-            archive(env, &m.id, PayloadFormat::Json, rng.random_bool(0.7), &mut loaded).await;
+            archive(
+                env,
+                &m.id,
+                PayloadFormat::Json,
+                rng.random_bool(0.7),
+                &mut loaded,
+            )
+            .await;
             loaded.json += 1;
         } else if roll < 0.65 {
-            env.store.claim(&m.id, lease).await.unwrap().expect("claimable");
+            env.store
+                .claim(&m.id, lease)
+                .await
+                .unwrap()
+                .expect("claimable");
             loaded.archiving += 1;
         } else {
             loaded.hot += 1;
@@ -164,13 +189,28 @@ pub async fn load(env: &Env, seed: u64) -> Loaded {
 }
 
 /// Archives one bucket through the store's fenced steps and the archive writer.
-pub async fn archive(env: &Env, bucket: &BucketId, format: PayloadFormat, clean: bool, loaded: &mut Loaded) {
+pub async fn archive(
+    env: &Env,
+    bucket: &BucketId,
+    format: PayloadFormat,
+    clean: bool,
+    loaded: &mut Loaded,
+) {
     let lease = Duration::from_secs(300);
-    let claim = env.store.claim(bucket, lease).await.unwrap().expect("claimable");
+    let claim = env
+        .store
+        .claim(bucket, lease)
+        .await
+        .unwrap()
+        .expect("claimable");
     let mut pages = Vec::new();
     let mut after = None;
     loop {
-        let page = env.store.snapshot_page(&claim, after.as_ref(), 3).await.unwrap();
+        let page = env
+            .store
+            .snapshot_page(&claim, after.as_ref(), 3)
+            .await
+            .unwrap();
         let Some(last) = page.last() else { break };
         after = Some(last.clustering_key());
         pages.push(Ok(page));
@@ -192,7 +232,11 @@ pub async fn archive(env: &Env, bucket: &BucketId, format: PayloadFormat, clean:
             .unwrap()
             .expect("cleanup claimable");
         loop {
-            let (_, done) = env.store.cleanup_step(&c, 100, Duration::ZERO).await.unwrap();
+            let (_, done) = env
+                .store
+                .cleanup_step(&c, 100, Duration::ZERO)
+                .await
+                .unwrap();
             if done {
                 break;
             }
@@ -200,5 +244,8 @@ pub async fn archive(env: &Env, bucket: &BucketId, format: PayloadFormat, clean:
         loaded.cleaned += 1;
     }
     let meta = env.store.bucket(bucket).await.unwrap().unwrap();
-    assert!(matches!(meta.state, BucketState::Archived { .. }), "{meta:?}");
+    assert!(
+        matches!(meta.state, BucketState::Archived { .. }),
+        "{meta:?}"
+    );
 }

@@ -23,19 +23,24 @@ async fn create_insert_select_and_reopen() {
         .sql("SELECT channel_id, timestamp, id, content FROM chat WHERE channel_id = 1 ORDER BY timestamp, id")
         .await;
     insta::assert_snapshot!("e2e_channel_rows", pretty(&out));
-    let out = env.sql("SELECT channel_id, count(*) AS n FROM chat GROUP BY channel_id ORDER BY channel_id").await;
+    let out = env
+        .sql("SELECT channel_id, count(*) AS n FROM chat GROUP BY channel_id ORDER BY channel_id")
+        .await;
     insta::assert_snapshot!("e2e_group_by", pretty(&out));
     // A new session finds the table in the registry.
     let ctx2 = env.reopen().await;
-    let out = run(&ctx2, "SELECT id FROM chat WHERE channel_id = 2").await.unwrap();
+    let out = run(&ctx2, "SELECT id FROM chat WHERE channel_id = 2")
+        .await
+        .unwrap();
     assert_eq!(rows(&out), 1);
     let out = env.sql("EXPLAIN SELECT id FROM chat WHERE channel_id = 1 AND timestamp >= TIMESTAMP '2024-05-02T00:00:00Z' ORDER BY timestamp DESC LIMIT 1").await;
     insta::assert_snapshot!("e2e_explain_desc_limit", pretty(&out));
-    let out = env.sql("SELECT id FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC LIMIT 2").await;
+    let out = env
+        .sql("SELECT id FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC LIMIT 2")
+        .await;
     insta::assert_snapshot!("e2e_desc_limit_rows", pretty(&out));
     env.cleanup().await;
 }
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_surface_round_trips_bytes_and_pushes_filters() {
@@ -53,8 +58,14 @@ async fn raw_surface_round_trips_bytes_and_pushes_filters() {
              WHERE partition_key = X'0a0b' AND sort_key >= X'' ORDER BY event_time, sort_key";
     insta::assert_snapshot!("raw_rows", pretty(&env.sql(q).await));
     let plan = pretty(&env.sql(&format!("EXPLAIN {q}")).await);
-    assert!(plan.contains("filters=[partition_key IN (0x0a0b), sort_key >= 0x]"), "{plan}");
-    assert!(!plan.contains("SortExec") && !plan.contains("FilterExec"), "{plan}");
+    assert!(
+        plan.contains("filters=[partition_key IN (0x0a0b), sort_key >= 0x]"),
+        "{plan}"
+    );
+    assert!(
+        !plan.contains("SortExec") && !plan.contains("FilterExec"),
+        "{plan}"
+    );
     env.cleanup().await;
 }
 

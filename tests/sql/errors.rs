@@ -30,8 +30,11 @@ async fn definitions_and_statements_are_refused_clearly() {
     env.sql(CREATE).await;
     // The same definition again is refused by DataFusion's catalog (the name exists) unless
     // IF NOT EXISTS; a conflicting definition is refused by the registry.
-    env.sql(&CREATE.replace("CREATE EXTERNAL TABLE chat", "CREATE EXTERNAL TABLE IF NOT EXISTS chat"))
-        .await;
+    env.sql(&CREATE.replace(
+        "CREATE EXTERNAL TABLE chat",
+        "CREATE EXTERNAL TABLE IF NOT EXISTS chat",
+    ))
+    .await;
     let e = run(
         &env.reopen().await,
         "CREATE EXTERNAL TABLE other STORED AS PULPITUM LOCATION '' OPTIONS ('surface' 'raw', 'bucket_strategy' 'calendar_month_utc')",
@@ -47,7 +50,9 @@ async fn definitions_and_statements_are_refused_clearly() {
     .unwrap_err();
     assert!(e.contains("unknown option \"colour\""), "{e}");
     let e = env
-        .sql_err("CREATE EXTERNAL TABLE t3 STORED AS PULPITUM LOCATION '' OPTIONS ('surface' 'graph')")
+        .sql_err(
+            "CREATE EXTERNAL TABLE t3 STORED AS PULPITUM LOCATION '' OPTIONS ('surface' 'graph')",
+        )
         .await;
     assert!(e.contains("unknown surface \"graph\""), "{e}");
     let e = env
@@ -107,9 +112,14 @@ async fn definitions_and_statements_are_refused_clearly() {
 async fn insert_into_a_fenced_bucket_fails_naming_it() {
     let env = Env::new("fence").await;
     env.sql(CREATE).await;
-    env.sql("INSERT INTO chat VALUES (5, TIMESTAMP '2024-02-03T10:00:00Z', 1, 'a')").await;
+    env.sql("INSERT INTO chat VALUES (5, TIMESTAMP '2024-02-03T10:00:00Z', 1, 'a')")
+        .await;
     let b = bucket(5, "2024-02-03");
-    env.store.claim(&b, Duration::from_secs(300)).await.unwrap().expect("claim");
+    env.store
+        .claim(&b, Duration::from_secs(300))
+        .await
+        .unwrap()
+        .expect("claim");
     let e = env
         .sql_err(
             "INSERT INTO chat VALUES (5, TIMESTAMP '2024-02-04T10:00:00Z', 2, 'ok'), \
@@ -118,7 +128,9 @@ async fn insert_into_a_fenced_bucket_fails_naming_it() {
         .await;
     assert!(e.contains(&b.to_string()) && e.contains("archiving"), "{e}");
     // The statement's batch was atomic: the row for the open bucket did not commit either.
-    let n = env.sql("SELECT count(*) FROM chat WHERE channel_id = 5").await;
+    let n = env
+        .sql("SELECT count(*) FROM chat WHERE channel_id = 5")
+        .await;
     insta::assert_snapshot!("fenced_insert_count", pretty(&n));
     env.cleanup().await;
 }
@@ -138,9 +150,16 @@ async fn query_limits_stop_queries_with_clear_errors() {
     let values: Vec<String> = (0..10)
         .map(|i| format!("(1, TIMESTAMP '2024-02-03T10:00:0{i}Z', {i}, 'm{i}')"))
         .collect();
-    env.sql(&format!("INSERT INTO chat VALUES {}", values.join(", "))).await;
+    env.sql(&format!("INSERT INTO chat VALUES {}", values.join(", ")))
+        .await;
     // Within the limit.
-    assert_eq!(rows(&env.sql("SELECT * FROM chat WHERE channel_id = 1 LIMIT 5").await), 5);
+    assert_eq!(
+        rows(
+            &env.sql("SELECT * FROM chat WHERE channel_id = 1 LIMIT 5")
+                .await
+        ),
+        5
+    );
     let e = env.sql_err("SELECT * FROM chat WHERE channel_id = 1").await;
     assert!(e.contains("max_rows = 5"), "{e}");
 
@@ -152,9 +171,13 @@ async fn query_limits_stop_queries_with_clear_errors() {
         },
         ..SessionOptions::default()
     };
-    let ctx = pulpitum::session::session(env.store.clone() as std::sync::Arc<dyn HotStore>, env.archive.clone(), opts)
-        .await
-        .unwrap();
+    let ctx = pulpitum::session::session(
+        env.store.clone() as std::sync::Arc<dyn HotStore>,
+        env.archive.clone(),
+        opts,
+    )
+    .await
+    .unwrap();
     let e = run(&ctx, "SELECT * FROM chat").await.unwrap_err();
     assert!(e.contains("max_bytes = 100"), "{e}");
 
@@ -166,9 +189,13 @@ async fn query_limits_stop_queries_with_clear_errors() {
         },
         ..SessionOptions::default()
     };
-    let ctx = pulpitum::session::session(env.store.clone() as std::sync::Arc<dyn HotStore>, env.archive.clone(), opts)
-        .await
-        .unwrap();
+    let ctx = pulpitum::session::session(
+        env.store.clone() as std::sync::Arc<dyn HotStore>,
+        env.archive.clone(),
+        opts,
+    )
+    .await
+    .unwrap();
     let e = run(&ctx, "SELECT * FROM chat").await.unwrap_err();
     assert!(e.contains("max_duration"), "{e}");
     env.cleanup().await;
@@ -183,17 +210,32 @@ async fn archive_errors_after_publication_are_returned_not_papered_over() {
     let b = bucket(9, "2024-02-03");
     let mut loaded = crate::dataset::Loaded::default();
     // Published, hot rows retained (no cleanup).
-    crate::dataset::archive(&env, &b, pulpitum::archive::PayloadFormat::Parquet, false, &mut loaded).await;
-    assert_eq!(rows(&env.sql("SELECT * FROM chat WHERE channel_id = 9").await), 2);
+    crate::dataset::archive(
+        &env,
+        &b,
+        pulpitum::archive::PayloadFormat::Parquet,
+        false,
+        &mut loaded,
+    )
+    .await;
+    assert_eq!(
+        rows(&env.sql("SELECT * FROM chat WHERE channel_id = 9").await),
+        2
+    );
     // Remove the payload: the query must fail, although the hot rows still exist.
     let meta = env.store.bucket(&b).await.unwrap().unwrap();
     let pulpitum::store::BucketState::Archived { object_key, .. } = meta.state else {
         panic!("not archived: {meta:?}")
     };
     let manifest = env.archive.read_manifest(&object_key, &b).await.unwrap();
-    env.archive.delete_object(&manifest.payload_key).await.unwrap();
+    env.archive
+        .delete_object(&manifest.payload_key)
+        .await
+        .unwrap();
     let ctx = env.reopen().await;
-    let e = run(&ctx, "SELECT * FROM chat WHERE channel_id = 9").await.unwrap_err();
+    let e = run(&ctx, "SELECT * FROM chat WHERE channel_id = 9")
+        .await
+        .unwrap_err();
     assert!(e.contains(&b.to_string()), "{e}");
     env.cleanup().await;
 }

@@ -3,10 +3,10 @@
 //! directory.
 
 mod common;
-mod end_to_end;
 mod correctness;
 mod dataset;
-mod plans;
+mod end_to_end;
 mod errors;
-mod routes;
+mod plans;
 mod repl;
+mod routes;

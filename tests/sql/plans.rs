@@ -26,8 +26,14 @@ fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
     // Metrics of EXPLAIN ANALYZE carry timings and sizes that vary run to run.
     s.add_filter(r"elapsed_compute=[0-9.]+[a-zµ]*", "elapsed_compute=[time]");
-    s.add_filter(r"(output_bytes|hot_bytes|archived_bytes)=[0-9.]+ ?[A-Za-z]*", "$1=[bytes]");
-    s.add_filter(r"(time_elapsed_[a-z_]+|output_batches)=[0-9.]+[a-zµ]*", "$1=[n]");
+    s.add_filter(
+        r"(output_bytes|hot_bytes|archived_bytes)=[0-9.]+ ?[A-Za-z]*",
+        "$1=[bytes]",
+    );
+    s.add_filter(
+        r"(time_elapsed_[a-z_]+|output_batches)=[0-9.]+[a-zµ]*",
+        "$1=[n]",
+    );
     s
 }
 
@@ -109,7 +115,10 @@ async fn plan_snapshots() {
     assert!(text.contains("order=desc, limit=50"), "{text}");
     // A cursor page keeps LIMIT in the scan (every filter is Exact).
     let text = explain(&env, QUERIES[4].1).await;
-    assert!(text.contains("limit=50") && !text.contains("FilterExec"), "{text}");
+    assert!(
+        text.contains("limit=50") && !text.contains("FilterExec"),
+        "{text}"
+    );
     // An unsupported filter stays above the scan.
     let text = explain(&env, QUERIES[12].1).await;
     assert!(text.contains("FilterExec"), "{text}");
@@ -118,7 +127,9 @@ async fn plan_snapshots() {
 
 /// Reads a named counter from an EXPLAIN ANALYZE text (summed over partitions by DataFusion).
 fn metric(text: &str, name: &str) -> u64 {
-    let at = text.find(&format!("{name}=")).unwrap_or_else(|| panic!("{name} missing in {text}"));
+    let at = text
+        .find(&format!("{name}="))
+        .unwrap_or_else(|| panic!("{name} missing in {text}"));
     text[at + name.len() + 1..]
         .chars()
         .take_while(char::is_ascii_digit)
@@ -134,14 +145,30 @@ async fn latest_page_reads_only_the_newest_buckets_and_analyze_reports_tiers() {
     let sql = "SELECT * FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC, id DESC LIMIT 3";
     let text = explain_analyze(&env, sql).await;
     let buckets = metric(&text, "hot_buckets") + metric(&text, "archived_buckets");
-    assert!((1..=3).contains(&buckets), "read {buckets} buckets:\n{text}");
-    assert_eq!(metric(&text, "hot_rows") + metric(&text, "archived_rows"), 3, "{text}");
+    assert!(
+        (1..=3).contains(&buckets),
+        "read {buckets} buckets:\n{text}"
+    );
+    assert_eq!(
+        metric(&text, "hot_rows") + metric(&text, "archived_rows"),
+        3,
+        "{text}"
+    );
 
     // A whole-channel scan touches every tier and reports each.
     let text = explain_analyze(&env, "SELECT count(*) FROM chat WHERE channel_id = 1").await;
-    assert!(metric(&text, "hot_buckets") > 0 && metric(&text, "archived_buckets") > 0, "{text}");
-    assert!(metric(&text, "hot_pages") >= metric(&text, "hot_buckets"), "{text}");
-    assert!(metric(&text, "hot_bytes") > 0 && metric(&text, "archived_bytes") > 0, "{text}");
+    assert!(
+        metric(&text, "hot_buckets") > 0 && metric(&text, "archived_buckets") > 0,
+        "{text}"
+    );
+    assert!(
+        metric(&text, "hot_pages") >= metric(&text, "hot_buckets"),
+        "{text}"
+    );
+    assert!(
+        metric(&text, "hot_bytes") > 0 && metric(&text, "archived_bytes") > 0,
+        "{text}"
+    );
 
     // A range that misses every bucket reads nothing at all.
     let text = explain_analyze(
@@ -149,7 +176,10 @@ async fn latest_page_reads_only_the_newest_buckets_and_analyze_reports_tiers() {
         "SELECT * FROM chat WHERE timestamp > TIMESTAMP '2030-01-01T00:00:00Z'",
     )
     .await;
-    assert!(text.contains("buckets=[hot=0, archiving=0, archived=0"), "{text}");
+    assert!(
+        text.contains("buckets=[hot=0, archiving=0, archived=0"),
+        "{text}"
+    );
     assert_eq!(metric(&text, "hot_pages"), 0, "{text}");
     env.cleanup().await;
 }

@@ -55,7 +55,9 @@ async fn scripts_formats_and_exit_codes() {
     let (ok, out, err) = pulpitum(
         &url,
         &["--format", "json"],
-        Some("SELECT id\n  FROM chat\n  WHERE channel_id = 1\n  ORDER BY id DESC\n  LIMIT 1;\n\\d\n"),
+        Some(
+            "SELECT id\n  FROM chat\n  WHERE channel_id = 1\n  ORDER BY id DESC\n  LIMIT 1;\n\\d\n",
+        ),
     );
     assert!(ok, "{err}");
     assert!(out.starts_with("{\"id\":2}\n"), "{out}");

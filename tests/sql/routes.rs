@@ -14,7 +14,9 @@ use crate::common::*;
 use crate::dataset::{self, Msg};
 
 fn msgs(channel: i64, n: i64) -> Vec<Record> {
-    let base = pulpitum::model::EventTime::parse_rfc3339("2024-02-03T00:00:00Z").unwrap().as_micros();
+    let base = pulpitum::model::EventTime::parse_rfc3339("2024-02-03T00:00:00Z")
+        .unwrap()
+        .as_micros();
     (0..n)
         .map(|i| {
             dataset::record(&Msg {
@@ -31,7 +33,11 @@ fn msgs(channel: i64, n: i64) -> Vec<Record> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_switches_tiers_between_pages_without_loss_or_duplicates() {
     let env = Env::new("routes").await;
-    let def = TableDefinition::new(TableId::new("chat").unwrap(), BucketStrategy::CalendarDayUtc, "chat");
+    let def = TableDefinition::new(
+        TableId::new("chat").unwrap(),
+        BucketStrategy::CalendarDayUtc,
+        "chat",
+    );
     env.store.register_table(&def).await.unwrap();
     let table = DurableTable::with_cache(
         env.store.clone() as Arc<dyn HotStore>,
@@ -56,7 +62,11 @@ async fn a_read_switches_tiers_between_pages_without_loss_or_duplicates() {
         let mut seen = batch_to_records(&first.batch).unwrap();
         if !descending {
             assert_eq!(first.tier, Tier::Hot);
-            assert_eq!(table.cached_routes(), 0, "a Hot observation is never cached");
+            assert_eq!(
+                table.cached_routes(),
+                0,
+                "a Hot observation is never cached"
+            );
             // Publish and clean up between two pages of the same read.
             let mut loaded = dataset::Loaded::default();
             dataset::archive(&env, &bucket, PayloadFormat::Json, true, &mut loaded).await;
@@ -78,7 +88,11 @@ async fn a_read_switches_tiers_between_pages_without_loss_or_duplicates() {
             assert_eq!(tiers.last(), Some(&Tier::Archived));
         }
         assert_eq!(seen, expected, "descending={descending}");
-        assert_eq!(table.cached_routes(), 1, "the Archived observation is cached");
+        assert_eq!(
+            table.cached_routes(),
+            1,
+            "the Archived observation is cached"
+        );
     }
     env.cleanup().await;
 }
@@ -86,7 +100,11 @@ async fn a_read_switches_tiers_between_pages_without_loss_or_duplicates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_route_cache_is_bounded() {
     let env = Env::new("cache").await;
-    let def = TableDefinition::new(TableId::new("chat").unwrap(), BucketStrategy::CalendarDayUtc, "chat");
+    let def = TableDefinition::new(
+        TableId::new("chat").unwrap(),
+        BucketStrategy::CalendarDayUtc,
+        "chat",
+    );
     env.store.register_table(&def).await.unwrap();
     let table = DurableTable::with_cache(
         env.store.clone() as Arc<dyn HotStore>,
@@ -111,7 +129,10 @@ async fn the_route_cache_is_bounded() {
             limit: None,
         };
         let chunks: Vec<_> = table.scan_bucket(bucket.clone(), None, req).collect().await;
-        let n: usize = chunks.into_iter().map(|c| c.unwrap().batch.num_rows()).sum();
+        let n: usize = chunks
+            .into_iter()
+            .map(|c| c.unwrap().batch.num_rows())
+            .sum();
         assert_eq!(n, 2);
         assert!(table.cached_route(&bucket).is_some());
     }
