@@ -22,8 +22,8 @@ use crate::archive::{records_to_batch, ArchiveError, ArchiveScan, ArchiveStore, 
 use crate::model::Record;
 use crate::model::{BucketId, ScanBounds};
 use crate::store::{
-    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, HotPage, HotStore,
-    PageRequest, StoreError, TableDefinition,
+    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, HotPage, HotStore, PageRequest,
+    StoreError, TableDefinition,
 };
 
 /// How long an archived route may be served from the cache before it is re-read from the
@@ -277,9 +277,8 @@ impl DurableTable {
         Ok(metas)
     }
 
-    /// Records an Archived observation made elsewhere (e.g. by a bucket listing) so that a
-    /// later read can skip the hot store. Only the route key is known here; the manifest is
-    /// read and validated on first use.
+    /// The validated manifest of an Archived route: from the cache when fresh and naming the
+    /// same object, else read from the archive (checked against the bucket) and cached.
     async fn manifest_for(
         &self,
         bucket: &BucketId,
@@ -464,14 +463,5 @@ impl DurableTable {
                 bucket: bucket.clone(),
                 source: Box::new(source),
             })
-    }
-
-    /// The state name of a listed bucket, for EXPLAIN.
-    pub fn tier_of(meta: &BucketMeta) -> &'static str {
-        match meta.state {
-            BucketState::Hot => "hot",
-            BucketState::Archiving => "archiving",
-            BucketState::Archived { .. } => "archived",
-        }
     }
 }

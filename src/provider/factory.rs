@@ -25,7 +25,7 @@ use crate::table::{DurableTable, RouteCacheConfig, TableError};
 pub const FORMAT_NAME: &str = "PULPITUM";
 
 /// Creates Pulpitum tables from SQL.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PulpitumTableFactory {
     store: Arc<dyn HotStore>,
     archive: Arc<ArchiveStore>,
@@ -33,9 +33,12 @@ pub struct PulpitumTableFactory {
     cache: RouteCacheConfig,
 }
 
-impl std::fmt::Debug for dyn HotStore {
+impl std::fmt::Debug for PulpitumTableFactory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HotStore")
+        f.debug_struct("PulpitumTableFactory")
+            .field("options", &self.options)
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
     }
 }
 

@@ -328,8 +328,6 @@ pub struct PushedFilters {
     /// The filters contradict each other (or need times outside the supported range): the
     /// scan reads nothing.
     pub empty: bool,
-    /// The accepted filters, for EXPLAIN.
-    pub shown: Vec<String>,
 }
 
 impl PushedFilters {
@@ -340,11 +338,9 @@ impl PushedFilters {
             partitions: None,
             bounds: ScanBounds::all(),
             empty: false,
-            shown: Vec::new(),
         };
         for f in filters {
             if let Some(p) = piece(surface, f) {
-                out.shown.push(f.to_string());
                 out.apply(p);
             }
         }

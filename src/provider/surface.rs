@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BinaryArray, BinaryBuilder, Int64Array, Int64Builder, StringArray,
-    StringBuilder, TimestampMicrosecondArray, TimestampNanosecondArray,
+    Array, ArrayRef, BinaryArray, Int64Array, Int64Builder, StringArray, StringBuilder,
+    TimestampMicrosecondArray, TimestampNanosecondArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
@@ -263,15 +263,6 @@ fn utf8_column(a: &ArrayRef) -> Result<ArrayRef, ProviderError> {
         b.append_value(s);
     }
     Ok(Arc::new(b.finish()))
-}
-
-/// A helper for tests and tools: a binary array from byte slices.
-pub fn binary_array<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> ArrayRef {
-    let mut b = BinaryBuilder::new();
-    for v in values {
-        b.append_value(v);
-    }
-    Arc::new(b.finish())
 }
 
 #[cfg(test)]
