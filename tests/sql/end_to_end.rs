@@ -88,3 +88,37 @@ async fn other_spellings_of_time_predicates_are_pushed_down() {
     }
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_opens_the_embedded_store_from_a_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("p.db");
+    let url = format!("sqlite://{}", db.display());
+    let archive = format!("file://{}", dir.path().join("archive").display());
+    std::fs::create_dir_all(dir.path().join("archive")).unwrap();
+    let ctx = pulpitum::session::connect(&url, &archive).await.unwrap();
+    run(
+        &ctx,
+        "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_month_utc')",
+    )
+    .await
+    .unwrap();
+    run(&ctx, "INSERT INTO chat VALUES (1, TIMESTAMP '2024-01-01T00:00:00Z', 1, 'a'), (1, TIMESTAMP '2024-02-01T00:00:00Z', 2, 'b')")
+        .await
+        .unwrap();
+    // A second connection (a plain path this time) finds the table and its rows.
+    let ctx = pulpitum::session::connect(db.to_str().unwrap(), &archive)
+        .await
+        .unwrap();
+    let out = run(
+        &ctx,
+        "SELECT id FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC LIMIT 1",
+    )
+    .await
+    .unwrap();
+    insta::assert_snapshot!("embedded_latest", pretty(&out));
+    let Err(e) = pulpitum::session::connect("mysql://x", "memory://").await else {
+        panic!("mysql:// must be refused")
+    };
+    assert!(e.to_string().contains("unsupported database URL"), "{e}");
+}
