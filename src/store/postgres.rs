@@ -162,7 +162,9 @@ impl PgStore {
             options.push_str(&format!(" -c search_path={schema}"));
         }
         // Single-statement reads must take part in serializable conflict detection too.
-        options.push_str(" -c default_transaction_isolation=serializable");
+        options.push_str(
+            " -c default_transaction_isolation=serializable -c plan_cache_mode=force_generic_plan",
+        );
         pg.options(options.trim());
         let manager = Manager::from_config(
             pg,
@@ -302,7 +304,10 @@ impl PgStore {
         }
     }
 
-    /// The shared append path: one record is a batch of one.
+    /// The shared append path: one record is a batch of one. The whole append is ONE
+    /// statement, run as its own (serializable, by the session default) transaction: the
+    /// fence check, the bucket creation and the insert cannot be separated, and a single
+    /// round trip keeps it close to a plain INSERT.
     async fn append_records(
         &self,
         op: &'static str,
@@ -313,34 +318,22 @@ impl PgStore {
             return Ok(BatchOutcome::default());
         }
         let def = self.definition(table_id).await?;
-        let guarded = def.writable_buckets.is_some();
-        // Without a guard the bucket of each record does not depend on the clock.
-        let fixed = if guarded {
-            None
+        // The guard is an ingestion policy on the store's clock, not a safety check, so a
+        // clock read just before the statement is as good as one inside it.
+        let now = if def.writable_buckets.is_some() {
+            self.now().await?
         } else {
-            Some(prepare_batch(&def, records, EventTime::min_supported())?)
+            EventTime::min_supported()
         };
-        self.run(op, || async {
-            let mut client = self.pooled().await?;
-            let tx = client
-                .build_transaction()
-                .isolation_level(IsolationLevel::Serializable)
-                .start()
-                .await?;
-            let owned;
-            let batch = match &fixed {
-                Some(b) => b,
-                None => {
-                    let now = db_now(&tx).await?;
-                    owned = prepare_batch(&def, records, now)?;
-                    &owned
-                }
-            };
-            let outcome = append_in_tx(&tx, &def, batch).await?;
-            tx.commit().await.map_err(TxError::Commit)?;
-            Ok(outcome)
-        })
-        .await
+        let batch = prepare_batch(&def, records, now)?;
+        let mut outcome = self
+            .run(op, || async {
+                let client = self.pooled().await?;
+                append_statement(&client, &def, &batch).await
+            })
+            .await?;
+        outcome.already_present += batch.duplicates_in_batch;
+        Ok(outcome)
     }
 
     /// Re-reads a bucket inside the transaction of a refused conditional write and turns
@@ -507,13 +500,8 @@ fn state_name(s: &str) -> StoreResult<&'static str> {
     }
 }
 
-async fn db_now(tx: &deadpool_postgres::Transaction<'_>) -> TxResult<EventTime> {
-    let row = tx.query_one("SELECT now()", &[]).await?;
-    let now: DateTime<Utc> = row.try_get(0)?;
-    Ok(event_time(now, "store clock")?)
-}
-
-/// A batch validated and laid out as the column arrays the append statement takes.
+/// A batch validated, deduplicated and laid out as the column arrays the append statement
+/// takes.
 struct PreparedBatch {
     buckets: Vec<BucketId>,
     b_partition: Vec<Vec<u8>>,
@@ -526,7 +514,13 @@ struct PreparedBatch {
     r_sort: Vec<Vec<u8>>,
     r_value: Vec<Vec<u8>>,
     record_buckets: Vec<BucketId>,
+    record_times: Vec<EventTime>,
+    /// Identical copies of a record inside the batch itself (counted as already present).
+    duplicates_in_batch: u64,
 }
+
+/// `(partition_key, event_time, sort_key)`: a record's identity within its table.
+type PhysicalKey<'a> = (&'a [u8], EventTime, &'a [u8]);
 
 fn prepare_batch(
     def: &TableDefinition,
@@ -534,11 +528,35 @@ fn prepare_batch(
     now: EventTime,
 ) -> StoreResult<PreparedBatch> {
     let mut distinct: BTreeMap<BucketId, ()> = BTreeMap::new();
-    let mut record_buckets = Vec::with_capacity(records.len());
+    let mut seen: HashMap<PhysicalKey<'_>, &[u8]> = HashMap::new();
+    let mut kept: Vec<(&Record, BucketId)> = Vec::with_capacity(records.len());
+    let mut duplicates_in_batch = 0;
     for r in records {
         let id = bucket_for_append(def, r, now)?;
+        let key = (
+            r.partition_key.as_bytes(),
+            r.event_time,
+            r.sort_key.as_bytes(),
+        );
+        match seen.get(&key) {
+            Some(v) if *v == r.value.as_slice() => {
+                duplicates_in_batch += 1;
+                continue;
+            }
+            // Two values for one key in the same batch: refused before any I/O.
+            Some(_) => {
+                return Err(StoreError::DuplicateKey {
+                    bucket: id,
+                    event_time: r.event_time,
+                    sort_key: hex::encode(r.sort_key.as_bytes()),
+                })
+            }
+            None => {
+                seen.insert(key, &r.value);
+            }
+        }
         distinct.insert(id.clone(), ());
-        record_buckets.push(id);
+        kept.push((r, id));
     }
     let buckets: Vec<BucketId> = distinct.into_keys().collect();
     Ok(PreparedBatch {
@@ -556,71 +574,102 @@ fn prepare_batch(
             .map(|b| b.bucket_key.end().to_datetime())
             .collect(),
         buckets,
-        r_partition: records
+        r_partition: kept
             .iter()
-            .map(|r| r.partition_key.as_bytes().to_vec())
+            .map(|(r, _)| r.partition_key.as_bytes().to_vec())
             .collect(),
-        r_bucket: record_buckets
+        r_bucket: kept.iter().map(|(_, b)| b.bucket_key.to_string()).collect(),
+        r_time: kept
             .iter()
-            .map(|b| b.bucket_key.to_string())
+            .map(|(r, _)| r.event_time.to_datetime())
             .collect(),
-        r_time: records.iter().map(|r| r.event_time.to_datetime()).collect(),
-        r_sort: records
+        r_sort: kept
             .iter()
-            .map(|r| r.sort_key.as_bytes().to_vec())
+            .map(|(r, _)| r.sort_key.as_bytes().to_vec())
             .collect(),
-        r_value: records.iter().map(|r| r.value.clone()).collect(),
-        record_buckets,
+        r_value: kept.iter().map(|(r, _)| r.value.clone()).collect(),
+        record_times: kept.iter().map(|(r, _)| r.event_time).collect(),
+        record_buckets: kept.into_iter().map(|(_, b)| b).collect(),
+        duplicates_in_batch,
     })
 }
 
-/// Ensures every bucket's metadata exists as Hot, and inserts the records only if every
-/// bucket of the batch is Hot, in one statement (the fence and the insert cannot be split).
+/// The whole append as one statement. `fenced` reads the existing metadata of the batch's
+/// buckets (a bucket created by this statement is Hot by construction); `old` compares
+/// the records with rows already stored. New bucket metadata and the records are written
+/// only when no bucket is fenced and no key holds another value, so a refused batch writes
+/// nothing at all. The lookups are LATERAL ... LIMIT 1 so that even a plan cached while
+/// the tables were empty probes the primary key per row instead of hashing a whole table.
 const APPEND_SQL: &str = "WITH b AS ( \
        SELECT * FROM unnest($2::BYTEA[], $3::TEXT[], $4::TIMESTAMPTZ[], $5::TIMESTAMPTZ[]) \
          AS b(partition_key, bucket_key, bucket_start, bucket_end) \
+     ), fenced AS ( \
+       SELECT b.partition_key, b.bucket_key, x.state FROM b CROSS JOIN LATERAL ( \
+         SELECT m.state FROM pulpitum_v4_bucket_metadata m WHERE m.table_id = $1 \
+           AND m.partition_key = b.partition_key AND m.bucket_key = b.bucket_key LIMIT 1) x \
+       WHERE x.state <> 'hot' ORDER BY b.partition_key, b.bucket_key LIMIT 1 \
+     ), u AS ( \
+       SELECT * FROM unnest($7::BYTEA[], $8::TEXT[], $9::TIMESTAMPTZ[], $10::BYTEA[], $11::BYTEA[]) \
+         WITH ORDINALITY AS u(partition_key, bucket_key, event_time, sort_key, value, i) \
+     ), old AS ( \
+       SELECT u.i, x.value = u.value AS same FROM u CROSS JOIN LATERAL ( \
+         SELECT r.value FROM pulpitum_v4_records r WHERE r.table_id = $1 \
+           AND r.partition_key = u.partition_key AND r.bucket_key = u.bucket_key \
+           AND r.event_time = u.event_time AND r.sort_key = u.sort_key LIMIT 1) x \
+     ), ok AS ( \
+       SELECT NOT EXISTS (SELECT 1 FROM fenced) AND NOT EXISTS (SELECT 1 FROM old WHERE NOT same) AS go \
      ), ins_meta AS ( \
        INSERT INTO pulpitum_v4_bucket_metadata \
          (table_id, partition_key, bucket_key, bucket_strategy, bucket_start, bucket_end, state) \
        SELECT $1, b.partition_key, b.bucket_key, $6, b.bucket_start, b.bucket_end, 'hot' FROM b \
+       WHERE (SELECT go FROM ok) \
        ON CONFLICT (table_id, partition_key, bucket_key) DO NOTHING \
-       RETURNING partition_key, bucket_key, state \
-     ), cur AS ( \
-       SELECT partition_key, bucket_key, state FROM ins_meta \
-       UNION ALL \
-       SELECT m.partition_key, m.bucket_key, m.state FROM pulpitum_v4_bucket_metadata m \
-         JOIN b ON m.table_id = $1 AND m.partition_key = b.partition_key AND m.bucket_key = b.bucket_key \
-     ), fenced AS ( \
-       SELECT partition_key, bucket_key, state FROM cur WHERE state <> 'hot' \
-       ORDER BY partition_key, bucket_key LIMIT 1 \
+       RETURNING 1 \
      ), ins AS ( \
        INSERT INTO pulpitum_v4_records (table_id, partition_key, bucket_key, event_time, sort_key, value) \
-       SELECT $1, r.partition_key, r.bucket_key, r.event_time, r.sort_key, r.value \
-       FROM unnest($7::BYTEA[], $8::TEXT[], $9::TIMESTAMPTZ[], $10::BYTEA[], $11::BYTEA[]) \
-         AS r(partition_key, bucket_key, event_time, sort_key, value) \
-       WHERE NOT EXISTS (SELECT 1 FROM fenced) \
+       SELECT $1, u.partition_key, u.bucket_key, u.event_time, u.sort_key, u.value FROM u \
+       WHERE (SELECT go FROM ok) \
        ON CONFLICT (table_id, partition_key, bucket_key, event_time, sort_key) DO NOTHING \
        RETURNING 1 \
      ) \
-     SELECT (SELECT count(*) FROM ins)::INT8, f.partition_key, f.bucket_key, f.state \
+     SELECT (SELECT count(*) FROM ins)::INT8, (SELECT count(*) FROM old WHERE same)::INT8, \
+       (SELECT min(i) FROM old WHERE NOT same)::INT8, f.partition_key, f.bucket_key, f.state \
      FROM (SELECT 1) AS one LEFT JOIN fenced f ON true";
 
-/// The first record of a batch whose stored value differs from the requested one.
-const MISMATCH_SQL: &str = "SELECT u.i::INT8, r.value IS NULL \
-     FROM unnest($2::BYTEA[], $3::TEXT[], $4::TIMESTAMPTZ[], $5::BYTEA[], $6::BYTEA[]) WITH ORDINALITY \
-       AS u(partition_key, bucket_key, event_time, sort_key, value, i) \
-     LEFT JOIN pulpitum_v4_records r ON r.table_id = $1 AND r.partition_key = u.partition_key \
-       AND r.bucket_key = u.bucket_key AND r.event_time = u.event_time AND r.sort_key = u.sort_key \
-     WHERE r.value IS DISTINCT FROM u.value ORDER BY u.i LIMIT 1";
+/// [`APPEND_SQL`] for one record, without arrays: the common single-row path.
+const APPEND_ONE_SQL: &str = "WITH fenced AS ( \
+       SELECT m.state FROM pulpitum_v4_bucket_metadata m \
+       WHERE m.table_id = $1 AND m.partition_key = $2 AND m.bucket_key = $3 AND m.state <> 'hot' \
+     ), old AS ( \
+       SELECT r.value = $9 AS same FROM pulpitum_v4_records r \
+       WHERE r.table_id = $1 AND r.partition_key = $2 AND r.bucket_key = $3 \
+         AND r.event_time = $7 AND r.sort_key = $8 \
+     ), ok AS ( \
+       SELECT NOT EXISTS (SELECT 1 FROM fenced) AND NOT EXISTS (SELECT 1 FROM old) AS go \
+     ), ins_meta AS ( \
+       INSERT INTO pulpitum_v4_bucket_metadata \
+         (table_id, partition_key, bucket_key, bucket_strategy, bucket_start, bucket_end, state) \
+       SELECT $1, $2, $3, $4, $5, $6, 'hot' WHERE (SELECT go FROM ok) \
+       ON CONFLICT (table_id, partition_key, bucket_key) DO NOTHING \
+       RETURNING 1 \
+     ), ins AS ( \
+       INSERT INTO pulpitum_v4_records (table_id, partition_key, bucket_key, event_time, sort_key, value) \
+       SELECT $1, $2, $3, $7, $8, $9 WHERE (SELECT go FROM ok) \
+       ON CONFLICT (table_id, partition_key, bucket_key, event_time, sort_key) DO NOTHING \
+       RETURNING 1 \
+     ) \
+     SELECT (SELECT count(*) FROM ins)::INT8, (SELECT count(*) FROM old WHERE same)::INT8, \
+       (SELECT count(*) FROM old WHERE NOT same)::INT8, (SELECT state FROM fenced LIMIT 1)";
 
-async fn append_in_tx(
-    tx: &deadpool_postgres::Transaction<'_>,
+async fn append_statement(
+    client: &Object,
     def: &TableDefinition,
     b: &PreparedBatch,
 ) -> TxResult<BatchOutcome> {
-    let stmt = tx.prepare_cached(APPEND_SQL).await?;
+    let stmt = client.prepare_cached(APPEND_SQL).await?;
     let strategy = def.strategy.as_str();
-    let row = tx
+    // The statement commits by itself: an error while it runs may hide a commit.
+    let row = client
         .query_one(
             &stmt,
             &[
@@ -637,11 +686,14 @@ async fn append_in_tx(
                 &b.r_value,
             ],
         )
-        .await?;
+        .await
+        .map_err(TxError::Commit)?;
     let inserted: i64 = row.try_get(0)?;
-    if let Some(state) = row.try_get::<_, Option<String>>(3)? {
-        let pk: Vec<u8> = row.try_get(1)?;
-        let key: String = row.try_get(2)?;
+    let present: i64 = row.try_get(1)?;
+    let clash: Option<i64> = row.try_get(2)?;
+    if let Some(state) = row.try_get::<_, Option<String>>(5)? {
+        let pk: Vec<u8> = row.try_get(3)?;
+        let key: String = row.try_get(4)?;
         let bucket = b
             .buckets
             .iter()
@@ -657,43 +709,27 @@ async fn append_in_tx(
             state: state_name(&state)?,
         }));
     }
+    if let Some(i) = clash {
+        let i = usize::try_from(i - 1).map_err(|_| StoreError::Corrupt("bad ordinality".into()))?;
+        return Err(TxError::Store(StoreError::DuplicateKey {
+            bucket: b.record_buckets[i].clone(),
+            event_time: b.record_times[i],
+            sort_key: hex::encode(&b.r_sort[i]),
+        }));
+    }
     let total = b.r_time.len() as u64;
     let inserted = u64::try_from(inserted).unwrap_or(0);
-    if inserted < total {
-        let stmt = tx.prepare_cached(MISMATCH_SQL).await?;
-        let rows = tx
-            .query(
-                &stmt,
-                &[
-                    &def.table_id.as_str(),
-                    &b.r_partition,
-                    &b.r_bucket,
-                    &b.r_time,
-                    &b.r_sort,
-                    &b.r_value,
-                ],
-            )
-            .await?;
-        if let Some(row) = rows.first() {
-            let i: i64 = row.try_get(0)?;
-            let missing: bool = row.try_get(1)?;
-            if missing {
-                // Skipped by ON CONFLICT yet not visible: a concurrent commit; run again.
-                return Err(TxError::Conflict(
-                    "a conflicting row is not yet visible".into(),
-                ));
-            }
-            let i = usize::try_from(i - 1).unwrap_or(0);
-            return Err(TxError::Store(StoreError::DuplicateKey {
-                bucket: b.record_buckets[i].clone(),
-                event_time: EventTime::from_datetime(b.r_time[i]).map_err(StoreError::from)?,
-                sort_key: hex::encode(&b.r_sort[i]),
-            }));
-        }
+    let present = u64::try_from(present).unwrap_or(0);
+    if inserted + present != total {
+        // A row skipped by ON CONFLICT that the statement's snapshot did not show: a
+        // concurrent commit. Appends are idempotent, so running again is safe.
+        return Err(TxError::Conflict(
+            "a conflicting row committed concurrently".into(),
+        ));
     }
     Ok(BatchOutcome {
         inserted,
-        already_present: total - inserted,
+        already_present: present,
     })
 }
 
@@ -982,13 +1018,72 @@ impl HotStore for PgStore {
     }
 
     async fn append(&self, table_id: &TableId, record: &Record) -> StoreResult<AppendOutcome> {
-        let out = self
-            .append_records("append", table_id, std::slice::from_ref(record))
-            .await?;
-        Ok(if out.inserted == 1 {
-            AppendOutcome::Inserted
+        let def = self.definition(table_id).await?;
+        let now = if def.writable_buckets.is_some() {
+            self.now().await?
         } else {
+            EventTime::min_supported()
+        };
+        let bucket = bucket_for_append(&def, record, now)?;
+        let key = bucket.bucket_key.to_string();
+        let (start, end) = bucket.bucket_key.bounds();
+        let (start, end) = (start.to_datetime(), end.to_datetime());
+        let time = record.event_time.to_datetime();
+        let strategy = def.strategy.as_str();
+        let (inserted, present, clash, state) = self
+            .run("append", || async {
+                let client = self.pooled().await?;
+                let stmt = client.prepare_cached(APPEND_ONE_SQL).await?;
+                let row = client
+                    .query_one(
+                        &stmt,
+                        &[
+                            &table_id.as_str(),
+                            &record.partition_key.as_bytes(),
+                            &key,
+                            &strategy,
+                            &start,
+                            &end,
+                            &time,
+                            &record.sort_key.as_bytes(),
+                            &record.value,
+                        ],
+                    )
+                    .await
+                    .map_err(TxError::Commit)?;
+                let inserted: i64 = row.try_get(0)?;
+                let present: i64 = row.try_get(1)?;
+                let clash: i64 = row.try_get(2)?;
+                let state: Option<String> = row.try_get(3)?;
+                if inserted + present + clash == 0 && state.is_none() {
+                    return Err(TxError::Conflict(
+                        "a conflicting row committed concurrently".into(),
+                    ));
+                }
+                Ok((inserted, present, clash, state))
+            })
+            .await?;
+        if let Some(state) = state {
+            return Err(StoreError::Fenced {
+                bucket,
+                state: state_name(&state)?,
+            });
+        }
+        if clash > 0 {
+            return Err(StoreError::DuplicateKey {
+                bucket,
+                event_time: record.event_time,
+                sort_key: hex::encode(record.sort_key.as_bytes()),
+            });
+        }
+        Ok(if inserted == 1 {
+            AppendOutcome::Inserted
+        } else if present == 1 {
             AppendOutcome::AlreadyPresent
+        } else {
+            return Err(StoreError::Corrupt(format!(
+                "append into {bucket} reported {inserted} inserted and {present} present rows"
+            )));
         })
     }
 

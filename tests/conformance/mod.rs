@@ -1074,7 +1074,7 @@ pub async fn read_page_matches_reference(store: Store) {
         .unwrap();
     let b = bucket_of(&tbl, s, &data[0]);
     let mut sorted = data.clone();
-    sorted.sort_by(|a, b| a.clustering_key().cmp(&b.clustering_key()));
+    sorted.sort_by_key(|r| r.clustering_key());
 
     let times: Vec<EventTime> = (-1..=6)
         .map(|i| EventTime::from_micros(base + i * 1_000_000).unwrap())
