@@ -1,7 +1,57 @@
-//! The embedded store's own integration tests: every state transition and rejection, the
-//! fence under concurrent writers, racing claimers (in one process and across two
-//! connections to one file), and bad input. Each test uses a fresh SQLite file in a
+//! The hot-store conformance suite (`tests/conformance/`, shared with the PostgreSQL store)
+//! run against [`SqliteStore`], followed by the embedded store's own tests: every state
+//! transition and rejection, the fence under concurrent writers, racing claimers (in one
+//! process and across connections to one file), concurrent migrations, the runtime never
+//! blocked by a waiting call, and bad input. Each test uses a fresh SQLite file in its own
 //! temporary directory, so tests run in parallel.
+
+mod conformance;
+
+/// The shared suite, one test per case, each on a fresh file-backed store.
+mod suite {
+    use std::sync::Arc;
+
+    use pulpitum::store::embedded::SqliteStore;
+
+    use super::conformance;
+
+    macro_rules! conformance_cases {
+        ($($case:ident),* $(,)?) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let dir = tempfile::tempdir().unwrap();
+                    let store = SqliteStore::open(dir.path().join("hot.sqlite")).unwrap();
+                    conformance::$case(Arc::new(store)).await;
+                }
+            )*
+        };
+    }
+
+    conformance_cases!(
+        migrate_is_idempotent,
+        register_table_is_immutable,
+        append_to_unknown_table_is_refused,
+        append_creates_hot_bucket,
+        duplicate_appends,
+        writable_bucket_guard,
+        batch_is_all_or_nothing,
+        full_lifecycle,
+        defer_archive_sets_retry_time,
+        expired_lease_is_rejected,
+        stale_token_and_generation_are_rejected,
+        wrong_state_transitions_are_rejected,
+        cleanup_lease_expires,
+        renew_extends_the_lease,
+        fence_under_concurrency,
+        racing_claimers,
+        read_page_matches_reference,
+        read_page_missing_and_empty,
+        list_buckets_filters,
+        discover_orders_and_limits,
+        bad_input_is_typed_and_writes_nothing,
+    );
+}
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};

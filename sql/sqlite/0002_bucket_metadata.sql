@@ -26,6 +26,6 @@ CREATE TABLE pulpitum_v4_bucket_metadata (
     CHECK (state = 'archived' OR hot_deleted = 0)
 ) STRICT, WITHOUT ROWID;
 
--- Discovery walks buckets by state, oldest first.
+-- Discovery walks buckets by state, earliest-ending first (as the PostgreSQL store does).
 CREATE INDEX pulpitum_v4_bucket_metadata_by_state
-    ON pulpitum_v4_bucket_metadata (state, bucket_start);
+    ON pulpitum_v4_bucket_metadata (state, bucket_end);

@@ -1241,7 +1241,7 @@ impl HotStore for SqliteStore {
                     OR (state = 'archiving' AND (lease_expires_at IS NULL OR lease_expires_at <= ?2)) \
                     OR (state = 'archived' AND hot_deleted = 0 \
                         AND (lease_expires_at IS NULL OR lease_expires_at <= ?2)) \
-                 ORDER BY bucket_start, table_id, partition_key, bucket_key \
+                 ORDER BY bucket_end, table_id, partition_key, bucket_key \
                  LIMIT ?3",
             )?;
             let mut rows = stmt.query(params![cutoff.as_micros(), now, to_i64(limit)])?;
