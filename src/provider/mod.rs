@@ -206,7 +206,8 @@ impl PulpitumTable {
             surface: self.surface,
             projection,
             pushed,
-            groups: group_keys(keys, target_partitions.max(1)),
+            keys,
+            target_partitions: target_partitions.max(1),
             counts,
             limit,
             descending: false,
@@ -214,21 +215,6 @@ impl PulpitumTable {
             limits: self.options.limits,
         })
     }
-}
-
-/// Splits keys (already in key order) into at most `n` contiguous groups of near-equal size,
-/// preserving order, so each group is sorted by `(key, time, sort)`.
-fn group_keys(keys: Vec<KeyBuckets>, n: usize) -> Vec<Vec<KeyBuckets>> {
-    if keys.is_empty() {
-        return vec![Vec::new()];
-    }
-    let parts = n.min(keys.len());
-    let len = keys.len();
-    let mut out: Vec<Vec<KeyBuckets>> = (0..parts).map(|_| Vec::new()).collect();
-    for (i, k) in keys.into_iter().enumerate() {
-        out[i * parts / len].push(k);
-    }
-    out
 }
 
 #[async_trait]

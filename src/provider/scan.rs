@@ -73,8 +73,10 @@ pub struct ScanSpec {
     pub projection: Vec<usize>,
     /// Bounds every tier applies, and the filters they came from.
     pub pushed: super::filters::PushedFilters,
-    /// Buckets to read, grouped into DataFusion partitions.
-    pub groups: Vec<Vec<KeyBuckets>>,
+    /// Buckets to read, per partition key, in key order.
+    pub keys: Vec<KeyBuckets>,
+    /// DataFusion's target partitions (the most scan partitions to use).
+    pub target_partitions: usize,
     /// What the listing saw.
     pub counts: BucketCounts,
     /// Rows per partition the scan may stop after.
@@ -91,6 +93,7 @@ pub struct ScanSpec {
 #[derive(Debug)]
 pub struct PulpitumScanExec {
     spec: ScanSpec,
+    groups: Vec<Vec<KeyBuckets>>,
     schema: SchemaRef,
     props: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -110,15 +113,17 @@ impl PulpitumScanExec {
     pub fn try_new(spec: ScanSpec) -> Result<Self, ProviderError> {
         let full = spec.surface.schema();
         let schema = Arc::new(full.project(&spec.projection)?);
-        let eq = equivalence(&spec, &schema);
+        let groups = plan_groups(&spec.keys, spec.target_partitions, spec.limit.is_some());
+        let eq = equivalence(&spec, &groups, &schema);
         let props = PlanProperties::new(
             eq,
-            Partitioning::UnknownPartitioning(spec.groups.len().max(1)),
+            Partitioning::UnknownPartitioning(groups.len()),
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
         Ok(Self {
             spec,
+            groups,
             schema,
             props: Arc::new(props),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -135,10 +140,48 @@ impl PulpitumScanExec {
         Arc::new(Self::try_new(spec).expect("same projection as an existing plan"))
     }
 
-    /// Whether every partition holds at most one partition key.
-    fn one_key_per_partition(spec: &ScanSpec) -> bool {
-        spec.groups.iter().all(|g| g.len() <= 1)
+    /// The buckets of each scan partition.
+    pub fn groups(&self) -> &[Vec<KeyBuckets>] {
+        &self.groups
     }
+}
+
+/// Splits the keys into scan partitions. Every partition lists its keys in key order and
+/// each key's buckets in time order, so every partition is sorted by (key, time, sort).
+///
+/// With more keys than target partitions, keys are split into contiguous runs. With fewer
+/// keys and no row limit, each key's buckets are also split into contiguous time ranges so
+/// that several cores read one channel; a partition then still holds one key, sorted by
+/// (time, sort), and a global ORDER BY becomes a merge. With a limit (a "latest N" page or
+/// a cursor page), each key stays in one partition so the scan stops after the newest (or
+/// oldest) buckets it needs instead of reading the first rows of every time range.
+fn plan_groups(keys: &[KeyBuckets], target: usize, limited: bool) -> Vec<Vec<KeyBuckets>> {
+    let target = target.max(1);
+    if keys.is_empty() {
+        return vec![Vec::new()];
+    }
+    if keys.len() >= target || limited {
+        let parts = target.min(keys.len());
+        let mut out: Vec<Vec<KeyBuckets>> = (0..parts).map(|_| Vec::new()).collect();
+        for (i, k) in keys.iter().enumerate() {
+            out[i * parts / keys.len()].push(k.clone());
+        }
+        return out;
+    }
+    let per_key = target / keys.len();
+    let mut out = Vec::new();
+    for k in keys {
+        let pieces = per_key.min(k.buckets.len()).max(1);
+        let n = k.buckets.len();
+        for p in 0..pieces {
+            let (a, b) = (p * n / pieces, (p + 1) * n / pieces);
+            out.push(vec![KeyBuckets {
+                partition_key: k.partition_key.clone(),
+                buckets: k.buckets[a..b].to_vec(),
+            }]);
+        }
+    }
+    out
 }
 
 fn sort_options(descending: bool) -> SortOptions {
@@ -149,7 +192,11 @@ fn sort_options(descending: bool) -> SortOptions {
 }
 
 /// The orderings a scan guarantees, over the projected schema.
-fn orderings(spec: &ScanSpec, schema: &SchemaRef) -> Vec<Vec<PhysicalSortExpr>> {
+fn orderings(
+    spec: &ScanSpec,
+    groups: &[Vec<KeyBuckets>],
+    schema: &SchemaRef,
+) -> Vec<Vec<PhysicalSortExpr>> {
     let names = spec.surface.column_names();
     let col = |role_idx: usize, desc: bool| -> Option<PhysicalSortExpr> {
         let idx = schema.index_of(names[role_idx]).ok()?;
@@ -161,15 +208,19 @@ fn orderings(spec: &ScanSpec, schema: &SchemaRef) -> Vec<Vec<PhysicalSortExpr>> 
     };
     let d = spec.descending;
     let mut out = vec![prefix(&[(0, false), (1, d), (2, d)])];
-    if PulpitumScanExec::one_key_per_partition(spec) {
+    if groups.iter().all(|g| g.len() <= 1) {
         out.push(prefix(&[(1, d), (2, d)]));
     }
     out.retain(|o| !o.is_empty());
     out
 }
 
-fn equivalence(spec: &ScanSpec, schema: &SchemaRef) -> EquivalenceProperties {
-    EquivalenceProperties::new_with_orderings(schema.clone(), orderings(spec, schema))
+fn equivalence(
+    spec: &ScanSpec,
+    groups: &[Vec<KeyBuckets>],
+    schema: &SchemaRef,
+) -> EquivalenceProperties {
+    EquivalenceProperties::new_with_orderings(schema.clone(), orderings(spec, groups, schema))
 }
 
 impl DisplayAs for PulpitumScanExec {
@@ -182,7 +233,7 @@ impl DisplayAs for PulpitumScanExec {
             .iter()
             .map(|f| f.name().as_str())
             .collect();
-        let keys: usize = s.groups.iter().map(Vec::len).sum();
+        let keys = s.keys.len();
         match t {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "table={}", s.table.definition().table_id)?;
@@ -204,7 +255,7 @@ impl DisplayAs for PulpitumScanExec {
                     s.table.definition().table_id,
                     cols.join(", "),
                     s.pushed.describe(s.surface),
-                    s.groups.len().max(1),
+                    self.groups.len(),
                     keys,
                     c.hot,
                     c.archiving,
@@ -361,7 +412,7 @@ impl ExecutionPlan for PulpitumScanExec {
     ) -> DFResult<SendableRecordBatchStream> {
         let spec = self.spec.clone();
         let schema = self.schema.clone();
-        let group: Vec<KeyBuckets> = spec.groups.get(partition).cloned().unwrap_or_default();
+        let group: Vec<KeyBuckets> = self.groups.get(partition).cloned().unwrap_or_default();
         let metrics = TierMetrics::new(&self.metrics, partition);
         let shared = self.shared.clone();
         let started = *shared.started.get_or_init(Instant::now);
