@@ -137,5 +137,38 @@ async fn the_route_cache_is_bounded() {
         assert!(table.cached_route(&bucket).is_some());
     }
     assert_eq!(table.cached_routes(), 2);
+
+    // A zero TTL serves nothing from the cache: every read asks the hot store again.
+    let uncached = DurableTable::with_cache(
+        env.store.clone() as Arc<dyn HotStore>,
+        env.archive.clone(),
+        def.clone(),
+        RouteCacheConfig {
+            capacity: 10,
+            ttl: std::time::Duration::ZERO,
+        },
+    );
+    let records = msgs(0, 2);
+    let bucket = BucketId::of_record(&def.table_id, def.strategy, &records[0]);
+    let req = BucketScan {
+        bounds: ScanBounds::all(),
+        descending: true,
+        include_value: true,
+        page_rows: 1,
+        limit: Some(1),
+    };
+    let chunks: Vec<_> = uncached
+        .scan_bucket(bucket.clone(), None, req)
+        .collect()
+        .await;
+    assert_eq!(chunks.len(), 1);
+    let chunk = chunks.into_iter().next().unwrap().unwrap();
+    assert_eq!(chunk.tier, Tier::Archived);
+    assert_eq!(
+        batch_to_records(&chunk.batch).unwrap(),
+        vec![records[0].clone()],
+        "same time: the larger id is newest"
+    );
+    assert!(uncached.cached_route(&bucket).is_none());
     env.cleanup().await;
 }
