@@ -361,6 +361,11 @@ impl ExecutionPlan for PulpitumScanExec {
         }
     }
 
+    fn reset_state(self: Arc<Self>) -> DFResult<Arc<dyn ExecutionPlan>> {
+        // Fresh limit counters and metrics for a new execution of the same plan.
+        Ok(self.with_spec(self.spec.clone()))
+    }
+
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
