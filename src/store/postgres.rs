@@ -1,14 +1,21 @@
 //! The hot store on CockroachDB or PostgreSQL, over tokio-postgres with a deadpool pool.
 //!
-//! Every write is one `SERIALIZABLE` transaction, retried whole on 40001/40P01 per
-//! [`RetryPolicy`]; reads are one statement, and the pool's sessions default to
-//! `SERIALIZABLE` too, because PostgreSQL only detects the fence anomaly (an append that
-//! read "hot" committing after a snapshot that missed it) when every participant is
-//! serializable. The fence and the claim checks live in the statements themselves: an
-//! append inserts only `WHERE EXISTS` a Hot metadata row, and every archiver step compares
-//! owner token, generation, state and `lease_expires_at > now()` in the statement that reads
-//! or writes, against the database's clock, never the worker's. A refused conditional write
-//! re-reads the row in the same transaction to say precisely why.
+//! Every operation is one `SERIALIZABLE` transaction, retried whole on 40001/40P01 per
+//! [`RetryPolicy`]: an explicit `BEGIN ISOLATION LEVEL SERIALIZABLE` transaction for the
+//! archiver's steps, or a single statement for appends and reads. The pool's sessions
+//! default to `SERIALIZABLE`, so a single statement is a serializable transaction too;
+//! PostgreSQL only detects the fence anomaly (an append that read "hot" committing after a
+//! snapshot that missed it) when every participant is serializable. The fence and the
+//! claim checks live in the statements themselves: an append writes only if no bucket of
+//! it is non-Hot, and every archiver step compares owner token, generation, state and
+//! `lease_expires_at > now()` in the statement that reads or writes, against the
+//! database's clock, never the worker's. A refused conditional write re-reads the row in
+//! the same transaction to say precisely why. An error while a self-committing statement
+//! or a `COMMIT` runs is reported as outcome-unknown unless the server says it aborted.
+//!
+//! Sessions also use `plan_cache_mode=force_generic_plan`: the statements are written so
+//! that their generic plans probe primary keys (LATERAL ... LIMIT), and re-planning the
+//! array-based append on every call cost more than the insert itself.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -48,6 +55,9 @@ pub struct PgStoreConfig {
     pub pool_size: usize,
     /// Transaction retry policy.
     pub retry: RetryPolicy,
+    /// Sets `plan_cache_mode=force_generic_plan` on every session (PostgreSQL 12+ and
+    /// CockroachDB 23.2+ know it); turn off for servers that reject the setting.
+    pub generic_plans: bool,
 }
 
 impl PgStoreConfig {
@@ -58,7 +68,15 @@ impl PgStoreConfig {
             schema: None,
             pool_size: DEFAULT_POOL_SIZE,
             retry: RetryPolicy::default(),
+            generic_plans: true,
         }
+    }
+
+    /// Whether to force generic plans on every session (see the field).
+    #[must_use]
+    pub fn with_generic_plans(mut self, generic_plans: bool) -> Self {
+        self.generic_plans = generic_plans;
+        self
     }
 
     /// Uses (and creates if absent) the given schema: `[a-z_][a-z0-9_]*`, at most 63 chars.
@@ -162,9 +180,10 @@ impl PgStore {
             options.push_str(&format!(" -c search_path={schema}"));
         }
         // Single-statement reads must take part in serializable conflict detection too.
-        options.push_str(
-            " -c default_transaction_isolation=serializable -c plan_cache_mode=force_generic_plan",
-        );
+        options.push_str(" -c default_transaction_isolation=serializable");
+        if config.generic_plans {
+            options.push_str(" -c plan_cache_mode=force_generic_plan");
+        }
         pg.options(options.trim());
         let manager = Manager::from_config(
             pg,
