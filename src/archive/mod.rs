@@ -32,6 +32,7 @@ mod write;
 pub use faults::{FaultLayer, FaultOp, FaultPlan, FaultStats};
 pub use integrity::BLOCK_SIZE;
 pub use manifest::{Manifest, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION};
+pub use url::install_http_transport;
 pub use parquet::{
     batch_to_records, envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS,
 };
@@ -342,6 +343,8 @@ pub struct ObjectInfo {
 pub struct ArchiveStore {
     op: opendal::Operator,
     prefix: String,
+    row_group_rows: usize,
+    block_size: u64,
 }
 
 impl ArchiveStore {
@@ -356,7 +359,37 @@ impl ArchiveStore {
         Self {
             op,
             prefix: prefix.trim_matches('/').to_string(),
+            row_group_rows: ROW_GROUP_ROWS,
+            block_size: BLOCK_SIZE,
         }
+    }
+
+    /// The same store writing Parquet row groups of `rows` rows (default [`ROW_GROUP_ROWS`]).
+    /// Smaller groups prune finer and cost more footer; tests use them to get many groups
+    /// from few rows. Retries of one generation must use the same setting, since it changes
+    /// the payload bytes.
+    #[must_use]
+    pub fn with_row_group_rows(mut self, rows: usize) -> Self {
+        self.row_group_rows = rows.max(8);
+        self
+    }
+
+    /// The same store recording verification digests every `bytes` bytes (default
+    /// [`BLOCK_SIZE`], at least 4 KiB). Readers take the size from each manifest.
+    #[must_use]
+    pub fn with_block_size(mut self, bytes: u64) -> Self {
+        self.block_size = bytes.max(4096);
+        self
+    }
+
+    /// Verification block size of new archives.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// Rows per Parquet row group this store writes.
+    pub fn row_group_rows(&self) -> usize {
+        self.row_group_rows
     }
 
     /// The same store with a fault-injecting layer on its operator (tests, chaos runs).
@@ -364,7 +397,7 @@ impl ArchiveStore {
     pub fn with_faults(&self, layer: FaultLayer) -> Self {
         Self {
             op: self.op.clone().layer(layer),
-            prefix: self.prefix.clone(),
+            ..self.clone()
         }
     }
 

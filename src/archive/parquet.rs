@@ -48,11 +48,11 @@ use crate::model::{EventTime, PartitionKey, Record, ScanBounds, SortKey};
 /// MiB for typical values, and makes statistics fine-grained enough that a time-range read
 /// of a year bucket touches a small fraction of it.
 pub const ROW_GROUP_ROWS: usize = 64 * 1024;
-/// Rows per data page (the page index granularity inside a row group).
+/// Rows per data page (the page index granularity inside a row group) at the default size.
 const PAGE_ROWS: usize = 8 * 1024;
 /// Records per batch handed to the encoder; fixed so page boundaries never depend on how the
 /// caller paged the snapshot.
-pub(crate) const ENCODE_BATCH_ROWS: usize = PAGE_ROWS;
+pub(crate) const ENCODE_BATCH_ROWS: usize = 8 * 1024;
 /// `created_by` written in every file: fixed, so the bytes do not depend on the build.
 const CREATED_BY: &str = "pulpitum archive (record schema v2)";
 
@@ -144,15 +144,19 @@ pub fn batch_to_records(batch: &RecordBatch) -> Result<Vec<Record>, ArchiveError
     Ok(out)
 }
 
-/// The writer settings of every archive Parquet file (public so the benchmark's baseline
-/// writes with exactly the same encoding).
-pub fn writer_properties() -> WriterProperties {
+/// The writer settings of archive Parquet files with row groups of `row_group_rows` rows
+/// ([`ROW_GROUP_ROWS`] by default; public so the benchmark's baseline writes with exactly the
+/// same encoding). Pages hold at most an eighth of a row group, and at most 8192 rows.
+pub fn writer_properties(row_group_rows: usize) -> WriterProperties {
     let col = |name: &str| ColumnPath::from(name);
+    let row_group_rows = row_group_rows.max(8);
+    let page_rows = PAGE_ROWS.min(row_group_rows / 8);
     WriterProperties::builder()
         .set_created_by(CREATED_BY.to_string())
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid zstd level")))
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .set_data_page_row_count_limit(PAGE_ROWS)
+        .set_max_row_group_row_count(Some(row_group_rows))
+        .set_data_page_row_count_limit(page_rows)
+        .set_write_batch_size(page_rows.min(1024))
         .set_statistics_enabled(EnabledStatistics::Page)
         // Unique keys and opaque values gain nothing from a dictionary; the partition key is
         // one value per file and compresses to almost nothing with one.
@@ -245,10 +249,8 @@ pub(crate) fn from_parquet(key: &str, op: &'static str, e: ParquetError) -> Arch
                 Err(other) => ArchiveError::decode(key, other),
             },
         },
-        ParquetError::EOF(m) => ArchiveError::Truncated {
-            key: key.to_string(),
-            reason: m,
-        },
+        // Lengths are verified before Parquet sees a byte, so a Parquet "end of file" means a
+        // footer or page that claims more bytes than exist: damaged encoding, not truncation.
         other => ArchiveError::decode(key, other),
     }
 }

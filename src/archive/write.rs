@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use ::parquet::arrow::AsyncArrowWriter;
 
-use super::integrity::{digest_stored, sha256_hex, Digests, BLOCK_SIZE};
+use super::integrity::{digest_stored, sha256_hex, Digests};
 use super::parquet::{
     envelope_schema, from_parquet, records_to_batch, writer_properties, PayloadSink,
     ENCODE_BATCH_ROWS,
@@ -103,6 +103,7 @@ impl<'a> Rechunker<'a> {
 
 async fn encode_parquet<S>(
     sink: PayloadSink,
+    row_group_rows: usize,
     key: &str,
     bucket: &BucketId,
     pages: S,
@@ -111,7 +112,7 @@ where
     S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
 {
     let mut writer =
-        match AsyncArrowWriter::try_new(sink, envelope_schema(true), Some(writer_properties())) {
+        match AsyncArrowWriter::try_new(sink, envelope_schema(true), Some(writer_properties(row_group_rows))) {
             Ok(w) => w,
             Err(e) => unreachable_writer(e),
         };
@@ -234,9 +235,11 @@ where
             Err(e) => return Err(ArchiveError::storage("write", &payload_key, e)),
         }
     };
-    let sink = PayloadSink::new(writer, BLOCK_SIZE);
+    let sink = PayloadSink::new(writer, store.block_size());
     let (mut sink, encoded) = match format {
-        PayloadFormat::Parquet => encode_parquet(sink, &payload_key, bucket, pages).await,
+        PayloadFormat::Parquet => {
+            encode_parquet(sink, store.row_group_rows(), &payload_key, bucket, pages).await
+        }
         PayloadFormat::Json => encode_json(sink, &payload_key, bucket, pages).await,
     };
     let stats = match encoded {
@@ -254,7 +257,7 @@ where
     let written: Digests = sink.finish_digest();
 
     // Read back the whole payload and compare every block with what was encoded.
-    let stored = digest_stored(op, &payload_key, BLOCK_SIZE).await?;
+    let stored = digest_stored(op, &payload_key, store.block_size()).await?;
     if stored != written {
         if existed || lost_race {
             return Err(ArchiveError::AlreadyExistsDifferent { key: payload_key });
@@ -290,7 +293,7 @@ where
         row_count: stats.rows,
         byte_length: written.len,
         sha256: written.sha256,
-        block_size: BLOCK_SIZE,
+        block_size: store.block_size(),
         block_sha256: written.blocks,
         clustering_key: CLUSTERING_KEY.iter().map(|s| s.to_string()).collect(),
         min_event_time: stats.min,
