@@ -337,6 +337,9 @@ async fn run(cli: Cli) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // TLS on ring (rustls is a direct dependency): install the provider and OpenDAL's HTTP
+    // transport once, before anything opens a connection.
+    pulpitum::archive::install_http_transport();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
