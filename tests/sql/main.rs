@@ -4,6 +4,7 @@
 
 mod common;
 mod correctness;
+mod cutover;
 mod dataset;
 mod end_to_end;
 mod errors;
