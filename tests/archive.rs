@@ -5,6 +5,8 @@
 //! `us-east-1`). Set `PULPITUM_SKIP_S3=1` to run without S3; otherwise an unreachable server
 //! fails the tests. Every test writes under its own prefix.
 
+#![allow(clippy::result_large_err)]
+
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,8 +14,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use pulpitum::archive::{
-    batches_to_records, ArchiveError, ArchiveScan, ArchiveScanMetrics, ArchiveStore,
-    FaultLayer, FaultOp, FaultPlan, Manifest, PayloadFormat,
+    batches_to_records, ArchiveError, ArchiveScan, ArchiveScanMetrics, ArchiveStore, FaultLayer,
+    FaultOp, FaultPlan, Manifest, PayloadFormat,
 };
 use pulpitum::model::{
     BucketId, BucketKey, ClusteringKey, EventTime, PartitionKey, Record, ScanBounds, SortKey,
@@ -42,7 +44,10 @@ fn unique(test: &str) -> String {
 }
 
 fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
 }
 
 fn s3_store(prefix: &str) -> ArchiveStore {
@@ -161,7 +166,11 @@ fn keys_of(batches: &[datafusion::arrow::record_batch::RecordBatch]) -> Vec<(i64
     use datafusion::arrow::array::{BinaryArray, TimestampNanosecondArray};
     let mut out = Vec::new();
     for b in batches {
-        let t = b.column(1).as_any().downcast_ref::<TimestampNanosecondArray>().unwrap();
+        let t = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<TimestampNanosecondArray>()
+            .unwrap();
         let k = b.column(2).as_any().downcast_ref::<BinaryArray>().unwrap();
         for i in 0..b.num_rows() {
             out.push((t.value(i) / 1000, k.value(i).to_vec()));
@@ -179,7 +188,10 @@ async fn round_trips_in_both_formats_and_retries_idempotently() {
         for (i, format) in FORMATS.into_iter().enumerate() {
             let b = bucket("2024-03-10", i as u8);
             let rs = records(&b, 5_000, 1);
-            let w = s.write_bucket(&b, 3, format, pages(&rs, 777)).await.unwrap();
+            let w = s
+                .write_bucket(&b, 3, format, pages(&rs, 777))
+                .await
+                .unwrap();
             assert_eq!(w.manifest_key, s.manifest_key(&b, 3), "{}", be.name);
             assert!(w.manifest_key.contains("v4/chat/"));
             assert!(w.manifest_key.ends_with("/day:2024-03-10/g3/manifest.json"));
@@ -196,12 +208,18 @@ async fn round_trips_in_both_formats_and_retries_idempotently() {
 
             // The same snapshot paged differently is the same archive: the retry succeeds
             // and returns the stored manifest.
-            let again = s.write_bucket(&b, 3, format, pages(&rs, 5000)).await.unwrap();
+            let again = s
+                .write_bucket(&b, 3, format, pages(&rs, 5000))
+                .await
+                .unwrap();
             assert!(again.manifest.same_archive(m));
             assert_eq!(again.manifest.sha256, m.sha256);
             // Different content under the same generation is refused.
             let other = records(&b, 5_000, 2);
-            let err = s.write_bucket(&b, 3, format, pages(&other, 777)).await.unwrap_err();
+            let err = s
+                .write_bucket(&b, 3, format, pages(&other, 777))
+                .await
+                .unwrap_err();
             assert!(
                 matches!(err, ArchiveError::AlreadyExistsDifferent { .. }),
                 "{}: {err}",
@@ -224,7 +242,10 @@ async fn empty_buckets_are_valid_archives() {
                 .unwrap();
             assert_eq!(w.manifest.row_count, 0);
             assert_eq!(w.manifest.min_event_time, None);
-            assert!(w.manifest.byte_length > 0, "an empty payload still has a header/footer");
+            assert!(
+                w.manifest.byte_length > 0,
+                "an empty payload still has a header/footer"
+            );
             let m = be.store.read_manifest(&w.manifest_key, &b).await.unwrap();
             assert!(be.store.read_all(&m).await.unwrap().is_empty());
             assert!(scan_all(&be.store, &m, &ArchiveScan::default())
@@ -248,8 +269,15 @@ async fn writer_rejects_records_that_do_not_belong() {
     outside[9].event_time = b.bucket_key.end();
     for (name, bad) in [("order", rs), ("partition", wrong_pk), ("bucket", outside)] {
         for format in FORMATS {
-            let err = be.store.write_bucket(&b, 1, format, pages(&bad, 4)).await.unwrap_err();
-            assert!(matches!(err, ArchiveError::InvalidInput { .. }), "{name}: {err}");
+            let err = be
+                .store
+                .write_bucket(&b, 1, format, pages(&bad, 4))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, ArchiveError::InvalidInput { .. }),
+                "{name}: {err}"
+            );
             let key = be.store.manifest_key(&b, 1);
             assert!(matches!(
                 be.store.read_manifest(&key, &b).await,
@@ -262,7 +290,11 @@ async fn writer_rejects_records_that_do_not_belong() {
         Ok(records(&b, 3, 0)),
         Err(ArchiveError::Config("snapshot failed".into())),
     ]);
-    let err = be.store.write_bucket(&b, 2, PayloadFormat::Parquet, failing).await.unwrap_err();
+    let err = be
+        .store
+        .write_bucket(&b, 2, PayloadFormat::Parquet, failing)
+        .await
+        .unwrap_err();
     assert!(matches!(err, ArchiveError::Config(_)));
 }
 
@@ -295,7 +327,10 @@ async fn reseal(store: &ArchiveStore, key: &str, m: &Manifest, payload: Vec<u8>,
     put(store, key, m.to_json_bytes()).await;
 }
 
-fn edited_manifest(bytes: &[u8], f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) -> Vec<u8> {
+fn edited_manifest(
+    bytes: &[u8],
+    f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> Vec<u8> {
     let mut v: serde_json::Value = serde_json::from_slice(bytes).unwrap();
     f(v.as_object_mut().unwrap());
     serde_json::to_vec(&v).unwrap()
@@ -310,7 +345,10 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
         for (fi, format) in FORMATS.into_iter().enumerate() {
             let b = bucket("2024-05-01", 20 + fi as u8);
             let rs = records(&b, 3000, 0);
-            let w = s.write_bucket(&b, 1, format, pages(&rs, 1000)).await.unwrap();
+            let w = s
+                .write_bucket(&b, 1, format, pages(&rs, 1000))
+                .await
+                .unwrap();
             let (mk, m) = (w.manifest_key.clone(), w.manifest.clone());
             let good_payload = get(s, &m.payload_key).await;
             let good_manifest = get(s, &mk).await;
@@ -321,7 +359,12 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
             let ctx = format!("{} {format}", be.name);
 
             // Truncated payload.
-            put(s, &m.payload_key, good_payload[..good_payload.len() - 100].to_vec()).await;
+            put(
+                s,
+                &m.payload_key,
+                good_payload[..good_payload.len() - 100].to_vec(),
+            )
+            .await;
             let e = s.read_all(&m).await.unwrap_err();
             assert!(matches!(e, ArchiveError::Truncated { .. }), "{ctx}: {e}");
             let e = scan_all(s, &m, &ArchiveScan::default()).await.unwrap_err();
@@ -333,7 +376,10 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
             flipped[at] ^= 1;
             put(s, &m.payload_key, flipped).await;
             let e = s.read_all(&m).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::ChecksumMismatch { .. }), "{ctx}: {e}");
+            assert!(
+                matches!(e, ArchiveError::ChecksumMismatch { .. }),
+                "{ctx}: {e}"
+            );
             // The damage is found when the scan opens (footer block) or when it reaches the
             // damaged block; rows returned before that are exact.
             let mut got = Vec::new();
@@ -356,7 +402,11 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
                 matches!(err, Some(ArchiveError::ChecksumMismatch { .. })),
                 "{ctx}: {err:?}"
             );
-            assert_eq!(got[..], rs[..got.len()], "{ctx}: rows before the damage are exact");
+            assert_eq!(
+                got[..],
+                rs[..got.len()],
+                "{ctx}: rows before the damage are exact"
+            );
             restore().await;
 
             // Wrong checksum in the manifest.
@@ -366,31 +416,50 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
             put(s, &mk, wrong).await;
             let m2 = s.read_manifest(&mk, &b).await.unwrap();
             let e = s.read_all(&m2).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::ChecksumMismatch { .. }), "{ctx}: {e}");
+            assert!(
+                matches!(e, ArchiveError::ChecksumMismatch { .. }),
+                "{ctx}: {e}"
+            );
             let wrong_block = edited_manifest(&good_manifest, |o| {
                 o.insert("block_sha256".into(), serde_json::json!(["1".repeat(64)]));
             });
             put(s, &mk, wrong_block).await;
             let m3 = s.read_manifest(&mk, &b).await.unwrap();
             let e = scan_all(s, &m3, &ArchiveScan::default()).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::ChecksumMismatch { .. }), "{ctx}: {e}");
+            assert!(
+                matches!(e, ArchiveError::ChecksumMismatch { .. }),
+                "{ctx}: {e}"
+            );
             restore().await;
 
             // A manifest naming another bucket, or read for another bucket.
-            let e = s.read_manifest(&mk, &bucket("2024-05-02", 20 + fi as u8)).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::IdentityMismatch { .. }), "{ctx}: {e}");
+            let e = s
+                .read_manifest(&mk, &bucket("2024-05-02", 20 + fi as u8))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(e, ArchiveError::IdentityMismatch { .. }),
+                "{ctx}: {e}"
+            );
             let moved = edited_manifest(&good_manifest, |o| {
                 o.insert("partition_key".into(), "01".into());
             });
             put(s, &mk, moved).await;
             let e = s.read_manifest(&mk, &b).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::IdentityMismatch { .. }), "{ctx}: {e}");
+            assert!(
+                matches!(e, ArchiveError::IdentityMismatch { .. }),
+                "{ctx}: {e}"
+            );
 
             // Manifest and schema versions.
             for v in [3u32, 5] {
-                put(s, &mk, edited_manifest(&good_manifest, |o| {
-                    o.insert("manifest_version".into(), v.into());
-                }))
+                put(
+                    s,
+                    &mk,
+                    edited_manifest(&good_manifest, |o| {
+                        o.insert("manifest_version".into(), v.into());
+                    }),
+                )
                 .await;
                 let e = s.read_manifest(&mk, &b).await.unwrap_err();
                 assert!(
@@ -399,9 +468,13 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
                 );
             }
             for v in [1u32, 3] {
-                put(s, &mk, edited_manifest(&good_manifest, |o| {
-                    o.insert("schema_version".into(), v.into());
-                }))
+                put(
+                    s,
+                    &mk,
+                    edited_manifest(&good_manifest, |o| {
+                        o.insert("schema_version".into(), v.into());
+                    }),
+                )
                 .await;
                 let e = s.read_manifest(&mk, &b).await.unwrap_err();
                 assert!(
@@ -412,25 +485,45 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
             // Invalid manifest JSON and a missing field.
             put(s, &mk, b"{\"manifest_version\":4".to_vec()).await;
             let e = s.read_manifest(&mk, &b).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::InvalidManifest { .. }), "{ctx}: {e}");
-            put(s, &mk, edited_manifest(&good_manifest, |o| {
-                o.remove("row_count");
-            }))
+            assert!(
+                matches!(e, ArchiveError::InvalidManifest { .. }),
+                "{ctx}: {e}"
+            );
+            put(
+                s,
+                &mk,
+                edited_manifest(&good_manifest, |o| {
+                    o.remove("row_count");
+                }),
+            )
             .await;
             let e = s.read_manifest(&mk, &b).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::InvalidManifest { .. }), "{ctx}: {e}");
+            assert!(
+                matches!(e, ArchiveError::InvalidManifest { .. }),
+                "{ctx}: {e}"
+            );
             restore().await;
 
             // Row count that the payload does not have.
-            put(s, &mk, edited_manifest(&good_manifest, |o| {
-                o.insert("row_count".into(), 2999.into());
-            }))
+            put(
+                s,
+                &mk,
+                edited_manifest(&good_manifest, |o| {
+                    o.insert("row_count".into(), 2999.into());
+                }),
+            )
             .await;
             let m4 = s.read_manifest(&mk, &b).await.unwrap();
             let e = s.read_all(&m4).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::RowCountMismatch { .. }), "{ctx}: {e}");
+            assert!(
+                matches!(e, ArchiveError::RowCountMismatch { .. }),
+                "{ctx}: {e}"
+            );
             let e = scan_all(s, &m4, &ArchiveScan::default()).await.unwrap_err();
-            assert!(matches!(e, ArchiveError::RowCountMismatch { .. }), "{ctx}: {e}");
+            assert!(
+                matches!(e, ArchiveError::RowCountMismatch { .. }),
+                "{ctx}: {e}"
+            );
             restore().await;
 
             // Invalid encoding under a matching checksum.
@@ -469,14 +562,20 @@ async fn json_rows_out_of_order_or_from_another_partition_are_rejected() {
     let s = &be.store;
     let b = bucket("2024-05-03", 4);
     let rs = records(&b, 10, 0);
-    let w = s.write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 3)).await.unwrap();
+    let w = s
+        .write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 3))
+        .await
+        .unwrap();
     let payload = String::from_utf8(get(s, &w.manifest.payload_key).await).unwrap();
     let mut lines: Vec<&str> = payload.lines().collect();
     lines.swap(3, 4);
     let swapped = lines.join("\n") + "\n";
     reseal(s, &w.manifest_key, &w.manifest, swapped.into_bytes(), 10).await;
     let m = s.read_manifest(&w.manifest_key, &b).await.unwrap();
-    assert!(matches!(s.read_all(&m).await, Err(ArchiveError::Decode { .. })));
+    assert!(matches!(
+        s.read_all(&m).await,
+        Err(ArchiveError::Decode { .. })
+    ));
     assert!(matches!(
         scan_all(s, &m, &ArchiveScan::default()).await,
         Err(ArchiveError::Decode { .. })
@@ -484,7 +583,10 @@ async fn json_rows_out_of_order_or_from_another_partition_are_rejected() {
     let foreign = payload.replacen(&b.partition_key.to_hex(), "0102", 2);
     reseal(s, &w.manifest_key, &w.manifest, foreign.into_bytes(), 10).await;
     let m = s.read_manifest(&w.manifest_key, &b).await.unwrap();
-    assert!(matches!(s.read_all(&m).await, Err(ArchiveError::Decode { .. })));
+    assert!(matches!(
+        s.read_all(&m).await,
+        Err(ArchiveError::Decode { .. })
+    ));
 }
 
 #[tokio::test]
@@ -493,7 +595,10 @@ async fn legacy_raw_json_arrays_stay_readable() {
         let s = &be.store;
         let b = bucket("2024-06-01", 5);
         let rs = records(&b, 50, 0);
-        let w = s.write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 50)).await.unwrap();
+        let w = s
+            .write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 50))
+            .await
+            .unwrap();
         // A 0.1-era payload: a plain array, hex strings or byte arrays, RFC 3339 or micros.
         let legacy: Vec<serde_json::Value> = rs
             .iter()
@@ -585,7 +690,9 @@ async fn check_scans(store: &ArchiveStore, m: &Manifest, rs: &[Record], ctx: &st
                     batch_rows,
                 };
                 let batches = scan_all(store, m, &req).await.unwrap();
-                assert!(batches.iter().all(|b| b.num_rows() <= batch_rows && b.num_rows() > 0));
+                assert!(batches
+                    .iter()
+                    .all(|b| b.num_rows() <= batch_rows && b.num_rows() > 0));
                 assert!(batches
                     .iter()
                     .all(|b| b.num_columns() == if include_value { 4 } else { 3 }));
@@ -613,7 +720,11 @@ async fn check_scans(store: &ArchiveStore, m: &Manifest, rs: &[Record], ctx: &st
 #[tokio::test]
 async fn parquet_scans_prune_and_match_the_reference_filter() {
     for be in backends("scan").await {
-        let s = &be.store.clone().with_row_group_rows(5_000).with_block_size(64 * 1024);
+        let s = &be
+            .store
+            .clone()
+            .with_row_group_rows(5_000)
+            .with_block_size(64 * 1024);
         let b = bucket("2024-07-04", 6);
         let rs = records(&b, 15_000, 0);
         let w = s
@@ -632,7 +743,10 @@ async fn parquet_scans_prune_and_match_the_reference_filter() {
             },
             ..ArchiveScan::default()
         };
-        let mut st = s.scan_with_metrics(&w.manifest, &req, metrics.clone()).await.unwrap();
+        let mut st = s
+            .scan_with_metrics(&w.manifest, &req, metrics.clone())
+            .await
+            .unwrap();
         let mut n = 0;
         while let Some(batch) = st.next().await {
             n += batch.unwrap().num_rows();
@@ -674,10 +788,21 @@ async fn a_multi_block_json_payload_streams() {
     let b = bucket("2024-07-06", 8);
     let rs = records(&b, 4_000, 0);
     let store = be.store.clone().with_block_size(16 * 1024);
-    let w = store.write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 4096)).await.unwrap();
-    assert!(w.manifest.block_sha256.len() > 3, "{}", w.manifest.byte_length);
-    let got = batches_to_records(&scan_all(&store, &w.manifest, &ArchiveScan::default()).await.unwrap())
+    let w = store
+        .write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 4096))
+        .await
         .unwrap();
+    assert!(
+        w.manifest.block_sha256.len() > 3,
+        "{}",
+        w.manifest.byte_length
+    );
+    let got = batches_to_records(
+        &scan_all(&store, &w.manifest, &ArchiveScan::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(got, rs);
 }
 
@@ -706,7 +831,9 @@ async fn writes_under_faults_never_publish_a_bad_payload() {
                     .latency(Duration::from_millis(if be.name == "s3" { 0 } else { 1 })),
             );
             let faulty = be.store.with_faults(layer.clone());
-            let result = faulty.write_bucket(&b, generation, format, pages(&rs, 100)).await;
+            let result = faulty
+                .write_bucket(&b, generation, format, pages(&rs, 100))
+                .await;
             let mk = be.store.manifest_key(&b, generation);
             match &result {
                 Ok(w) => {
@@ -717,7 +844,12 @@ async fn writes_under_faults_never_publish_a_bad_payload() {
             }
             // Whatever happened, a manifest in the store names a payload that verifies.
             match be.store.read_manifest(&mk, &b).await {
-                Ok(m) => assert_eq!(be.store.read_all(&m).await.unwrap(), rs, "{} seed {seed}", be.name),
+                Ok(m) => assert_eq!(
+                    be.store.read_all(&m).await.unwrap(),
+                    rs,
+                    "{} seed {seed}",
+                    be.name
+                ),
                 Err(ArchiveError::NotFound { .. }) => assert!(result.is_err()),
                 // On a filesystem the manifest's create and its bytes are two steps: a write
                 // failing between them leaves an empty file that readers reject and nothing
@@ -730,7 +862,11 @@ async fn writes_under_faults_never_publish_a_bad_payload() {
             // A clean retry of the same generation converges on the same archive (on the
             // filesystem a write cut off mid-way leaves a partial payload in place, and the
             // retry then reports it instead of overwriting it).
-            match be.store.write_bucket(&b, generation, format, pages(&rs, 300)).await {
+            match be
+                .store
+                .write_bucket(&b, generation, format, pages(&rs, 300))
+                .await
+            {
                 Ok(w) => {
                     retried_ok += 1;
                     assert_eq!(be.store.read_all(&w.manifest).await.unwrap(), rs);
@@ -738,13 +874,22 @@ async fn writes_under_faults_never_publish_a_bad_payload() {
                         assert!(w.manifest.same_archive(&first.manifest));
                     }
                 }
-                Err(ArchiveError::AlreadyExistsDifferent { .. } | ArchiveError::InvalidManifest { .. })
-                    if be.name == "fs" => {}
+                Err(
+                    ArchiveError::AlreadyExistsDifferent { .. }
+                    | ArchiveError::InvalidManifest { .. },
+                ) if be.name == "fs" => {}
                 Err(e) => panic!("{} seed {seed}: clean retry failed: {e}", be.name),
             }
         }
-        println!("{}: {ok} verified, {failed} failed, {retried_ok} clean retries converged", be.name);
-        assert!(ok > 0 && failed > 0, "{}: the plan must both pass and fail writes ({ok}/{failed})", be.name);
+        println!(
+            "{}: {ok} verified, {failed} failed, {retried_ok} clean retries converged",
+            be.name
+        );
+        assert!(
+            ok > 0 && failed > 0,
+            "{}: the plan must both pass and fail writes ({ok}/{failed})",
+            be.name
+        );
     }
 }
 
@@ -761,7 +906,10 @@ async fn an_ambiguous_manifest_create_is_resolved_by_the_retry() {
         let mut attempts = 0;
         let w = loop {
             attempts += 1;
-            match faulty.write_bucket(&b, 1, PayloadFormat::Parquet, pages(&rs, 100)).await {
+            match faulty
+                .write_bucket(&b, 1, PayloadFormat::Parquet, pages(&rs, 100))
+                .await
+            {
                 Ok(w) => break w,
                 Err(e) => {
                     assert!(e.is_retryable(), "{}: {e}", be.name);
@@ -799,12 +947,20 @@ async fn sixteen_concurrent_creators_exactly_one_wins() {
             let (i, r) = t.await.unwrap();
             match r {
                 Ok(_) => winners.push(i),
-                Err(e) => assert_eq!(e.kind(), opendal::ErrorKind::ConditionNotMatch, "{}: {e}", be.name),
+                Err(e) => assert_eq!(
+                    e.kind(),
+                    opendal::ErrorKind::ConditionNotMatch,
+                    "{}: {e}",
+                    be.name
+                ),
             }
         }
         assert_eq!(winners.len(), 1, "{}: winners {winners:?}", be.name);
         let stored = get(&s, &key).await;
-        assert_eq!(stored, format!("{{\"creator\": {}}}", winners[0]).into_bytes());
+        assert_eq!(
+            stored,
+            format!("{{\"creator\": {}}}", winners[0]).into_bytes()
+        );
 
         let tasks: Vec<_> = (0..16u8)
             .map(|i| {
@@ -812,7 +968,9 @@ async fn sixteen_concurrent_creators_exactly_one_wins() {
                 let b = b.clone();
                 tokio::spawn(async move {
                     let rs = records(&b, 300, i);
-                    let r = s.write_bucket(&b, 7, PayloadFormat::Parquet, pages(&rs, 64)).await;
+                    let r = s
+                        .write_bucket(&b, 7, PayloadFormat::Parquet, pages(&rs, 64))
+                        .await;
                     (rs, r)
                 })
             })
@@ -844,11 +1002,20 @@ async fn objects_are_listed_and_deleted_for_gc() {
             .unwrap();
         let objs = s.list_objects().await.unwrap();
         let keys: Vec<&str> = objs.iter().map(|o| o.key.as_str()).collect();
-        assert_eq!(keys, vec![w.manifest_key.as_str(), w.manifest.payload_key.as_str()], "{}", be.name);
+        assert_eq!(
+            keys,
+            vec![w.manifest_key.as_str(), w.manifest.payload_key.as_str()],
+            "{}",
+            be.name
+        );
         assert_eq!(objs[1].size, w.manifest.byte_length);
         // The GC needs ages; the in-memory service keeps none.
         if be.name != "memory" {
-            assert!(objs.iter().all(|o| o.last_modified.is_some()), "{}", be.name);
+            assert!(
+                objs.iter().all(|o| o.last_modified.is_some()),
+                "{}",
+                be.name
+            );
         }
         s.delete_object(&w.manifest.payload_key).await.unwrap();
         s.delete_object(&w.manifest.payload_key).await.unwrap();
@@ -865,13 +1032,18 @@ async fn datafusion_reads_the_payload() {
         let s = &be.store.clone().with_row_group_rows(2_000);
         let b = bucket("2024-11-01", 1);
         let rs = records(&b, 7_000, 0);
-        let w = s.write_bucket(&b, 1, PayloadFormat::Parquet, pages(&rs, 10_000)).await.unwrap();
+        let w = s
+            .write_bucket(&b, 1, PayloadFormat::Parquet, pages(&rs, 10_000))
+            .await
+            .unwrap();
         let ctx = SessionContext::new();
         let url = url::Url::parse("archive://store").unwrap();
         let store = object_store_opendal::OpendalStore::new(s.operator().clone());
         ctx.register_object_store(&url, Arc::new(store));
         let path = format!("archive://store/{}", w.manifest.payload_key);
-        ctx.register_parquet("t", &path, Default::default()).await.unwrap();
+        ctx.register_parquet("t", &path, Default::default())
+            .await
+            .unwrap();
         let df = ctx
             .sql("SELECT count(*), min(event_time), max(event_time), count(DISTINCT value) FROM t")
             .await
@@ -881,7 +1053,17 @@ async fn datafusion_reads_the_payload() {
             .unwrap()
             .to_string();
         assert!(text.contains("| 7000 "), "{}: {text}", be.name);
-        assert!(text.contains("| 7000 ") && text.matches("7000").count() == 2, "{}: {text}", be.name);
-        assert!(text.contains(&rs[0].event_time.to_datetime().format("%Y-%m-%dT%H:%M:%S").to_string()));
+        assert!(
+            text.contains("| 7000 ") && text.matches("7000").count() == 2,
+            "{}: {text}",
+            be.name
+        );
+        assert!(text.contains(
+            &rs[0]
+                .event_time
+                .to_datetime()
+                .format("%Y-%m-%dT%H:%M:%S")
+                .to_string()
+        ));
     }
 }

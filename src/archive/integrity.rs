@@ -201,7 +201,10 @@ impl VerifiedReader {
 
     fn cached(&self, block: u64) -> Option<Bytes> {
         let cache = self.cache.lock().expect("block cache lock");
-        cache.iter().find(|(b, _)| *b == block).map(|(_, d)| d.clone())
+        cache
+            .iter()
+            .find(|(b, _)| *b == block)
+            .map(|(_, d)| d.clone())
     }
 
     fn remember(&self, block: u64, data: Bytes) {
@@ -258,10 +261,7 @@ impl VerifiedReader {
             if data.len() as u64 != end - start {
                 return Err(ArchiveError::Truncated {
                     key: key.to_string(),
-                    reason: format!(
-                        "ranged read {start}..{end} returned {} bytes",
-                        data.len()
-                    ),
+                    reason: format!("ranged read {start}..{end} returned {} bytes", data.len()),
                 });
             }
             for b in b0..=b1 {

@@ -100,7 +100,10 @@ fn check_header(key: &str, line: &[u8]) -> Result<(), ArchiveError> {
     if h.pulpitum_archive != MAGIC || h.bytes != "hex" {
         return Err(ArchiveError::decode(
             key,
-            format!("header names {:?}/{:?}, not jsonl/hex", h.pulpitum_archive, h.bytes),
+            format!(
+                "header names {:?}/{:?}, not jsonl/hex",
+                h.pulpitum_archive, h.bytes
+            ),
         ));
     }
     if h.schema_version != RECORD_SCHEMA_VERSION {
@@ -110,13 +113,22 @@ fn check_header(key: &str, line: &[u8]) -> Result<(), ArchiveError> {
 }
 
 /// A legacy byte field: a hex string or an array of byte values (serde's default `Vec<u8>`).
-fn legacy_bytes(key: &str, v: &serde_json::Value, name: &str, n: usize) -> Result<Vec<u8>, ArchiveError> {
+fn legacy_bytes(
+    key: &str,
+    v: &serde_json::Value,
+    name: &str,
+    n: usize,
+) -> Result<Vec<u8>, ArchiveError> {
     let bad = || ArchiveError::decode(key, format!("legacy record {n}: bad `{name}`"));
     match v {
         serde_json::Value::String(s) => hex::decode(s).map_err(|_| bad()),
         serde_json::Value::Array(items) => items
             .iter()
-            .map(|i| i.as_u64().and_then(|b| u8::try_from(b).ok()).ok_or_else(bad))
+            .map(|i| {
+                i.as_u64()
+                    .and_then(|b| u8::try_from(b).ok())
+                    .ok_or_else(bad)
+            })
             .collect(),
         _ => Err(bad()),
     }
@@ -140,7 +152,10 @@ pub(crate) fn decode_legacy(key: &str, bytes: &[u8]) -> Result<Vec<Record>, Arch
                 return Err(bad(&format!("unknown field `{k}`")));
             }
         }
-        let field = |name: &str| obj.get(name).ok_or_else(|| bad(&format!("missing `{name}`")));
+        let field = |name: &str| {
+            obj.get(name)
+                .ok_or_else(|| bad(&format!("missing `{name}`")))
+        };
         let event_time = match field("event_time")? {
             serde_json::Value::String(s) => EventTime::parse_rfc3339(s),
             serde_json::Value::Number(x) => match x.as_i64() {
@@ -151,8 +166,13 @@ pub(crate) fn decode_legacy(key: &str, bytes: &[u8]) -> Result<Vec<Record>, Arch
         }
         .map_err(|e| bad(&e.to_string()))?;
         out.push(Record {
-            partition_key: PartitionKey::new(legacy_bytes(key, field("partition_key")?, "partition_key", n)?)
-                .map_err(|e| bad(&e.to_string()))?,
+            partition_key: PartitionKey::new(legacy_bytes(
+                key,
+                field("partition_key")?,
+                "partition_key",
+                n,
+            )?)
+            .map_err(|e| bad(&e.to_string()))?,
             event_time,
             sort_key: SortKey::new(legacy_bytes(key, field("sort_key")?, "sort_key", n)?)
                 .map_err(|e| bad(&e.to_string()))?,
@@ -178,7 +198,12 @@ pub(crate) fn decode_all(key: &str, bytes: &[u8]) -> Result<Vec<Record>, Archive
     let header = lines
         .next()
         .ok_or_else(|| ArchiveError::decode(key, "empty JSON payload (no header line)"))?;
-    check_header(key, header.strip_suffix(b"\n").ok_or_else(|| unterminated(key))?)?;
+    check_header(
+        key,
+        header
+            .strip_suffix(b"\n")
+            .ok_or_else(|| unterminated(key))?,
+    )?;
     let mut out = Vec::new();
     for (n, line) in lines.enumerate() {
         let body = line.strip_suffix(b"\n").ok_or_else(|| unterminated(key))?;
@@ -313,7 +338,10 @@ impl JsonScan {
             return Err(unterminated(&self.key));
         }
         if self.legacy != Some(true) && !self.header_seen {
-            return Err(ArchiveError::decode(&self.key, "empty JSON payload (no header line)"));
+            return Err(ArchiveError::decode(
+                &self.key,
+                "empty JSON payload (no header line)",
+            ));
         }
         if self.rows != self.manifest.row_count {
             return Err(ArchiveError::RowCountMismatch {

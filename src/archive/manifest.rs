@@ -132,9 +132,8 @@ impl TryFrom<ManifestWire> for Manifest {
         if w.schema_version != RECORD_SCHEMA_VERSION {
             return Err(format!("schema_version {}", w.schema_version));
         }
-        let time = |name: &str, s: &str| {
-            EventTime::parse_rfc3339(s).map_err(|e| format!("{name}: {e}"))
-        };
+        let time =
+            |name: &str, s: &str| EventTime::parse_rfc3339(s).map_err(|e| format!("{name}: {e}"));
         let table_id = TableId::new(w.table_id).map_err(|e| e.to_string())?;
         let partition_key =
             PartitionKey::from_hex(&w.partition_key).map_err(|e| format!("partition_key: {e}"))?;
@@ -207,7 +206,9 @@ impl TryFrom<ManifestWire> for Manifest {
                     ));
                 }
             }
-            _ => return Err("min_event_time and max_event_time are required when rows exist".into()),
+            _ => {
+                return Err("min_event_time and max_event_time are required when rows exist".into())
+            }
         }
         let created_at = DateTime::parse_from_rfc3339(&w.created_at)
             .map_err(|e| format!("created_at: {e}"))?
@@ -238,7 +239,9 @@ impl TryFrom<ManifestWire> for Manifest {
 }
 
 fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 impl Manifest {
@@ -424,7 +427,10 @@ mod tests {
         other.bucket_key = BucketKey::parse_any("day:2024-03-11").unwrap();
         assert!(matches!(
             Manifest::parse(&m.to_json_bytes(), &key, &other),
-            Err(ArchiveError::IdentityMismatch { field: "bucket_key", .. })
+            Err(ArchiveError::IdentityMismatch {
+                field: "bucket_key",
+                ..
+            })
         ));
         // The same document filed under another generation's key is rejected.
         let moved = key.replace("/g7/", "/g8/");
@@ -462,30 +468,54 @@ mod tests {
     fn strictness() {
         let (_, key) = sample();
         let cases: Vec<(&str, Vec<u8>)> = vec![
-            ("missing sha", edit(|o| {
-                o.remove("sha256");
-            })),
-            ("missing version", edit(|o| {
-                o.remove("manifest_version");
-            })),
-            ("unknown field", edit(|o| {
-                o.insert("extra".into(), 1.into());
-            })),
-            ("bad sha", edit(|o| {
-                o.insert("sha256".into(), "xyz".into());
-            })),
-            ("bad bounds", edit(|o| {
-                o.insert("bucket_end".into(), "2024-03-12T00:00:00Z".into());
-            })),
-            ("bad clustering", edit(|o| {
-                o.insert("clustering_key".into(), serde_json::json!(["sort_key"]));
-            })),
-            ("blocks", edit(|o| {
-                o.insert("byte_length".into(), 100.into());
-            })),
-            ("empty with times", edit(|o| {
-                o.insert("row_count".into(), 0.into());
-            })),
+            (
+                "missing sha",
+                edit(|o| {
+                    o.remove("sha256");
+                }),
+            ),
+            (
+                "missing version",
+                edit(|o| {
+                    o.remove("manifest_version");
+                }),
+            ),
+            (
+                "unknown field",
+                edit(|o| {
+                    o.insert("extra".into(), 1.into());
+                }),
+            ),
+            (
+                "bad sha",
+                edit(|o| {
+                    o.insert("sha256".into(), "xyz".into());
+                }),
+            ),
+            (
+                "bad bounds",
+                edit(|o| {
+                    o.insert("bucket_end".into(), "2024-03-12T00:00:00Z".into());
+                }),
+            ),
+            (
+                "bad clustering",
+                edit(|o| {
+                    o.insert("clustering_key".into(), serde_json::json!(["sort_key"]));
+                }),
+            ),
+            (
+                "blocks",
+                edit(|o| {
+                    o.insert("byte_length".into(), 100.into());
+                }),
+            ),
+            (
+                "empty with times",
+                edit(|o| {
+                    o.insert("row_count".into(), 0.into());
+                }),
+            ),
             ("not json", b"{\"manifest_version\": 4,".to_vec()),
             ("array", b"[]".to_vec()),
         ];

@@ -24,8 +24,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use parquet::arrow::arrow_reader::{
-    ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, RowFilter, RowSelection,
-    RowSelector,
+    ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, RowFilter, RowSelection, RowSelector,
 };
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStream};
 use parquet::arrow::async_writer::AsyncFileWriter;
@@ -83,8 +82,15 @@ pub fn records_to_batch(
     include_value: bool,
 ) -> Result<RecordBatch, ArchiveError> {
     let n = records.len();
-    let mut pk = BinaryBuilder::with_capacity(n, records.iter().map(|r| r.partition_key.as_bytes().len()).sum());
-    let mut sk = BinaryBuilder::with_capacity(n, records.iter().map(|r| r.sort_key.as_bytes().len()).sum());
+    let mut pk = BinaryBuilder::with_capacity(
+        n,
+        records
+            .iter()
+            .map(|r| r.partition_key.as_bytes().len())
+            .sum(),
+    );
+    let mut sk =
+        BinaryBuilder::with_capacity(n, records.iter().map(|r| r.sort_key.as_bytes().len()).sum());
     let mut times = Vec::with_capacity(n);
     for r in records {
         pk.append_value(r.partition_key.as_bytes());
@@ -107,20 +113,23 @@ pub fn records_to_batch(
         .map_err(|e| ArchiveError::Config(format!("building an envelope batch: {e}")))
 }
 
-fn column<'a, T: 'static>(
-    batch: &'a RecordBatch,
-    name: &str,
-) -> Result<&'a T, ArchiveError> {
+fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T, ArchiveError> {
     let col = batch.column_by_name(name).ok_or_else(|| {
         ArchiveError::decode("<batch>", format!("envelope batch has no `{name}` column"))
     })?;
     if col.null_count() > 0 {
-        return Err(ArchiveError::decode("<batch>", format!("`{name}` holds nulls")));
+        return Err(ArchiveError::decode(
+            "<batch>",
+            format!("`{name}` holds nulls"),
+        ));
     }
     col.as_any().downcast_ref::<T>().ok_or_else(|| {
         ArchiveError::decode(
             "<batch>",
-            format!("`{name}` has type {}, not the envelope type", col.data_type()),
+            format!(
+                "`{name}` has type {}, not the envelope type",
+                col.data_type()
+            ),
         )
     })
 }
@@ -153,7 +162,9 @@ pub fn writer_properties(row_group_rows: usize) -> WriterProperties {
     let page_rows = PAGE_ROWS.min(row_group_rows / 8);
     WriterProperties::builder()
         .set_created_by(CREATED_BY.to_string())
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid zstd level")))
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid zstd level"),
+        ))
         .set_max_row_group_row_count(Some(row_group_rows))
         .set_data_page_row_count_limit(page_rows)
         .set_write_batch_size(page_rows.min(1024))
@@ -292,9 +303,13 @@ impl AsyncFileReader for VerifiedParquetReader {
 fn check_schema(key: &str, schema: &Schema) -> Result<(), ArchiveError> {
     let want = envelope_schema(true);
     let same = schema.fields().len() == want.fields().len()
-        && schema.fields().iter().zip(want.fields().iter()).all(|(a, b)| {
-            a.name() == b.name() && a.data_type() == b.data_type() && !a.is_nullable()
-        });
+        && schema
+            .fields()
+            .iter()
+            .zip(want.fields().iter())
+            .all(|(a, b)| {
+                a.name() == b.name() && a.data_type() == b.data_type() && !a.is_nullable()
+            });
     if !same {
         return Err(ArchiveError::decode(
             key,
@@ -385,9 +400,7 @@ fn page_selection(
     let mut skipped = 0u64;
     for (i, loc) in locs.iter().enumerate() {
         let start = loc.first_row_index as usize;
-        let end = locs
-            .get(i + 1)
-            .map_or(rows, |l| l.first_row_index as usize);
+        let end = locs.get(i + 1).map_or(rows, |l| l.first_row_index as usize);
         let keep = match (idx.min_value(i), idx.max_value(i)) {
             (Some(mn), Some(mx)) => !(*mx < lo || *mn > hi),
             _ => true,
@@ -427,12 +440,14 @@ fn matches_raw(b: &ScanBounds, micros: i64, k: &[u8]) -> bool {
         Bound::Excluded(x) => k < x.as_bytes(),
         Bound::Unbounded => true,
     };
-    let after_ok = b.after.as_ref().is_none_or(|c| {
-        (micros, k) > (c.event_time.as_micros(), c.sort_key.as_bytes())
-    });
-    let before_ok = b.before.as_ref().is_none_or(|c| {
-        (micros, k) < (c.event_time.as_micros(), c.sort_key.as_bytes())
-    });
+    let after_ok = b
+        .after
+        .as_ref()
+        .is_none_or(|c| (micros, k) > (c.event_time.as_micros(), c.sort_key.as_bytes()));
+    let before_ok = b
+        .before
+        .as_ref()
+        .is_none_or(|c| (micros, k) < (c.event_time.as_micros(), c.sort_key.as_bytes()));
     t_ok && s_ok && after_ok && before_ok
 }
 
@@ -458,12 +473,16 @@ pub(crate) fn check_batch(
     check: &mut RowCheck<'_>,
 ) -> Result<RecordBatch, ArchiveError> {
     let pk = column::<BinaryArray>(&batch, "partition_key").map_err(|e| relabel(key, e))?;
-    let t = column::<TimestampNanosecondArray>(&batch, "event_time").map_err(|e| relabel(key, e))?;
+    let t =
+        column::<TimestampNanosecondArray>(&batch, "event_time").map_err(|e| relabel(key, e))?;
     let sk = column::<BinaryArray>(&batch, "sort_key").map_err(|e| relabel(key, e))?;
     for i in 0..batch.num_rows() {
         let nanos = t.value(i);
         if nanos % 1000 != 0 {
-            return Err(ArchiveError::decode(key, "event_time with sub-microsecond digits"));
+            return Err(ArchiveError::decode(
+                key,
+                "event_time with sub-microsecond digits",
+            ));
         }
         check.row(pk.value(i), nanos / 1000, sk.value(i))?;
     }
@@ -516,18 +535,23 @@ struct ScanState {
 }
 
 impl ScanState {
-    fn open(&self, rg: RowGroupPlan) -> Result<ParquetRecordBatchStream<VerifiedParquetReader>, ArchiveError> {
+    fn open(
+        &self,
+        rg: RowGroupPlan,
+    ) -> Result<ParquetRecordBatchStream<VerifiedParquetReader>, ArchiveError> {
         let schema_descr = self.meta.metadata().file_metadata().schema_descr_ptr();
         let cols: Vec<usize> = if self.req.include_value {
             vec![0, 1, 2, 3]
         } else {
             vec![0, 1, 2]
         };
-        let mut builder =
-            ParquetRecordBatchStreamBuilder::new_with_metadata(self.reader.clone(), self.meta.clone())
-                .with_row_groups(vec![rg.index])
-                .with_projection(ProjectionMask::roots(&schema_descr, cols))
-                .with_batch_size(self.req.batch_rows);
+        let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            self.reader.clone(),
+            self.meta.clone(),
+        )
+        .with_row_groups(vec![rg.index])
+        .with_projection(ProjectionMask::roots(&schema_descr, cols))
+        .with_batch_size(self.req.batch_rows);
         if let Some(sel) = rg.selection {
             builder = builder.with_row_selection(sel);
         }
@@ -550,7 +574,9 @@ impl ScanState {
         }
         let out = self.advance().await;
         match &out {
-            Some(Ok(b)) => ArchiveScanMetrics::add(&self.metrics.rows_returned, b.num_rows() as u64),
+            Some(Ok(b)) => {
+                ArchiveScanMetrics::add(&self.metrics.rows_returned, b.num_rows() as u64)
+            }
             Some(Err(_)) | None => self.done = true,
         }
         out
@@ -567,7 +593,8 @@ impl ScanState {
                         let manifest = self.manifest.clone();
                         let mut check = RowCheck::new(&self.key, &manifest);
                         check.resume(self.frontier.take());
-                        let checked = check_batch(&self.key, batch, self.req.include_value, &mut check);
+                        let checked =
+                            check_batch(&self.key, batch, self.req.include_value, &mut check);
                         self.frontier = check.last();
                         match checked {
                             Ok(b) if b.num_rows() == 0 => continue,
@@ -626,15 +653,27 @@ impl ScanState {
             self.frontier = first;
         }
         let schema = envelope_schema(self.req.include_value);
-        self.pending
-            .extend(reverse_rows(&self.key, schema, &batches, self.req.batch_rows)?);
+        self.pending.extend(reverse_rows(
+            &self.key,
+            schema,
+            &batches,
+            self.req.batch_rows,
+        )?);
         Ok(())
     }
 }
 
 fn first_key(b: &RecordBatch) -> (i64, Vec<u8>) {
-    let t = b.column(COL_TIME).as_any().downcast_ref::<TimestampNanosecondArray>().expect("checked");
-    let k = b.column(COL_SORT).as_any().downcast_ref::<BinaryArray>().expect("checked");
+    let t = b
+        .column(COL_TIME)
+        .as_any()
+        .downcast_ref::<TimestampNanosecondArray>()
+        .expect("checked");
+    let k = b
+        .column(COL_SORT)
+        .as_any()
+        .downcast_ref::<BinaryArray>()
+        .expect("checked");
     (t.value(0) / 1000, k.value(0).to_vec())
 }
 
@@ -664,7 +703,10 @@ pub(crate) async fn scan(
             actual: total.max(0) as u64,
         });
     }
-    ArchiveScanMetrics::add(&metrics.row_groups_total, meta.metadata().num_row_groups() as u64);
+    ArchiveScanMetrics::add(
+        &metrics.row_groups_total,
+        meta.metadata().num_row_groups() as u64,
+    );
     let mut plan: VecDeque<RowGroupPlan> =
         plan_row_groups(meta.metadata(), &req.bounds, &metrics).into();
     if req.descending {
@@ -723,7 +765,10 @@ mod tests {
 
     #[test]
     fn batches_round_trip() {
-        let rs = vec![rec(1_700_000_000_000_000, b"a", b"x"), rec(1_700_000_000_000_001, b"", b"")];
+        let rs = vec![
+            rec(1_700_000_000_000_000, b"a", b"x"),
+            rec(1_700_000_000_000_001, b"", b""),
+        ];
         let b = records_to_batch(&rs, true).unwrap();
         assert_eq!(b.schema(), envelope_schema(true));
         assert_eq!(batch_to_records(&b).unwrap(), rs);
@@ -762,7 +807,11 @@ mod tests {
             for i in 0..4 {
                 for k in keys {
                     let r = rec(base + i, k, b"");
-                    assert_eq!(matches_raw(b, base + i, k), b.matches(&r), "{b:?} {i} {k:?}");
+                    assert_eq!(
+                        matches_raw(b, base + i, k),
+                        b.matches(&r),
+                        "{b:?} {i} {k:?}"
+                    );
                 }
             }
         }

@@ -43,7 +43,10 @@ pub(crate) fn store_from_url(raw: &str) -> Result<ArchiveStore, ArchiveError> {
             Ok(ArchiveStore::from_operator(op, &prefix))
         }
         "file" => {
-            if url.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+            if url
+                .host_str()
+                .is_some_and(|h| !h.is_empty() && h != "localhost")
+            {
                 return Err(bad("file URLs must not name a host".into()));
             }
             let path = url
@@ -98,9 +101,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let u = format!("file://{}", dir.path().display());
         assert_eq!(store_from_url(&u).unwrap().prefix(), "");
-        assert_eq!(store_from_url("s3://bkt/some/prefix").unwrap().prefix(), "some/prefix");
+        assert_eq!(
+            store_from_url("s3://bkt/some/prefix").unwrap().prefix(),
+            "some/prefix"
+        );
         for bad in ["gcs://x", "not a url", "s3:///nobucket", "file://host/x"] {
-            assert!(matches!(store_from_url(bad), Err(ArchiveError::Config(_))), "{bad}");
+            assert!(
+                matches!(store_from_url(bad), Err(ArchiveError::Config(_))),
+                "{bad}"
+            );
         }
     }
 }

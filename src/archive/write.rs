@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
+use ::parquet::arrow::AsyncArrowWriter;
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
-use ::parquet::arrow::AsyncArrowWriter;
 
 use super::integrity::{digest_stored, sha256_hex, Digests};
 use super::parquet::{
@@ -71,7 +71,9 @@ impl<'a> Rechunker<'a> {
                 return Err(self.invalid(format!("record of partition {}", r.partition_key)));
             }
             if !self.bucket.bucket_key.contains(r.event_time) {
-                return Err(self.invalid(format!("record at {} is outside the bucket", r.event_time)));
+                return Err(
+                    self.invalid(format!("record at {} is outside the bucket", r.event_time))
+                );
             }
             if let Some((t, k)) = &self.last {
                 if (r.event_time, r.sort_key.as_bytes()) <= (*t, k.as_slice()) {
@@ -111,11 +113,14 @@ async fn encode_parquet<S>(
 where
     S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
 {
-    let mut writer =
-        match AsyncArrowWriter::try_new(sink, envelope_schema(true), Some(writer_properties(row_group_rows))) {
-            Ok(w) => w,
-            Err(e) => unreachable_writer(e),
-        };
+    let mut writer = match AsyncArrowWriter::try_new(
+        sink,
+        envelope_schema(true),
+        Some(writer_properties(row_group_rows)),
+    ) {
+        Ok(w) => w,
+        Err(e) => unreachable_writer(e),
+    };
     let mut chunker = Rechunker::new(bucket);
     let result: Result<(), ArchiveError> = async {
         futures::pin_mut!(pages);
@@ -163,7 +168,9 @@ where
     let mut chunker = Rechunker::new(bucket);
     let result: Result<(), ArchiveError> = async {
         let put_err = |e| ArchiveError::storage("write", key, e);
-        sink.put(json::header_line().into()).await.map_err(put_err)?;
+        sink.put(json::header_line().into())
+            .await
+            .map_err(put_err)?;
         futures::pin_mut!(pages);
         let mut buf = Vec::new();
         while let Some(page) = pages.next().await {
@@ -379,9 +386,7 @@ async fn verify_decoded(op: &opendal::Operator, manifest: &Manifest) -> Result<(
     };
     let metrics = Arc::new(ArchiveScanMetrics::default());
     let mut stream = match manifest.format {
-        PayloadFormat::Parquet => {
-            parquet::scan(op.clone(), manifest.clone(), req, metrics).await?
-        }
+        PayloadFormat::Parquet => parquet::scan(op.clone(), manifest.clone(), req, metrics).await?,
         PayloadFormat::Json => json::scan(op.clone(), manifest.clone(), req, metrics).await?,
     };
     let mut rows = 0u64;
