@@ -154,7 +154,16 @@ pub async fn connect(
     database_url: &str,
     archive_url: &str,
 ) -> Result<SessionContext, SessionError> {
+    connect_with(database_url, archive_url, SessionOptions::default()).await
+}
+
+/// [`connect`] with explicit options (limits, route cache, page size, parallelism).
+pub async fn connect_with(
+    database_url: &str,
+    archive_url: &str,
+    opts: SessionOptions,
+) -> Result<SessionContext, SessionError> {
     let store = open_store(database_url).await?;
     let archive = Arc::new(ArchiveStore::from_url(archive_url)?);
-    session(store, archive, SessionOptions::default()).await
+    session(store, archive, opts).await
 }

@@ -37,6 +37,15 @@ struct Cli {
     /// Run the statements of this file and exit.
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     file: Option<PathBuf>,
+    /// Stop a query whose scans produce more rows than this.
+    #[arg(long, env = "PULPITUM_MAX_ROWS", global = true)]
+    max_rows: Option<u64>,
+    /// Stop a query whose scans read more bytes than this.
+    #[arg(long, env = "PULPITUM_MAX_BYTES", global = true)]
+    max_bytes: Option<u64>,
+    /// Stop a query that runs longer than this many milliseconds.
+    #[arg(long, env = "PULPITUM_MAX_DURATION_MS", global = true)]
+    max_duration_ms: Option<u64>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -305,7 +314,15 @@ async fn run(cli: Cli) -> Result<(), String> {
         .archive_url
         .clone()
         .ok_or("no archive: pass --archive-url or set PULPITUM_ARCHIVE_URL")?;
-    let ctx = pulpitum::session::connect(&database_url, &archive_url)
+    let opts = pulpitum::session::SessionOptions {
+        limits: pulpitum::provider::QueryLimits {
+            max_rows: cli.max_rows,
+            max_bytes: cli.max_bytes,
+            max_duration: cli.max_duration_ms.map(std::time::Duration::from_millis),
+        },
+        ..Default::default()
+    };
+    let ctx = pulpitum::session::connect_with(&database_url, &archive_url, opts)
         .await
         .map_err(|e| e.to_string())?;
     let mut shell = Shell {

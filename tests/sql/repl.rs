@@ -63,6 +63,10 @@ async fn scripts_formats_and_exit_codes() {
     assert!(out.starts_with("{\"id\":2}\n"), "{out}");
     assert!(out.contains("\"table_name\":\"chat\""), "{out}");
 
+    // Limits from the command line.
+    let (ok, _, err) = pulpitum(&url, &["--max-rows", "1", "-c", "SELECT * FROM chat"], None);
+    assert!(!ok && err.contains("max_rows = 1"), "{err}");
+
     // A script stops at the first error and exits non-zero.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.sql");
