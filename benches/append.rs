@@ -253,20 +253,50 @@ fn main() {
     report("criterion runs (one workload after the other)", &totals);
 
     // The machine is shared, so load drifts between the criterion phases above. The
-    // interleaved pass runs the four workloads in alternation, in short slices, so that
-    // each ratio compares fenced and raw under the same load.
+    // interleaved pass runs fenced and raw in adjacent short slices and reports the median
+    // of the per-round ratios, so each ratio compares the two under the same load.
     let interleaved: Totals = Arc::default();
+    let mut single_ratios = Vec::new();
+    let mut batch_ratios = Vec::new();
     rt.block_on(async {
-        for round in 0..40u64 {
-            for k in 0..WORKLOADS.len() {
-                let name = WORKLOADS[(k + round as usize) % WORKLOADS.len()];
-                let iters = if name.ends_with("100") { 4 } else { 40 };
-                let elapsed = w.run(name, iters).await;
-                record(&interleaved, name, elapsed, iters);
+        for round in 0..60u32 {
+            for (fenced, raw, iters, ratios) in [
+                ("fenced_single", "raw_single", 30, &mut single_ratios),
+                ("fenced_batch_100", "raw_batch_100", 3, &mut batch_ratios),
+            ] {
+                // Alternate which side goes first.
+                let order = if round % 2 == 0 {
+                    [fenced, raw]
+                } else {
+                    [raw, fenced]
+                };
+                let mut times = HashMap::new();
+                for name in order {
+                    let elapsed = w.run(name, iters).await;
+                    record(&interleaved, name, elapsed, iters);
+                    times.insert(name, elapsed);
+                }
+                ratios.push(times[raw].as_secs_f64() / times[fenced].as_secs_f64());
             }
         }
     });
-    report("interleaved pass (40 rounds, alternating)", &interleaved);
+    report(
+        "interleaved pass (60 rounds, mean of all slices)",
+        &interleaved,
+    );
+    for (name, ratios, target) in [
+        ("single", &mut single_ratios, 0.7),
+        ("batch_100", &mut batch_ratios, 0.8),
+    ] {
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios[ratios.len() / 2];
+        println!(
+            "  median per-round ratio raw/fenced, {name}: {median:.2} (target >= {target}) {} [p25 {:.2}, p75 {:.2}]",
+            if median >= target { "MET" } else { "MISSED" },
+            ratios[ratios.len() / 4],
+            ratios[ratios.len() * 3 / 4]
+        );
+    }
     rt.block_on(async {
         store.drop_schema().await.unwrap();
     });

@@ -17,7 +17,7 @@
 //! that their generic plans probe primary keys (LATERAL ... LIMIT), and re-planning the
 //! array-based append on every call cost more than the insert itself.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Bound;
 use std::sync::RwLock;
@@ -520,20 +520,19 @@ fn state_name(s: &str) -> StoreResult<&'static str> {
 }
 
 /// A batch validated, deduplicated and laid out as the column arrays the append statement
-/// takes.
-struct PreparedBatch {
-    buckets: Vec<BucketId>,
-    b_partition: Vec<Vec<u8>>,
+/// takes, borrowing the records' bytes.
+struct PreparedBatch<'a> {
+    buckets: Vec<(&'a PartitionKey, BucketKey)>,
+    b_partition: Vec<&'a [u8]>,
     b_key: Vec<String>,
     b_start: Vec<DateTime<Utc>>,
     b_end: Vec<DateTime<Utc>>,
-    r_partition: Vec<Vec<u8>>,
+    r_partition: Vec<&'a [u8]>,
     r_bucket: Vec<String>,
     r_time: Vec<DateTime<Utc>>,
-    r_sort: Vec<Vec<u8>>,
-    r_value: Vec<Vec<u8>>,
-    record_buckets: Vec<BucketId>,
-    record_times: Vec<EventTime>,
+    r_sort: Vec<&'a [u8]>,
+    r_value: Vec<&'a [u8]>,
+    kept: Vec<&'a Record>,
     /// Identical copies of a record inside the batch itself (counted as already present).
     duplicates_in_batch: u64,
 }
@@ -541,83 +540,108 @@ struct PreparedBatch {
 /// `(partition_key, event_time, sort_key)`: a record's identity within its table.
 type PhysicalKey<'a> = (&'a [u8], EventTime, &'a [u8]);
 
-fn prepare_batch(
+fn prepare_batch<'a>(
     def: &TableDefinition,
-    records: &[Record],
+    records: &'a [Record],
     now: EventTime,
-) -> StoreResult<PreparedBatch> {
-    let mut distinct: BTreeMap<BucketId, ()> = BTreeMap::new();
-    let mut seen: HashMap<PhysicalKey<'_>, &[u8]> = HashMap::new();
-    let mut kept: Vec<(&Record, BucketId)> = Vec::with_capacity(records.len());
-    let mut duplicates_in_batch = 0;
+) -> StoreResult<PreparedBatch<'a>> {
+    let n = records.len();
+    // Batches usually arrive in clustering order; then no key can repeat and the hash set
+    // below is not needed (it costs more than the rest of the preparation).
+    let ordered = records.windows(2).all(|w| {
+        (
+            w[0].partition_key.as_bytes(),
+            w[0].event_time,
+            w[0].sort_key.as_bytes(),
+        ) < (
+            w[1].partition_key.as_bytes(),
+            w[1].event_time,
+            w[1].sort_key.as_bytes(),
+        )
+    });
+    let mut seen: HashMap<PhysicalKey<'a>, &'a [u8]> = HashMap::new();
+    let mut b = PreparedBatch {
+        buckets: Vec::new(),
+        b_partition: Vec::new(),
+        b_key: Vec::new(),
+        b_start: Vec::new(),
+        b_end: Vec::new(),
+        r_partition: Vec::with_capacity(n),
+        r_bucket: Vec::with_capacity(n),
+        r_time: Vec::with_capacity(n),
+        r_sort: Vec::with_capacity(n),
+        r_value: Vec::with_capacity(n),
+        kept: Vec::with_capacity(n),
+        duplicates_in_batch: 0,
+    };
+    // The bucket of the previous record, with its bounds: consecutive records mostly share it.
+    let mut last: Option<(&'a [u8], BucketKey, EventTime, EventTime, String)> = None;
     for r in records {
-        let id = bucket_for_append(def, r, now)?;
-        let key = (
-            r.partition_key.as_bytes(),
-            r.event_time,
-            r.sort_key.as_bytes(),
-        );
-        match seen.get(&key) {
-            Some(v) if *v == r.value.as_slice() => {
-                duplicates_in_batch += 1;
-                continue;
-            }
-            // Two values for one key in the same batch: refused before any I/O.
-            Some(_) => {
-                return Err(StoreError::DuplicateKey {
-                    bucket: id,
-                    event_time: r.event_time,
-                    sort_key: hex::encode(r.sort_key.as_bytes()),
-                })
-            }
-            None => {
-                seen.insert(key, &r.value);
+        if def.writable_buckets.is_some() {
+            bucket_for_append(def, r, now)?;
+        }
+        if !ordered {
+            let key = (
+                r.partition_key.as_bytes(),
+                r.event_time,
+                r.sort_key.as_bytes(),
+            );
+            match seen.get(&key) {
+                Some(v) if *v == r.value.as_slice() => {
+                    b.duplicates_in_batch += 1;
+                    continue;
+                }
+                // Two values for one key in the same batch: refused before any I/O.
+                Some(_) => {
+                    return Err(StoreError::DuplicateKey {
+                        bucket: BucketId::of_record(&def.table_id, def.strategy, r),
+                        event_time: r.event_time,
+                        sort_key: hex::encode(r.sort_key.as_bytes()),
+                    })
+                }
+                None => {
+                    seen.insert(key, &r.value);
+                }
             }
         }
-        distinct.insert(id.clone(), ());
-        kept.push((r, id));
+        let pk = r.partition_key.as_bytes();
+        let reuse = matches!(&last, Some((p, _, s, e, _)) if *p == pk && *s <= r.event_time && r.event_time < *e);
+        if !reuse {
+            let bucket_key = def.strategy.bucket_of(r.event_time);
+            let (start, end) = bucket_key.bounds();
+            let text = bucket_key.to_string();
+            if !b
+                .buckets
+                .iter()
+                .any(|(p, k)| p.as_bytes() == pk && *k == bucket_key)
+            {
+                b.buckets.push((&r.partition_key, bucket_key));
+                b.b_partition.push(pk);
+                b.b_key.push(text.clone());
+                b.b_start.push(start.to_datetime());
+                b.b_end.push(end.to_datetime());
+            }
+            last = Some((pk, bucket_key, start, end, text));
+        }
+        let text = last.as_ref().map(|l| l.4.clone()).unwrap_or_default();
+        b.r_partition.push(pk);
+        b.r_bucket.push(text);
+        b.r_time.push(r.event_time.to_datetime());
+        b.r_sort.push(r.sort_key.as_bytes());
+        b.r_value.push(&r.value);
+        b.kept.push(r);
     }
-    let buckets: Vec<BucketId> = distinct.into_keys().collect();
-    Ok(PreparedBatch {
-        b_partition: buckets
-            .iter()
-            .map(|b| b.partition_key.as_bytes().to_vec())
-            .collect(),
-        b_key: buckets.iter().map(|b| b.bucket_key.to_string()).collect(),
-        b_start: buckets
-            .iter()
-            .map(|b| b.bucket_key.start().to_datetime())
-            .collect(),
-        b_end: buckets
-            .iter()
-            .map(|b| b.bucket_key.end().to_datetime())
-            .collect(),
-        buckets,
-        r_partition: kept
-            .iter()
-            .map(|(r, _)| r.partition_key.as_bytes().to_vec())
-            .collect(),
-        r_bucket: kept.iter().map(|(_, b)| b.bucket_key.to_string()).collect(),
-        r_time: kept
-            .iter()
-            .map(|(r, _)| r.event_time.to_datetime())
-            .collect(),
-        r_sort: kept
-            .iter()
-            .map(|(r, _)| r.sort_key.as_bytes().to_vec())
-            .collect(),
-        r_value: kept.iter().map(|(r, _)| r.value.clone()).collect(),
-        record_times: kept.iter().map(|(r, _)| r.event_time).collect(),
-        record_buckets: kept.into_iter().map(|(_, b)| b).collect(),
-        duplicates_in_batch,
-    })
+    Ok(b)
 }
 
 /// The whole append as one statement. `fenced` reads the existing metadata of the batch's
 /// buckets (a bucket created by this statement is Hot by construction); `old` compares
 /// the records with rows already stored. New bucket metadata and the records are written
 /// only when no bucket is fenced and no key holds another value, so a refused batch writes
-/// nothing at all. The lookups are LATERAL ... LIMIT 1 so that even a plan cached while
+/// nothing at all. Records already present (identical) are skipped by the probe, so the
+/// insert needs no ON CONFLICT (a plain insert is cheaper than a speculative one): a key
+/// inserted concurrently after the statement's snapshot fails with 23505 (or 40001), and
+/// the statement, which then committed nothing, runs again and finds it. The lookups are LATERAL ... LIMIT 1 so that even a plan cached while
 /// the tables were empty probes the primary key per row instead of hashing a whole table.
 const APPEND_SQL: &str = "WITH b AS ( \
        SELECT * FROM unnest($2::BYTEA[], $3::TEXT[], $4::TIMESTAMPTZ[], $5::TIMESTAMPTZ[]) \
@@ -647,8 +671,7 @@ const APPEND_SQL: &str = "WITH b AS ( \
      ), ins AS ( \
        INSERT INTO pulpitum_v4_records (table_id, partition_key, bucket_key, event_time, sort_key, value) \
        SELECT $1, u.partition_key, u.bucket_key, u.event_time, u.sort_key, u.value FROM u \
-       WHERE (SELECT go FROM ok) \
-       ON CONFLICT (table_id, partition_key, bucket_key, event_time, sort_key) DO NOTHING \
+       WHERE (SELECT go FROM ok) AND NOT EXISTS (SELECT 1 FROM old WHERE old.i = u.i) \
        RETURNING 1 \
      ) \
      SELECT (SELECT count(*) FROM ins)::INT8, (SELECT count(*) FROM old WHERE same)::INT8, \
@@ -674,16 +697,26 @@ const APPEND_ONE_SQL: &str = "WITH fenced AS ( \
      ), ins AS ( \
        INSERT INTO pulpitum_v4_records (table_id, partition_key, bucket_key, event_time, sort_key, value) \
        SELECT $1, $2, $3, $7, $8, $9 WHERE (SELECT go FROM ok) \
-       ON CONFLICT (table_id, partition_key, bucket_key, event_time, sort_key) DO NOTHING \
        RETURNING 1 \
      ) \
      SELECT (SELECT count(*) FROM ins)::INT8, (SELECT count(*) FROM old WHERE same)::INT8, \
        (SELECT count(*) FROM old WHERE NOT same)::INT8, (SELECT state FROM fenced LIMIT 1)";
 
+/// Classifies an error of a self-committing append statement: a unique violation means a
+/// concurrent append of the same key won (nothing of this statement committed, so running
+/// it again is safe and then sees that row); anything else may hide a commit.
+fn append_error(e: tokio_postgres::Error) -> TxError {
+    if e.code().is_some_and(|c| c.code() == "23505") {
+        TxError::Conflict(describe(&e))
+    } else {
+        TxError::Commit(e)
+    }
+}
+
 async fn append_statement(
     client: &Object,
     def: &TableDefinition,
-    b: &PreparedBatch,
+    b: &PreparedBatch<'_>,
 ) -> TxResult<BatchOutcome> {
     let stmt = client.prepare_cached(APPEND_SQL).await?;
     let strategy = def.strategy.as_str();
@@ -706,7 +739,7 @@ async fn append_statement(
             ],
         )
         .await
-        .map_err(TxError::Commit)?;
+        .map_err(append_error)?;
     let inserted: i64 = row.try_get(0)?;
     let present: i64 = row.try_get(1)?;
     let clash: Option<i64> = row.try_get(2)?;
@@ -716,10 +749,12 @@ async fn append_statement(
         let bucket = b
             .buckets
             .iter()
-            .find(|id| {
-                id.partition_key.as_bytes() == pk.as_slice() && id.bucket_key.to_string() == key
+            .find(|(p, k)| p.as_bytes() == pk.as_slice() && k.to_string() == key)
+            .map(|(p, k)| BucketId {
+                table_id: def.table_id.clone(),
+                partition_key: (*p).clone(),
+                bucket_key: *k,
             })
-            .cloned()
             .ok_or_else(|| {
                 StoreError::Corrupt(format!("fenced bucket {key} is not in the batch"))
             })?;
@@ -730,10 +765,11 @@ async fn append_statement(
     }
     if let Some(i) = clash {
         let i = usize::try_from(i - 1).map_err(|_| StoreError::Corrupt("bad ordinality".into()))?;
+        let r = b.kept[i];
         return Err(TxError::Store(StoreError::DuplicateKey {
-            bucket: b.record_buckets[i].clone(),
-            event_time: b.record_times[i],
-            sort_key: hex::encode(&b.r_sort[i]),
+            bucket: BucketId::of_record(&def.table_id, def.strategy, r),
+            event_time: r.event_time,
+            sort_key: hex::encode(r.sort_key.as_bytes()),
         }));
     }
     let total = b.r_time.len() as u64;
@@ -1069,7 +1105,7 @@ impl HotStore for PgStore {
                         ],
                     )
                     .await
-                    .map_err(TxError::Commit)?;
+                    .map_err(append_error)?;
                 let inserted: i64 = row.try_get(0)?;
                 let present: i64 = row.try_get(1)?;
                 let clash: i64 = row.try_get(2)?;
