@@ -9,4 +9,7 @@
 
 pub mod archive;
 pub mod model;
+pub mod provider;
+pub mod session;
 pub mod store;
+pub mod table;

@@ -1,1 +1,402 @@
-fn main() {}
+//! `pulpitum`: the SQL shell.
+//!
+//! Interactive use has line editing and a history file; a statement may span lines and ends
+//! with `;`. Meta-commands: `\d` (tables), `\d NAME` (columns), `\timing` (toggle), `\q`.
+//! Scripts come from `-c SQL` (repeatable), `-f FILE` or piped stdin; a script stops at the
+//! first error and the process exits non-zero. Results print as a table, CSV or JSON.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::prelude::SessionContext;
+use rustyline::error::ReadlineError;
+use rustyline::DefaultEditor;
+
+/// SQL over a Pulpitum database: hot buckets in CockroachDB/PostgreSQL (or SQLite), history
+/// in object storage.
+#[derive(Debug, Parser)]
+#[command(name = "pulpitum", version, about)]
+struct Cli {
+    /// Hot-store URL: postgres://..., sqlite://PATH or a file path.
+    #[arg(long, env = "PULPITUM_DATABASE_URL", global = true)]
+    database_url: Option<String>,
+    /// Archive URL: s3://bucket/prefix, file:///abs/path or memory://.
+    #[arg(long, env = "PULPITUM_ARCHIVE_URL", global = true)]
+    archive_url: Option<String>,
+    /// Output format of query results.
+    #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
+    format: Format,
+    /// Run this SQL and exit (repeatable; runs in order).
+    #[arg(short = 'c', long = "command", value_name = "SQL")]
+    commands: Vec<String>,
+    /// Run the statements of this file and exit.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Stop a query whose scans produce more rows than this.
+    #[arg(long, env = "PULPITUM_MAX_ROWS", global = true)]
+    max_rows: Option<u64>,
+    /// Stop a query whose scans read more bytes than this.
+    #[arg(long, env = "PULPITUM_MAX_BYTES", global = true)]
+    max_bytes: Option<u64>,
+    /// Stop a query that runs longer than this many milliseconds.
+    #[arg(long, env = "PULPITUM_MAX_DURATION_MS", global = true)]
+    max_duration_ms: Option<u64>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The interactive shell (what `pulpitum` runs without a subcommand).
+    Shell,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Table,
+    Csv,
+    Json,
+}
+
+struct Shell {
+    ctx: SessionContext,
+    format: Format,
+    timing: bool,
+}
+
+/// What a meta-command asks for.
+enum Meta {
+    Quit,
+    Handled,
+}
+
+impl Shell {
+    async fn run_statement(&mut self, sql: &str) -> Result<(), String> {
+        let start = Instant::now();
+        let df = self.ctx.sql(sql).await.map_err(|e| e.to_string())?;
+        let batches = df.collect().await.map_err(|e| e.to_string())?;
+        self.print(&batches)?;
+        if self.timing {
+            eprintln!("Time: {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(())
+    }
+
+    fn print(&self, batches: &[RecordBatch]) -> Result<(), String> {
+        let mut out = std::io::stdout().lock();
+        match self.format {
+            Format::Table => {
+                if batches.iter().all(|b| b.num_rows() == 0)
+                    && batches.first().is_none_or(|b| b.num_columns() == 0)
+                {
+                    return Ok(());
+                }
+                let text = pretty_format_batches(batches).map_err(|e| e.to_string())?;
+                writeln!(out, "{text}").map_err(|e| e.to_string())?;
+                let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+                writeln!(out, "({rows} row{})", if rows == 1 { "" } else { "s" })
+                    .map_err(|e| e.to_string())?;
+            }
+            Format::Csv => {
+                let mut w = datafusion::arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(&mut out);
+                for b in batches {
+                    w.write(b).map_err(|e| e.to_string())?;
+                }
+            }
+            Format::Json => {
+                let mut w = datafusion::arrow::json::LineDelimitedWriter::new(&mut out);
+                let refs: Vec<&RecordBatch> = batches.iter().collect();
+                w.write_batches(&refs).map_err(|e| e.to_string())?;
+                w.finish().map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn meta(&mut self, line: &str) -> Result<Meta, String> {
+        let mut parts = line.split_whitespace();
+        match (parts.next(), parts.next()) {
+            (Some("\\q"), _) => Ok(Meta::Quit),
+            (Some("\\timing"), _) => {
+                self.timing = !self.timing;
+                eprintln!("Timing is {}.", if self.timing { "on" } else { "off" });
+                Ok(Meta::Handled)
+            }
+            (Some("\\d"), None) => {
+                self.run_statement(
+                    "SELECT table_name FROM information_schema.tables \
+                     WHERE table_schema = 'public' ORDER BY table_name",
+                )
+                .await?;
+                Ok(Meta::Handled)
+            }
+            (Some("\\d"), Some(name)) => {
+                if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return Err(format!("invalid table name {name:?}"));
+                }
+                self.run_statement(&format!("DESCRIBE {name}")).await?;
+                Ok(Meta::Handled)
+            }
+            (Some(other), _) => Err(format!(
+                "unknown command {other} (try \\d, \\d NAME, \\timing, \\q)"
+            )),
+            (None, _) => Ok(Meta::Handled),
+        }
+    }
+
+    /// Runs a script: statements and meta-commands; stops at the first error.
+    async fn run_script(&mut self, text: &str) -> Result<(), String> {
+        for item in split_script(text) {
+            match item {
+                Item::Meta(line) => {
+                    if let Meta::Quit = self.meta(&line).await? {
+                        return Ok(());
+                    }
+                }
+                Item::Sql(sql) => self.run_statement(&sql).await?,
+            }
+        }
+        Ok(())
+    }
+
+    async fn interactive(&mut self) -> Result<(), String> {
+        let mut rl = DefaultEditor::new().map_err(|e| e.to_string())?;
+        let history = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pulpitum_history"));
+        if let Some(h) = &history {
+            let _ = rl.load_history(h);
+        }
+        let mut buffer = String::new();
+        loop {
+            let prompt = if buffer.is_empty() {
+                "pulpitum> "
+            } else {
+                "pulpitum-> "
+            };
+            match rl.readline(prompt) {
+                Ok(line) => {
+                    let trimmed = line.trim();
+                    if buffer.is_empty() && trimmed.starts_with('\\') {
+                        let _ = rl.add_history_entry(trimmed);
+                        match self.meta(trimmed).await {
+                            Ok(Meta::Quit) => break,
+                            Ok(Meta::Handled) => {}
+                            Err(e) => eprintln!("Error: {e}"),
+                        }
+                        continue;
+                    }
+                    if trimmed.is_empty() && buffer.is_empty() {
+                        continue;
+                    }
+                    buffer.push_str(&line);
+                    buffer.push('\n');
+                    if statement_complete(&buffer) {
+                        let text = std::mem::take(&mut buffer);
+                        let _ = rl.add_history_entry(text.trim());
+                        for item in split_script(&text) {
+                            let res = match item {
+                                Item::Sql(sql) => self.run_statement(&sql).await,
+                                Item::Meta(m) => self.meta(&m).await.map(|_| ()),
+                            };
+                            if let Err(e) = res {
+                                eprintln!("Error: {e}");
+                            }
+                        }
+                    }
+                }
+                Err(ReadlineError::Interrupted) => buffer.clear(),
+                Err(ReadlineError::Eof) => break,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        if let Some(h) = &history {
+            let _ = rl.save_history(h);
+        }
+        Ok(())
+    }
+}
+
+/// One unit of a script.
+#[derive(Debug, PartialEq, Eq)]
+enum Item {
+    Sql(String),
+    Meta(String),
+}
+
+/// Whether the buffer ends with a `;` outside quotes and comments.
+fn statement_complete(buf: &str) -> bool {
+    let items = scan(buf);
+    items.1
+}
+
+/// Splits a script into statements (ending at `;` outside quotes and comments) and
+/// meta-command lines (a line starting with `\` between statements).
+fn split_script(text: &str) -> Vec<Item> {
+    scan(text).0
+}
+
+fn scan(text: &str) -> (Vec<Item>, bool) {
+    let mut items = Vec::new();
+    let mut cur = String::new();
+    let mut chars = text.chars().peekable();
+    let mut ended = false;
+    let mut at_line_start = true;
+    while let Some(c) = chars.next() {
+        if at_line_start && cur.trim().is_empty() && c == '\\' {
+            let mut line = String::from('\\');
+            for n in chars.by_ref() {
+                if n == '\n' {
+                    break;
+                }
+                line.push(n);
+            }
+            items.push(Item::Meta(line.trim().to_string()));
+            cur.clear();
+            at_line_start = true;
+            ended = true;
+            continue;
+        }
+        at_line_start = c == '\n';
+        match c {
+            '\'' | '"' => {
+                cur.push(c);
+                for n in chars.by_ref() {
+                    cur.push(n);
+                    if n == c {
+                        break;
+                    }
+                }
+            }
+            '-' if chars.peek() == Some(&'-') => {
+                for n in chars.by_ref() {
+                    if n == '\n' {
+                        cur.push('\n');
+                        at_line_start = true;
+                        break;
+                    }
+                }
+            }
+            ';' => {
+                let s = cur.trim().to_string();
+                if !s.is_empty() {
+                    items.push(Item::Sql(s));
+                }
+                cur.clear();
+                ended = true;
+                continue;
+            }
+            _ => cur.push(c),
+        }
+        if !c.is_whitespace() {
+            ended = false;
+        }
+    }
+    let rest = cur.trim().to_string();
+    if !rest.is_empty() {
+        items.push(Item::Sql(rest));
+        ended = false;
+    }
+    (items, ended)
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let database_url = cli
+        .database_url
+        .clone()
+        .ok_or("no database: pass --database-url or set PULPITUM_DATABASE_URL")?;
+    let archive_url = cli
+        .archive_url
+        .clone()
+        .ok_or("no archive: pass --archive-url or set PULPITUM_ARCHIVE_URL")?;
+    let opts = pulpitum::session::SessionOptions {
+        limits: pulpitum::provider::QueryLimits {
+            max_rows: cli.max_rows,
+            max_bytes: cli.max_bytes,
+            max_duration: cli.max_duration_ms.map(std::time::Duration::from_millis),
+        },
+        ..Default::default()
+    };
+    let ctx = pulpitum::session::connect_with(&database_url, &archive_url, opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut shell = Shell {
+        ctx,
+        format: cli.format,
+        timing: false,
+    };
+    let scripted = !cli.commands.is_empty() || cli.file.is_some();
+    for c in &cli.commands {
+        shell.run_script(c).await?;
+    }
+    if let Some(f) = &cli.file {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        shell.run_script(&text).await?;
+    }
+    if scripted {
+        return Ok(());
+    }
+    if std::io::stdin().is_terminal() {
+        shell.interactive().await
+    } else {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| e.to_string())?;
+        shell.run_script(&text).await
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // TLS on ring (rustls is a direct dependency): install the provider and OpenDAL's HTTP
+    // transport once, before anything opens a connection.
+    pulpitum::archive::install_http_transport();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        None | Some(Command::Shell) => match rt.block_on(run(cli)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("Error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_split_on_semicolons_outside_quotes_and_comments() {
+        let items = split_script("SELECT ';' AS x; -- a; comment\nSELECT 2;\n\\d chat\nSELECT\n 3");
+        assert_eq!(
+            items,
+            vec![
+                Item::Sql("SELECT ';' AS x".into()),
+                Item::Sql("SELECT 2".into()),
+                Item::Meta("\\d chat".into()),
+                Item::Sql("SELECT\n 3".into()),
+            ]
+        );
+        assert!(statement_complete("SELECT 1;\n"));
+        assert!(!statement_complete("SELECT ';\n"));
+        assert!(!statement_complete("SELECT 1\n"));
+        assert!(!statement_complete("SELECT 1; -- x\nSELECT"));
+    }
+}

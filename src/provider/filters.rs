@@ -1,0 +1,693 @@
+//! Filter classification: which SQL predicates the scan applies itself, exactly.
+//!
+//! [`classify`] is a pure function of one filter and the surface. It answers `Exact` only
+//! for shapes the scan applies completely (so DataFusion drops them from the plan and can
+//! still push `LIMIT` into the scan): partition `=` / `IN`, time comparisons and
+//! `BETWEEN`, sort-key comparisons, the keyset cursor `t > a OR (t = a AND k > b)` and its
+//! mirror with `<`, and conjunctions of these. Everything else is `Unsupported`, evaluated
+//! by DataFusion above the scan. [`PushedFilters::from_exprs`] turns the accepted filters
+//! into one partition set and one [`ScanBounds`].
+//!
+//! Literals that cannot be represented without loss are refused out loud: a nanosecond
+//! timestamp with sub-microsecond digits is `Unsupported` (the store keeps microseconds, so
+//! narrowing it would change which rows match).
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::scalar::ScalarValue;
+
+use super::surface::{encode_i64, Role, Surface};
+use crate::model::{ClusteringKey, EventTime, PartitionKey, ScanBounds, SortKey};
+
+/// What one accepted filter contributes to the scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    /// Partition key in this set.
+    Partitions(BTreeSet<PartitionKey>),
+    /// A bound on time (lower when `lower`).
+    Time { lower: bool, bound: TimeBound },
+    /// A bound on the sort key.
+    Sort { lower: bool, bound: Bound<SortKey> },
+    /// The forward keyset cursor.
+    After(TimeBound, SortKey),
+    /// The backward keyset cursor.
+    Before(TimeBound, SortKey),
+    /// Several pieces at once (a conjunction).
+    All(Vec<Piece>),
+}
+
+/// A time literal, possibly outside the supported range (then it decides emptiness).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimeBound {
+    Included(i64),
+    Excluded(i64),
+}
+
+/// Classifies one filter for `TableProvider::supports_filters_pushdown`.
+pub fn classify(surface: Surface, expr: &Expr) -> TableProviderFilterPushDown {
+    if piece(surface, expr).is_some() {
+        TableProviderFilterPushDown::Exact
+    } else {
+        TableProviderFilterPushDown::Unsupported
+    }
+}
+
+fn column_role(surface: Surface, e: &Expr) -> Option<Role> {
+    match e {
+        Expr::Column(c) => surface.role_of(&c.name),
+        _ => None,
+    }
+}
+
+fn flip(op: Operator) -> Option<Operator> {
+    Some(match op {
+        Operator::Eq => Operator::Eq,
+        Operator::Lt => Operator::Gt,
+        Operator::LtEq => Operator::GtEq,
+        Operator::Gt => Operator::Lt,
+        Operator::GtEq => Operator::LtEq,
+        _ => return None,
+    })
+}
+
+/// `column op literal` with the column on the left, whichever way it was written.
+fn comparison(surface: Surface, e: &Expr) -> Option<(Role, Operator, ScalarValue)> {
+    let Expr::BinaryExpr(BinaryExpr { left, op, right }) = e else {
+        return None;
+    };
+    match (left.as_ref(), right.as_ref()) {
+        (l, Expr::Literal(v, _)) => Some((column_role(surface, l)?, *op, v.clone())),
+        (Expr::Literal(v, _), r) => Some((column_role(surface, r)?, flip(*op)?, v.clone())),
+        _ => None,
+    }
+}
+
+fn int_of(v: &ScalarValue) -> Option<i64> {
+    match v {
+        ScalarValue::Int64(Some(x)) => Some(*x),
+        ScalarValue::Int32(Some(x)) => Some(i64::from(*x)),
+        ScalarValue::Int16(Some(x)) => Some(i64::from(*x)),
+        ScalarValue::Int8(Some(x)) => Some(i64::from(*x)),
+        ScalarValue::UInt32(Some(x)) => Some(i64::from(*x)),
+        ScalarValue::UInt16(Some(x)) => Some(i64::from(*x)),
+        ScalarValue::UInt8(Some(x)) => Some(i64::from(*x)),
+        ScalarValue::UInt64(Some(x)) => i64::try_from(*x).ok(),
+        _ => None,
+    }
+}
+
+fn bytes_of(v: &ScalarValue) -> Option<Vec<u8>> {
+    match v {
+        ScalarValue::Binary(Some(b))
+        | ScalarValue::LargeBinary(Some(b))
+        | ScalarValue::BinaryView(Some(b)) => Some(b.clone()),
+        ScalarValue::FixedSizeBinary(_, Some(b)) => Some(b.clone()),
+        _ => None,
+    }
+}
+
+/// Microseconds of a timestamp literal; `None` when it is not a timestamp or would lose
+/// sub-microsecond digits.
+fn micros_of(v: &ScalarValue) -> Option<i64> {
+    match v {
+        ScalarValue::TimestampMicrosecond(Some(x), _) => Some(*x),
+        ScalarValue::TimestampMillisecond(Some(x), _) => x.checked_mul(1_000),
+        ScalarValue::TimestampSecond(Some(x), _) => x.checked_mul(1_000_000),
+        ScalarValue::TimestampNanosecond(Some(x), _) if x % 1_000 == 0 => Some(x / 1_000),
+        _ => None,
+    }
+}
+
+fn sort_key_of(surface: Surface, v: &ScalarValue) -> Option<SortKey> {
+    match surface {
+        Surface::Chat => SortKey::new(encode_i64(int_of(v)?).to_vec()).ok(),
+        Surface::Raw => SortKey::new(bytes_of(v)?).ok(),
+    }
+}
+
+fn partition_of(surface: Surface, v: &ScalarValue) -> Option<PartitionKey> {
+    match surface {
+        Surface::Chat => Some(Surface::partition_key_of_i64(int_of(v)?)),
+        // An empty or oversized key can match no stored row, but it is not a key we can
+        // name in a bucket listing: leave such filters to DataFusion.
+        Surface::Raw => PartitionKey::new(bytes_of(v)?).ok(),
+    }
+}
+
+fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
+    match e {
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::And,
+            right,
+        }) => Some(Piece::All(vec![
+            piece(surface, left)?,
+            piece(surface, right)?,
+        ])),
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Or,
+            right,
+        }) => cursor(surface, left, right).or_else(|| {
+            // DataFusion rewrites a short `IN` list into ORed equalities.
+            match (piece(surface, left)?, piece(surface, right)?) {
+                (Piece::Partitions(a), Piece::Partitions(b)) => {
+                    Some(Piece::Partitions(a.union(&b).cloned().collect()))
+                }
+                _ => None,
+            }
+        }),
+        Expr::BinaryExpr(_) => {
+            let (role, op, v) = comparison(surface, e)?;
+            match role {
+                Role::Partition if op == Operator::Eq => {
+                    Some(Piece::Partitions([partition_of(surface, &v)?].into()))
+                }
+                Role::Time => {
+                    let t = micros_of(&v)?;
+                    let (lo, hi) = (true, false);
+                    Some(match op {
+                        Operator::Eq => Piece::All(vec![
+                            Piece::Time {
+                                lower: lo,
+                                bound: TimeBound::Included(t),
+                            },
+                            Piece::Time {
+                                lower: hi,
+                                bound: TimeBound::Included(t),
+                            },
+                        ]),
+                        Operator::Gt => Piece::Time {
+                            lower: lo,
+                            bound: TimeBound::Excluded(t),
+                        },
+                        Operator::GtEq => Piece::Time {
+                            lower: lo,
+                            bound: TimeBound::Included(t),
+                        },
+                        Operator::Lt => Piece::Time {
+                            lower: hi,
+                            bound: TimeBound::Excluded(t),
+                        },
+                        Operator::LtEq => Piece::Time {
+                            lower: hi,
+                            bound: TimeBound::Included(t),
+                        },
+                        _ => return None,
+                    })
+                }
+                Role::Sort => {
+                    let k = sort_key_of(surface, &v)?;
+                    Some(match op {
+                        Operator::Eq => Piece::All(vec![
+                            Piece::Sort {
+                                lower: true,
+                                bound: Bound::Included(k.clone()),
+                            },
+                            Piece::Sort {
+                                lower: false,
+                                bound: Bound::Included(k),
+                            },
+                        ]),
+                        Operator::Gt => Piece::Sort {
+                            lower: true,
+                            bound: Bound::Excluded(k),
+                        },
+                        Operator::GtEq => Piece::Sort {
+                            lower: true,
+                            bound: Bound::Included(k),
+                        },
+                        Operator::Lt => Piece::Sort {
+                            lower: false,
+                            bound: Bound::Excluded(k),
+                        },
+                        Operator::LtEq => Piece::Sort {
+                            lower: false,
+                            bound: Bound::Included(k),
+                        },
+                        _ => return None,
+                    })
+                }
+                _ => None,
+            }
+        }
+        Expr::InList(list) if !list.negated => {
+            if column_role(surface, &list.expr)? != Role::Partition || list.list.is_empty() {
+                return None;
+            }
+            let mut set = BTreeSet::new();
+            for item in &list.list {
+                let Expr::Literal(v, _) = item else {
+                    return None;
+                };
+                set.insert(partition_of(surface, v)?);
+            }
+            Some(Piece::Partitions(set))
+        }
+        Expr::Between(Between {
+            expr,
+            negated: false,
+            low,
+            high,
+        }) => {
+            let (Expr::Literal(lo, _), Expr::Literal(hi, _)) = (low.as_ref(), high.as_ref()) else {
+                return None;
+            };
+            match column_role(surface, expr)? {
+                Role::Time => Some(Piece::All(vec![
+                    Piece::Time {
+                        lower: true,
+                        bound: TimeBound::Included(micros_of(lo)?),
+                    },
+                    Piece::Time {
+                        lower: false,
+                        bound: TimeBound::Included(micros_of(hi)?),
+                    },
+                ])),
+                Role::Sort => Some(Piece::All(vec![
+                    Piece::Sort {
+                        lower: true,
+                        bound: Bound::Included(sort_key_of(surface, lo)?),
+                    },
+                    Piece::Sort {
+                        lower: false,
+                        bound: Bound::Included(sort_key_of(surface, hi)?),
+                    },
+                ])),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// `t > a OR (t = a AND k > b)` (forward) or the same with `<` (backward), in any operand
+/// order inside the OR and the AND.
+fn cursor(surface: Surface, l: &Expr, r: &Expr) -> Option<Piece> {
+    let try_order = |strict: &Expr, tie: &Expr| -> Option<Piece> {
+        let (role, op, tv) = comparison(surface, strict)?;
+        if role != Role::Time || !matches!(op, Operator::Gt | Operator::Lt) {
+            return None;
+        }
+        let t = micros_of(&tv)?;
+        let Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::And,
+            right,
+        }) = tie
+        else {
+            return None;
+        };
+        let parts = [comparison(surface, left)?, comparison(surface, right)?];
+        let eq = parts
+            .iter()
+            .find(|(r, o, _)| *r == Role::Time && *o == Operator::Eq)?;
+        let key = parts.iter().find(|(r, _, _)| *r == Role::Sort)?;
+        if micros_of(&eq.2)? != t || key.1 != op {
+            return None;
+        }
+        let k = sort_key_of(surface, &key.2)?;
+        Some(if op == Operator::Gt {
+            Piece::After(TimeBound::Included(t), k)
+        } else {
+            Piece::Before(TimeBound::Included(t), k)
+        })
+    };
+    try_order(l, r).or_else(|| try_order(r, l))
+}
+
+/// The pushed filters of one scan, combined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushedFilters {
+    /// Only these partitions; `None` means every partition (enumerated from metadata).
+    pub partitions: Option<BTreeSet<PartitionKey>>,
+    /// Bounds every tier applies.
+    pub bounds: ScanBounds,
+    /// The filters contradict each other (or need times outside the supported range): the
+    /// scan reads nothing.
+    pub empty: bool,
+}
+
+impl PushedFilters {
+    /// Combines the filters that [`classify`] accepted; others are ignored (DataFusion
+    /// evaluates them above the scan).
+    pub fn from_exprs(surface: Surface, filters: &[Expr]) -> Self {
+        let mut out = Self {
+            partitions: None,
+            bounds: ScanBounds::all(),
+            empty: false,
+        };
+        for f in filters {
+            if let Some(p) = piece(surface, f) {
+                out.apply(p);
+            }
+        }
+        if out.bounds.time_interval().is_none() {
+            out.empty = true;
+        }
+        if let (Bound::Included(l) | Bound::Excluded(l), Bound::Included(u) | Bound::Excluded(u)) =
+            (&out.bounds.sort_lower, &out.bounds.sort_upper)
+        {
+            let strict = !matches!(
+                (&out.bounds.sort_lower, &out.bounds.sort_upper),
+                (Bound::Included(_), Bound::Included(_))
+            );
+            if l > u || (strict && l == u) {
+                out.empty = true;
+            }
+        }
+        if out.partitions.as_ref().is_some_and(BTreeSet::is_empty) {
+            out.empty = true;
+        }
+        out
+    }
+
+    fn apply(&mut self, p: Piece) {
+        let min = EventTime::min_supported().as_micros();
+        let end = EventTime::end_of_supported().as_micros();
+        match p {
+            Piece::All(ps) => ps.into_iter().for_each(|p| self.apply(p)),
+            Piece::Partitions(set) => {
+                self.partitions = Some(match self.partitions.take() {
+                    None => set,
+                    Some(old) => old.intersection(&set).cloned().collect(),
+                });
+            }
+            Piece::Time { lower, bound } => {
+                // Normalise to an inclusive microsecond bound, then clamp to the range.
+                let incl = match (lower, bound) {
+                    (_, TimeBound::Included(t)) => t,
+                    (true, TimeBound::Excluded(t)) => t.saturating_add(1),
+                    (false, TimeBound::Excluded(t)) => t.saturating_sub(1),
+                };
+                if lower {
+                    if incl >= end {
+                        self.empty = true;
+                    } else if incl > min {
+                        let t = EventTime::from_micros(incl).expect("in range");
+                        tighten_time(&mut self.bounds.time_lower, t, true);
+                    }
+                } else if incl < min {
+                    self.empty = true;
+                } else if incl < end - 1 {
+                    let t = EventTime::from_micros(incl).expect("in range");
+                    tighten_time(&mut self.bounds.time_upper, t, false);
+                }
+            }
+            Piece::Sort { lower, bound } => {
+                let slot = if lower {
+                    &mut self.bounds.sort_lower
+                } else {
+                    &mut self.bounds.sort_upper
+                };
+                tighten_sort(slot, bound, lower);
+            }
+            Piece::After(TimeBound::Included(t) | TimeBound::Excluded(t), k) => {
+                if t >= end {
+                    self.empty = true;
+                    return;
+                }
+                if t < min {
+                    return; // every stored row is after it
+                }
+                let key = ClusteringKey {
+                    event_time: EventTime::from_micros(t).expect("in range"),
+                    sort_key: k,
+                };
+                if self.bounds.after.as_ref().is_none_or(|a| key > *a) {
+                    self.bounds.after = Some(key);
+                }
+            }
+            Piece::Before(TimeBound::Included(t) | TimeBound::Excluded(t), k) => {
+                if t < min {
+                    self.empty = true;
+                    return;
+                }
+                if t >= end {
+                    return;
+                }
+                let key = ClusteringKey {
+                    event_time: EventTime::from_micros(t).expect("in range"),
+                    sort_key: k,
+                };
+                if self.bounds.before.as_ref().is_none_or(|b| key < *b) {
+                    self.bounds.before = Some(key);
+                }
+            }
+        }
+    }
+}
+
+fn tighten_time(slot: &mut Bound<EventTime>, t: EventTime, lower: bool) {
+    let replace = match slot {
+        Bound::Unbounded => true,
+        Bound::Included(x) | Bound::Excluded(x) => {
+            if lower {
+                t > *x
+            } else {
+                t < *x
+            }
+        }
+    };
+    if replace {
+        *slot = Bound::Included(t);
+    }
+}
+
+fn tighten_sort(slot: &mut Bound<SortKey>, new: Bound<SortKey>, lower: bool) {
+    let (nk, n_excl) = match &new {
+        Bound::Included(k) => (k, false),
+        Bound::Excluded(k) => (k, true),
+        Bound::Unbounded => return,
+    };
+    let replace = match slot {
+        Bound::Unbounded => true,
+        Bound::Included(x) | Bound::Excluded(x) => {
+            let ord = nk.cmp(x);
+            let excl_now = matches!(slot, Bound::Excluded(_));
+            match ord {
+                std::cmp::Ordering::Equal => n_excl && !excl_now,
+                std::cmp::Ordering::Greater => lower,
+                std::cmp::Ordering::Less => !lower,
+            }
+        }
+    };
+    if replace {
+        *slot = new;
+    }
+}
+
+impl PushedFilters {
+    /// The pushed predicates in the surface's column names, with readable literals (for
+    /// EXPLAIN): e.g. `[channel_id IN (1), timestamp >= 2024-05-02T00:00:00Z]`.
+    pub fn describe(&self, surface: Surface) -> String {
+        let [p, t, k, _] = surface.column_names();
+        let key = |b: &[u8]| match surface {
+            Surface::Chat => super::surface::decode_i64(b)
+                .map_or_else(|| format!("0x{}", hex::encode(b)), |v| v.to_string()),
+            Surface::Raw => format!("0x{}", hex::encode(b)),
+        };
+        let mut parts = Vec::new();
+        if let Some(set) = &self.partitions {
+            let vals: Vec<String> = set.iter().map(|pk| key(pk.as_bytes())).collect();
+            parts.push(format!("{p} IN ({})", vals.join(", ")));
+        }
+        match &self.bounds.time_lower {
+            Bound::Included(x) => parts.push(format!("{t} >= {x}")),
+            Bound::Excluded(x) => parts.push(format!("{t} > {x}")),
+            Bound::Unbounded => {}
+        }
+        match &self.bounds.time_upper {
+            Bound::Included(x) => parts.push(format!("{t} <= {x}")),
+            Bound::Excluded(x) => parts.push(format!("{t} < {x}")),
+            Bound::Unbounded => {}
+        }
+        match &self.bounds.sort_lower {
+            Bound::Included(x) => parts.push(format!("{k} >= {}", key(x.as_bytes()))),
+            Bound::Excluded(x) => parts.push(format!("{k} > {}", key(x.as_bytes()))),
+            Bound::Unbounded => {}
+        }
+        match &self.bounds.sort_upper {
+            Bound::Included(x) => parts.push(format!("{k} <= {}", key(x.as_bytes()))),
+            Bound::Excluded(x) => parts.push(format!("{k} < {}", key(x.as_bytes()))),
+            Bound::Unbounded => {}
+        }
+        if let Some(c) = &self.bounds.after {
+            parts.push(format!(
+                "({t}, {k}) > ({}, {})",
+                c.event_time,
+                key(c.sort_key.as_bytes())
+            ));
+        }
+        if let Some(c) = &self.bounds.before {
+            parts.push(format!(
+                "({t}, {k}) < ({}, {})",
+                c.event_time,
+                key(c.sort_key.as_bytes())
+            ));
+        }
+        if self.empty {
+            parts.push("false".into());
+        }
+        format!("[{}]", parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::logical_expr::{col, lit};
+    use datafusion::prelude::Expr;
+
+    fn ts(s: &str) -> Expr {
+        let t = chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap()
+            .timestamp_micros();
+        Expr::Literal(
+            ScalarValue::TimestampMicrosecond(Some(t), Some("UTC".into())),
+            None,
+        )
+    }
+
+    fn exact(e: &Expr) -> bool {
+        classify(Surface::Chat, e) == TableProviderFilterPushDown::Exact
+    }
+
+    #[test]
+    fn accepted_shapes() {
+        assert!(exact(&col("channel_id").eq(lit(5i64))));
+        assert!(exact(&lit(5i64).eq(col("channel_id"))));
+        assert!(exact(
+            &col("channel_id").in_list(vec![lit(1i64), lit(2i64)], false)
+        ));
+        let ors = col("channel_id").eq(lit(1i64)).or(col("channel_id")
+            .eq(lit(2i64))
+            .or(col("channel_id").eq(lit(3i64))));
+        assert!(exact(&ors));
+        assert_eq!(
+            PushedFilters::from_exprs(Surface::Chat, &[ors])
+                .partitions
+                .unwrap()
+                .len(),
+            3
+        );
+        assert!(!exact(
+            &col("channel_id").eq(lit(1i64)).or(col("id").eq(lit(2i64)))
+        ));
+        assert!(exact(&col("timestamp").gt(ts("2024-01-01T00:00:00Z"))));
+        assert!(exact(&ts("2024-01-01T00:00:00Z").lt_eq(col("timestamp"))));
+        assert!(exact(&col("timestamp").between(
+            ts("2024-01-01T00:00:00Z"),
+            ts("2024-01-02T00:00:00Z")
+        )));
+        assert!(exact(&col("id").lt(lit(10i64))));
+        let t = ts("2024-01-01T00:00:00Z");
+        let fwd = col("timestamp")
+            .gt(t.clone())
+            .or(col("timestamp").eq(t.clone()).and(col("id").gt(lit(7i64))));
+        assert!(exact(&fwd));
+        let back = col("timestamp")
+            .eq(t.clone())
+            .and(col("id").lt(lit(7i64)))
+            .or(col("timestamp").lt(t.clone()));
+        assert!(exact(&back));
+        let p = PushedFilters::from_exprs(Surface::Chat, &[fwd]);
+        assert_eq!(p.bounds.after.unwrap().sort_key.as_bytes(), &encode_i64(7));
+    }
+
+    #[test]
+    fn refused_shapes() {
+        let t = ts("2024-01-01T00:00:00Z");
+        for e in [
+            col("channel_id").not_eq(lit(5i64)),
+            col("channel_id").gt(lit(5i64)),
+            col("channel_id").in_list(vec![lit(1i64)], true),
+            col("content").eq(lit("x")),
+            col("timestamp").not_eq(t.clone()),
+            col("id").eq(col("channel_id")),
+            col("id").gt(lit(1i64)).or(col("id").lt(lit(0i64))),
+            // Mixed directions are not a cursor.
+            col("timestamp")
+                .gt(t.clone())
+                .or(col("timestamp").eq(t.clone()).and(col("id").lt(lit(7i64)))),
+            // Different instants are not a cursor.
+            col("timestamp").gt(t.clone()).or(col("timestamp")
+                .eq(ts("2024-01-02T00:00:00Z"))
+                .and(col("id").gt(lit(7i64)))),
+            // Sub-microsecond literal: refused, never narrowed.
+            col("timestamp").gt(Expr::Literal(
+                ScalarValue::TimestampNanosecond(Some(1_500), None),
+                None,
+            )),
+            col("id").is_null(),
+        ] {
+            assert!(!exact(&e), "{e} must be Unsupported");
+        }
+    }
+
+    #[test]
+    fn combination_and_contradiction() {
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[
+                col("channel_id").in_list(vec![lit(1i64), lit(2i64)], false),
+                col("channel_id").eq(lit(2i64)),
+                col("timestamp").gt_eq(ts("2024-01-01T00:00:00Z")),
+                col("timestamp").gt_eq(ts("2024-01-05T00:00:00Z")),
+                col("timestamp").lt(ts("2024-01-10T00:00:00Z")),
+            ],
+        );
+        assert_eq!(p.partitions.as_ref().unwrap().len(), 1);
+        assert!(!p.empty);
+        let (lo, hi) = p.bounds.time_interval().unwrap();
+        assert_eq!(
+            lo,
+            EventTime::parse_rfc3339("2024-01-05T00:00:00Z").unwrap()
+        );
+        assert_eq!(
+            hi.as_micros(),
+            EventTime::parse_rfc3339("2024-01-10T00:00:00Z")
+                .unwrap()
+                .as_micros()
+                - 1
+        );
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[
+                col("channel_id").eq(lit(1i64)),
+                col("channel_id").eq(lit(2i64)),
+            ],
+        );
+        assert!(p.empty);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("id").gt(lit(5i64)), col("id").lt(lit(3i64))],
+        );
+        assert!(p.empty);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("id").gt(lit(5i64)), col("id").lt_eq(lit(5i64))],
+        );
+        assert!(p.empty);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("id").gt_eq(lit(5i64)), col("id").lt_eq(lit(5i64))],
+        );
+        assert!(!p.empty);
+        // Out of the supported range: a lower bound before 1900 restricts nothing; an upper
+        // bound before 1900 matches nothing.
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("timestamp").gt(ts("1800-01-01T00:00:00Z"))],
+        );
+        assert!(!p.empty);
+        assert_eq!(p.bounds.time_lower, Bound::Unbounded);
+        let p = PushedFilters::from_exprs(
+            Surface::Chat,
+            &[col("timestamp").lt(ts("1800-01-01T00:00:00Z"))],
+        );
+        assert!(p.empty);
+    }
+}

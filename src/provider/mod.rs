@@ -1,0 +1,263 @@
+//! The DataFusion surface: a thin `TableProvider` over a [`DurableTable`].
+//!
+//! [`PulpitumTable`] classifies filters ([`filters`]), lists and prunes buckets, groups
+//! them into scan partitions and hands everything to [`scan::PulpitumScanExec`]. Inserts go
+//! through [`sink::PulpitumSink`], tables are created by SQL through
+//! [`factory::PulpitumTableFactory`], and [`surface`] maps envelope columns to SQL columns.
+//! Errors of this layer are one enum, [`ProviderError`], converted to `DataFusionError`
+//! only where DataFusion calls in.
+
+pub mod factory;
+pub mod filters;
+pub mod scan;
+pub mod sink;
+pub mod surface;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::error::ArrowError;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::datasource::sink::DataSinkExec;
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
+use datafusion::physical_plan::ExecutionPlan;
+
+pub use factory::PulpitumTableFactory;
+pub use filters::{classify, PushedFilters};
+pub use scan::{BucketCounts, KeyBuckets, PulpitumScanExec, ScanSpec};
+pub use sink::PulpitumSink;
+pub use surface::Surface;
+
+use crate::model::{ModelError, PartitionKey};
+use crate::store::{BucketFilter, BucketState};
+use crate::table::{DurableTable, TableError, DEFAULT_PAGE_ROWS};
+
+/// Every way the SQL layer can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// A store or archive failure, or a fenced write.
+    #[error(transparent)]
+    Table(#[from] TableError),
+    /// A value that violates the model (key length, time range, sub-microsecond time).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A table's surface name is not `chat` or `raw`.
+    #[error("unknown surface {0:?} (expected 'chat' or 'raw')")]
+    UnknownSurface(String),
+    /// A bad `CREATE EXTERNAL TABLE` option or column list.
+    #[error("invalid table definition: {0}")]
+    InvalidDefinition(String),
+    /// Rows an INSERT cannot store.
+    #[error("invalid INSERT: {0}")]
+    InvalidInsert(String),
+    /// A stored row that does not fit the table's surface.
+    #[error("stored row does not fit the surface: {0}")]
+    CorruptRow(String),
+    /// A per-query limit was reached; the query is stopped.
+    #[error("query limit exceeded: {0}")]
+    LimitExceeded(String),
+    /// An Arrow error while building batches.
+    #[error(transparent)]
+    Arrow(#[from] ArrowError),
+    /// A broken internal expectation.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<ProviderError> for DataFusionError {
+    fn from(e: ProviderError) -> Self {
+        match e {
+            ProviderError::InvalidDefinition(_) | ProviderError::UnknownSurface(_) => {
+                DataFusionError::Plan(e.to_string())
+            }
+            ProviderError::Arrow(a) => DataFusionError::ArrowError(Box::new(a), None),
+            other => DataFusionError::External(Box::new(other)),
+        }
+    }
+}
+
+/// Per-query limits, checked as rows stream out of the scans. `None` disables a limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// Most rows all scans of one table in a query may produce.
+    pub max_rows: Option<u64>,
+    /// Most bytes (keys, times and values as read) all scans of one table may produce.
+    pub max_bytes: Option<u64>,
+    /// Longest wall time from the first scan partition's start.
+    pub max_duration: Option<Duration>,
+}
+
+/// Options of a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProviderOptions {
+    /// Per-query limits.
+    pub limits: QueryLimits,
+    /// Rows per hot page and archive batch.
+    pub page_rows: usize,
+}
+
+impl Default for ProviderOptions {
+    fn default() -> Self {
+        Self {
+            limits: QueryLimits::default(),
+            page_rows: DEFAULT_PAGE_ROWS,
+        }
+    }
+}
+
+/// One Pulpitum table as a DataFusion table.
+#[derive(Debug)]
+pub struct PulpitumTable {
+    table: DurableTable,
+    surface: Surface,
+    schema: SchemaRef,
+    options: ProviderOptions,
+}
+
+impl PulpitumTable {
+    /// A provider for a table; its surface comes from the table's definition.
+    pub fn try_new(table: DurableTable, options: ProviderOptions) -> Result<Self, ProviderError> {
+        let surface = Surface::parse(&table.definition().surface)?;
+        Ok(Self {
+            schema: surface.schema(),
+            table,
+            surface,
+            options,
+        })
+    }
+
+    /// The underlying table.
+    pub fn table(&self) -> &DurableTable {
+        &self.table
+    }
+
+    /// The surface.
+    pub fn surface(&self) -> Surface {
+        self.surface
+    }
+
+    async fn plan_scan(
+        &self,
+        target_partitions: usize,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<ScanSpec, ProviderError> {
+        let pushed = PushedFilters::from_exprs(self.surface, filters);
+        let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..4).collect());
+        let mut counts = BucketCounts::default();
+        let mut by_key: BTreeMap<PartitionKey, KeyBuckets> = BTreeMap::new();
+        if !pushed.empty {
+            let interval = pushed.bounds.time_interval();
+            let filter = BucketFilter {
+                partitions: pushed
+                    .partitions
+                    .as_ref()
+                    .map(|p| p.iter().cloned().collect()),
+                from: interval.map(|i| i.0),
+                to: interval.map(|i| i.1),
+            };
+            let mut metas = self.table.list_buckets(&filter).await?;
+            metas.sort_by(|a, b| {
+                (&a.id.partition_key, a.id.bucket_key.start())
+                    .cmp(&(&b.id.partition_key, b.id.bucket_key.start()))
+            });
+            for m in metas {
+                let in_set = pushed
+                    .partitions
+                    .as_ref()
+                    .is_none_or(|p| p.contains(&m.id.partition_key));
+                if !in_set || !pushed.bounds.may_overlap(&m.id.bucket_key) {
+                    counts.pruned += 1;
+                    continue;
+                }
+                let archived = match &m.state {
+                    BucketState::Hot => {
+                        counts.hot += 1;
+                        None
+                    }
+                    BucketState::Archiving => {
+                        counts.archiving += 1;
+                        None
+                    }
+                    BucketState::Archived { object_key, .. } => {
+                        counts.archived += 1;
+                        Some(object_key.clone())
+                    }
+                };
+                by_key
+                    .entry(m.id.partition_key.clone())
+                    .or_insert_with(|| KeyBuckets {
+                        partition_key: m.id.partition_key.clone(),
+                        buckets: Vec::new(),
+                    })
+                    .buckets
+                    .push((m.id, archived));
+            }
+        }
+        let keys: Vec<KeyBuckets> = by_key.into_values().collect();
+        Ok(ScanSpec {
+            table: self.table.clone(),
+            surface: self.surface,
+            projection,
+            pushed,
+            keys,
+            target_partitions: target_partitions.max(1),
+            counts,
+            limit,
+            descending: false,
+            page_rows: self.options.page_rows,
+            limits: self.options.limits,
+        })
+    }
+}
+
+#[async_trait]
+impl TableProvider for PulpitumTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DFResult<Vec<TableProviderFilterPushDown>> {
+        Ok(filters.iter().map(|f| classify(self.surface, f)).collect())
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let target = state.config().target_partitions();
+        let spec = self.plan_scan(target, projection, filters, limit).await?;
+        Ok(Arc::new(PulpitumScanExec::try_new(spec)?))
+    }
+
+    async fn insert_into(
+        &self,
+        _state: &dyn Session,
+        input: Arc<dyn ExecutionPlan>,
+        insert_op: InsertOp,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        if insert_op != InsertOp::Append {
+            return Err(DataFusionError::NotImplemented(format!(
+                "{insert_op} is not supported: Pulpitum tables are append-only (use INSERT INTO)"
+            )));
+        }
+        let sink = PulpitumSink::new(self.table.clone(), self.surface);
+        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
+    }
+}

@@ -1,0 +1,559 @@
+//! `PulpitumScanExec`: the physical scan of one table.
+//!
+//! Planning (in [`PulpitumScanExec::try_new`]) has already listed the buckets that can hold
+//! matching rows and grouped them by partition key into DataFusion partitions: each
+//! partition emits its partition keys in ascending key order and, per key, its buckets in
+//! time order (newest first in descending mode). So every partition is sorted by
+//! `(partition, time, sort)`, and by `(time, sort)` when it holds one partition key; both
+//! orderings are declared, which lets DataFusion drop `SortExec` for `ORDER BY timestamp, id`
+//! on one channel and answer `ORDER BY timestamp DESC LIMIT n` through
+//! [`ExecutionPlan::try_pushdown_sort`] with a descending scan that stops after `n` rows,
+//! reading only the newest buckets it needs. Buckets stream lazily, one after another:
+//! a bucket is opened only when the previous one is exhausted and the limit is not reached.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::compute::SortOptions;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    SendableRecordBatchStream, SortOrderPushdownResult,
+};
+use futures::stream::{self, StreamExt};
+
+use super::surface::{Role, Surface};
+use super::{ProviderError, QueryLimits};
+use crate::model::{BucketId, PartitionKey};
+use crate::table::{BucketChunk, BucketScan, DurableTable, Tier};
+
+/// The buckets of one partition key that a scan reads, oldest first.
+#[derive(Debug, Clone)]
+pub struct KeyBuckets {
+    /// The partition key.
+    pub partition_key: PartitionKey,
+    /// Buckets in time order, each with its Archived route if the listing saw one.
+    pub buckets: Vec<(BucketId, Option<String>)>,
+}
+
+/// Bucket counts of a plan, by the state the listing observed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BucketCounts {
+    /// Buckets listed as Hot.
+    pub hot: usize,
+    /// Buckets listed as Archiving.
+    pub archiving: usize,
+    /// Buckets listed as Archived.
+    pub archived: usize,
+    /// Buckets listed but excluded by the scan bounds before any read.
+    pub pruned: usize,
+}
+
+/// Everything a scan was planned with.
+#[derive(Debug, Clone)]
+pub struct ScanSpec {
+    /// The table.
+    pub table: DurableTable,
+    /// Its SQL surface.
+    pub surface: Surface,
+    /// Projected column indices into the surface schema.
+    pub projection: Vec<usize>,
+    /// Bounds every tier applies, and the filters they came from.
+    pub pushed: super::filters::PushedFilters,
+    /// Buckets to read, per partition key, in key order.
+    pub keys: Vec<KeyBuckets>,
+    /// DataFusion's target partitions (the most scan partitions to use).
+    pub target_partitions: usize,
+    /// What the listing saw.
+    pub counts: BucketCounts,
+    /// Rows per partition the scan may stop after.
+    pub limit: Option<usize>,
+    /// Newest first.
+    pub descending: bool,
+    /// Rows per hot page.
+    pub page_rows: usize,
+    /// Per-query limits.
+    pub limits: QueryLimits,
+}
+
+/// The scan plan node.
+#[derive(Debug)]
+pub struct PulpitumScanExec {
+    spec: ScanSpec,
+    groups: Vec<Vec<KeyBuckets>>,
+    schema: SchemaRef,
+    props: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    shared: Arc<QueryCounters>,
+}
+
+/// Counters shared by all partitions of one execution, for the per-query limits.
+#[derive(Debug, Default)]
+struct QueryCounters {
+    rows: AtomicU64,
+    bytes: AtomicU64,
+    started: OnceLock<Instant>,
+}
+
+impl PulpitumScanExec {
+    /// Builds the node and computes its properties once.
+    pub fn try_new(spec: ScanSpec) -> Result<Self, ProviderError> {
+        let full = spec.surface.schema();
+        let schema = Arc::new(full.project(&spec.projection)?);
+        let groups = plan_groups(&spec.keys, spec.target_partitions, spec.limit.is_some());
+        let eq = equivalence(&spec, &groups, &schema);
+        let props = PlanProperties::new(
+            eq,
+            Partitioning::UnknownPartitioning(groups.len()),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(Self {
+            spec,
+            groups,
+            schema,
+            props: Arc::new(props),
+            metrics: ExecutionPlanMetricsSet::new(),
+            shared: Arc::new(QueryCounters::default()),
+        })
+    }
+
+    /// The plan's inputs (for tests and tools).
+    pub fn spec(&self) -> &ScanSpec {
+        &self.spec
+    }
+
+    fn with_spec(&self, spec: ScanSpec) -> Arc<dyn ExecutionPlan> {
+        Arc::new(Self::try_new(spec).expect("same projection as an existing plan"))
+    }
+
+    /// The buckets of each scan partition.
+    pub fn groups(&self) -> &[Vec<KeyBuckets>] {
+        &self.groups
+    }
+}
+
+/// Splits the keys into scan partitions. Every partition lists its keys in key order and
+/// each key's buckets in time order, so every partition is sorted by (key, time, sort).
+///
+/// With more keys than target partitions, keys are split into contiguous runs. With fewer
+/// keys and no row limit, each key's buckets are also split into contiguous time ranges so
+/// that several cores read one channel; a partition then still holds one key, sorted by
+/// (time, sort), and a global ORDER BY becomes a merge. With a limit (a "latest N" page or
+/// a cursor page), each key stays in one partition so the scan stops after the newest (or
+/// oldest) buckets it needs instead of reading the first rows of every time range.
+fn plan_groups(keys: &[KeyBuckets], target: usize, limited: bool) -> Vec<Vec<KeyBuckets>> {
+    let target = target.max(1);
+    if keys.is_empty() {
+        return vec![Vec::new()];
+    }
+    if keys.len() >= target || limited {
+        let parts = target.min(keys.len());
+        let mut out: Vec<Vec<KeyBuckets>> = (0..parts).map(|_| Vec::new()).collect();
+        for (i, k) in keys.iter().enumerate() {
+            out[i * parts / keys.len()].push(k.clone());
+        }
+        return out;
+    }
+    let per_key = target / keys.len();
+    let mut out = Vec::new();
+    for k in keys {
+        let pieces = per_key.min(k.buckets.len()).max(1);
+        let n = k.buckets.len();
+        for p in 0..pieces {
+            let (a, b) = (p * n / pieces, (p + 1) * n / pieces);
+            out.push(vec![KeyBuckets {
+                partition_key: k.partition_key.clone(),
+                buckets: k.buckets[a..b].to_vec(),
+            }]);
+        }
+    }
+    out
+}
+
+fn sort_options(descending: bool) -> SortOptions {
+    SortOptions {
+        descending,
+        nulls_first: descending,
+    }
+}
+
+/// The orderings a scan guarantees, over the projected schema.
+fn orderings(
+    spec: &ScanSpec,
+    groups: &[Vec<KeyBuckets>],
+    schema: &SchemaRef,
+) -> Vec<Vec<PhysicalSortExpr>> {
+    let names = spec.surface.column_names();
+    let col = |role_idx: usize, desc: bool| -> Option<PhysicalSortExpr> {
+        let idx = schema.index_of(names[role_idx]).ok()?;
+        let e: Arc<dyn PhysicalExpr> = Arc::new(Column::new(names[role_idx], idx));
+        Some(PhysicalSortExpr::new(e, sort_options(desc)))
+    };
+    let prefix = |roles: &[(usize, bool)]| -> Vec<PhysicalSortExpr> {
+        roles.iter().map_while(|(r, d)| col(*r, *d)).collect()
+    };
+    let d = spec.descending;
+    let mut out = vec![prefix(&[(0, false), (1, d), (2, d)])];
+    if groups.iter().all(|g| g.len() <= 1) {
+        out.push(prefix(&[(1, d), (2, d)]));
+    }
+    out.retain(|o| !o.is_empty());
+    out
+}
+
+fn equivalence(
+    spec: &ScanSpec,
+    groups: &[Vec<KeyBuckets>],
+    schema: &SchemaRef,
+) -> EquivalenceProperties {
+    EquivalenceProperties::new_with_orderings(schema.clone(), orderings(spec, groups, schema))
+}
+
+impl DisplayAs for PulpitumScanExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let s = &self.spec;
+        let c = s.counts;
+        let cols: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        let keys = s.keys.len();
+        match t {
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "table={}", s.table.definition().table_id)?;
+                writeln!(
+                    f,
+                    "buckets=hot:{} archiving:{} archived:{} pruned:{}",
+                    c.hot, c.archiving, c.archived, c.pruned
+                )?;
+                write!(
+                    f,
+                    "limit={}",
+                    s.limit.map_or("none".to_string(), |l| l.to_string())
+                )
+            }
+            _ => {
+                write!(
+                    f,
+                    "PulpitumScanExec: table={}, projection=[{}], filters={}, partitions={}, keys={}, buckets=[hot={}, archiving={}, archived={}, pruned={}], order={}, limit={}",
+                    s.table.definition().table_id,
+                    cols.join(", "),
+                    s.pushed.describe(s.surface),
+                    self.groups.len(),
+                    keys,
+                    c.hot,
+                    c.archiving,
+                    c.archived,
+                    c.pruned,
+                    if s.descending { "desc" } else { "asc" },
+                    s.limit.map_or("none".to_string(), |l| l.to_string()),
+                )?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Per-partition metrics, named by tier.
+#[derive(Clone)]
+struct TierMetrics {
+    hot_buckets: Count,
+    hot_rows: Count,
+    hot_pages: Count,
+    hot_bytes: Count,
+    archived_buckets: Count,
+    archived_rows: Count,
+    archived_batches: Count,
+    archived_bytes: Count,
+}
+
+impl TierMetrics {
+    fn new(m: &ExecutionPlanMetricsSet, p: usize) -> Self {
+        let c = |name: &'static str| MetricBuilder::new(m).counter(name, p);
+        Self {
+            hot_buckets: c("hot_buckets"),
+            hot_rows: c("hot_rows"),
+            hot_pages: c("hot_pages"),
+            hot_bytes: c("hot_bytes"),
+            archived_buckets: c("archived_buckets"),
+            archived_rows: c("archived_rows"),
+            archived_batches: c("archived_batches"),
+            archived_bytes: c("archived_bytes"),
+        }
+    }
+
+    fn record(&self, chunk: &BucketChunk, first_of_bucket: bool, bytes: usize) {
+        let rows = chunk.batch.num_rows();
+        match chunk.tier {
+            Tier::Hot => {
+                if first_of_bucket {
+                    self.hot_buckets.add(1);
+                }
+                self.hot_rows.add(rows);
+                self.hot_pages.add(chunk.pages as usize);
+                self.hot_bytes.add(bytes);
+            }
+            Tier::Archived => {
+                if first_of_bucket {
+                    self.archived_buckets.add(1);
+                }
+                self.archived_rows.add(rows);
+                self.archived_batches.add(1);
+                self.archived_bytes.add(bytes);
+            }
+        }
+    }
+}
+
+fn batch_bytes(b: &RecordBatch) -> usize {
+    b.columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum()
+}
+
+impl ExecutionPlan for PulpitumScanExec {
+    fn name(&self) -> &str {
+        "PulpitumScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DFResult<TreeNodeRecursion>,
+    ) -> DFResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "PulpitumScanExec has no children".into(),
+            ))
+        }
+    }
+
+    fn reset_state(self: Arc<Self>) -> DFResult<Arc<dyn ExecutionPlan>> {
+        // Fresh limit counters and metrics for a new execution of the same plan.
+        Ok(self.with_spec(self.spec.clone()))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        let mut spec = self.spec.clone();
+        spec.limit = match (spec.limit, limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Some(self.with_spec(spec))
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.spec.limit
+    }
+
+    fn try_pushdown_sort(
+        &self,
+        order: &[PhysicalSortExpr],
+    ) -> DFResult<SortOrderPushdownResult<Arc<dyn ExecutionPlan>>> {
+        // Already satisfied as planned?
+        let eq = self.props.equivalence_properties();
+        if eq.ordering_satisfy(order.iter().cloned())? {
+            return Ok(SortOrderPushdownResult::Exact {
+                inner: self.with_spec(self.spec.clone()),
+            });
+        }
+        // Satisfied by the reverse scan?
+        let mut spec = self.spec.clone();
+        spec.descending = !spec.descending;
+        let reversed = Self::try_new(spec.clone()).map_err(DataFusionError::from)?;
+        if reversed
+            .props
+            .equivalence_properties()
+            .ordering_satisfy(order.iter().cloned())?
+        {
+            return Ok(SortOrderPushdownResult::Exact {
+                inner: Arc::new(reversed),
+            });
+        }
+        Ok(SortOrderPushdownResult::Unsupported)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> DFResult<SendableRecordBatchStream> {
+        let spec = self.spec.clone();
+        let schema = self.schema.clone();
+        let group: Vec<KeyBuckets> = self.groups.get(partition).cloned().unwrap_or_default();
+        let metrics = TierMetrics::new(&self.metrics, partition);
+        let shared = self.shared.clone();
+        let started = *shared.started.get_or_init(Instant::now);
+        let remaining = Arc::new(AtomicUsize::new(spec.limit.unwrap_or(usize::MAX)));
+
+        let mut buckets: Vec<(BucketId, Option<String>)> = Vec::new();
+        for kb in group {
+            if spec.descending {
+                buckets.extend(kb.buckets.into_iter().rev());
+            } else {
+                buckets.extend(kb.buckets);
+            }
+        }
+        let table = spec.table.clone();
+        let rem = remaining.clone();
+        let req_base = BucketScan {
+            bounds: spec.pushed.bounds.clone(),
+            descending: spec.descending,
+            include_value: spec
+                .projection
+                .iter()
+                .any(|&i| Surface::role_at(i) == Role::Value),
+            page_rows: spec.page_rows,
+            limit: None,
+        };
+        let chunks = stream::iter(buckets)
+            .map(move |(id, archived)| {
+                let left = rem.load(AtomicOrdering::SeqCst);
+                let req = BucketScan {
+                    limit: (left != usize::MAX).then_some(left),
+                    ..req_base.clone()
+                };
+                let metrics = metrics.clone();
+                let inner = if left == 0 {
+                    stream::empty().boxed()
+                } else {
+                    table.scan_bucket(id, archived, req)
+                };
+                inner.scan(true, move |first, item| {
+                    if let Ok(chunk) = &item {
+                        metrics.record(chunk, *first, batch_bytes(&chunk.batch));
+                        *first = false;
+                    }
+                    futures::future::ready(Some(item))
+                })
+            })
+            .flatten()
+            .boxed();
+
+        let surface = spec.surface;
+        let projection = spec.projection.clone();
+        let limits = spec.limits;
+        let out_schema = schema.clone();
+        let out = stream::unfold((chunks, false), move |(mut chunks, done)| {
+            let out_schema = out_schema.clone();
+            let projection = projection.clone();
+            let shared = shared.clone();
+            let remaining = remaining.clone();
+            async move {
+                if done || remaining.load(AtomicOrdering::SeqCst) == 0 {
+                    return None;
+                }
+                let next = match limits.max_duration {
+                    Some(max) => {
+                        let left = max.saturating_sub(started.elapsed());
+                        match tokio::time::timeout(left, chunks.next()).await {
+                            Ok(n) => n,
+                            Err(_) => {
+                                let e = ProviderError::LimitExceeded(format!(
+                                    "query ran longer than max_duration {max:?}"
+                                ));
+                                return Some((Err(e.into()), (chunks, true)));
+                            }
+                        }
+                    }
+                    None => chunks.next().await,
+                };
+                let chunk = match next {
+                    None => return None,
+                    Some(Err(e)) => {
+                        return Some((Err(ProviderError::from(e).into()), (chunks, true)))
+                    }
+                    Some(Ok(c)) => c,
+                };
+                let res = (|| -> Result<RecordBatch, ProviderError> {
+                    let left = remaining.load(AtomicOrdering::SeqCst);
+                    let env = if chunk.batch.num_rows() > left {
+                        chunk.batch.slice(0, left)
+                    } else {
+                        chunk.batch
+                    };
+                    if left != usize::MAX {
+                        remaining.fetch_sub(env.num_rows(), AtomicOrdering::SeqCst);
+                    }
+                    let rows = shared
+                        .rows
+                        .fetch_add(env.num_rows() as u64, AtomicOrdering::SeqCst)
+                        + env.num_rows() as u64;
+                    let bytes = shared
+                        .bytes
+                        .fetch_add(batch_bytes(&env) as u64, AtomicOrdering::SeqCst)
+                        + batch_bytes(&env) as u64;
+                    limits.check(rows, bytes, started.elapsed())?;
+                    surface.envelope_to_surface(&env, &projection, &out_schema)
+                })();
+                let failed = res.is_err();
+                Some((res.map_err(DataFusionError::from), (chunks, failed)))
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+    }
+}
+
+impl QueryLimits {
+    fn check(&self, rows: u64, bytes: u64, elapsed: Duration) -> Result<(), ProviderError> {
+        if let Some(max) = self.max_rows {
+            if rows > max {
+                return Err(ProviderError::LimitExceeded(format!(
+                    "query scanned more than max_rows = {max} rows"
+                )));
+            }
+        }
+        if let Some(max) = self.max_bytes {
+            if bytes > max {
+                return Err(ProviderError::LimitExceeded(format!(
+                    "query scanned more than max_bytes = {max} bytes"
+                )));
+            }
+        }
+        if let Some(max) = self.max_duration {
+            if elapsed > max {
+                return Err(ProviderError::LimitExceeded(format!(
+                    "query ran longer than max_duration {max:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}

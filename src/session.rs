@@ -1,0 +1,169 @@
+//! The embedded entry point: a DataFusion `SessionContext` with every registered Pulpitum
+//! table, and `CREATE EXTERNAL TABLE ... STORED AS PULPITUM` enabled.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = pulpitum::session::connect(
+//!     "postgres://postgres@127.0.0.1:5432/test",
+//!     "file:///var/lib/pulpitum/archive",
+//! )
+//! .await?;
+//! ctx.sql(
+//!     "CREATE EXTERNAL TABLE IF NOT EXISTS chat STORED AS PULPITUM LOCATION '' \
+//!      OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
+//! )
+//! .await?;
+//! ctx.sql("INSERT INTO chat VALUES (1, TIMESTAMP '2024-05-01T12:00:00Z', 1, 'hello')")
+//!     .await?
+//!     .collect()
+//!     .await?;
+//! let page = ctx
+//!     .sql("SELECT * FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC LIMIT 50")
+//!     .await?
+//!     .collect()
+//!     .await?;
+//! # let _ = page;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::archive::{ArchiveError, ArchiveStore};
+use crate::provider::factory::FORMAT_NAME;
+use crate::provider::{ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits};
+use crate::store::embedded::SqliteStore;
+use crate::store::postgres::PgStore;
+use crate::store::{HotStore, StoreError};
+use crate::table::{RouteCacheConfig, DEFAULT_PAGE_ROWS};
+
+/// Options of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Per-query scan limits (rows, bytes, wall time).
+    pub limits: QueryLimits,
+    /// Archived-route cache bounds (shared by all tables of the session).
+    pub route_cache: RouteCacheConfig,
+    /// Rows per hot page and archive batch.
+    pub page_rows: usize,
+    /// DataFusion target partitions (scan parallelism); `None` keeps DataFusion's default
+    /// (the number of cores).
+    pub target_partitions: Option<usize>,
+    /// Run `HotStore::migrate` before listing tables.
+    pub migrate: bool,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self {
+            limits: QueryLimits::default(),
+            route_cache: RouteCacheConfig::default(),
+            page_rows: DEFAULT_PAGE_ROWS,
+            target_partitions: None,
+            migrate: true,
+        }
+    }
+}
+
+/// Every way building a session can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The database URL is not one this build understands.
+    #[error("unsupported database URL {0:?} (expected postgres://, postgresql://, sqlite://PATH, sqlite::memory: or a file path)")]
+    UnsupportedDatabaseUrl(String),
+    /// The hot store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The archive URL is invalid.
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    /// A registered table cannot be exposed.
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// DataFusion refused a registration.
+    #[error(transparent)]
+    DataFusion(#[from] datafusion::error::DataFusionError),
+}
+
+/// Builds a session over a store and an archive, registering every table in the store's
+/// registry and the `PULPITUM` table factory.
+pub async fn session(
+    store: Arc<dyn HotStore>,
+    archive: Arc<ArchiveStore>,
+    opts: SessionOptions,
+) -> Result<SessionContext, SessionError> {
+    if opts.migrate {
+        store.migrate().await?;
+    }
+    let factory = PulpitumTableFactory::new(
+        store.clone(),
+        archive,
+        ProviderOptions {
+            limits: opts.limits,
+            page_rows: opts.page_rows,
+        },
+        opts.route_cache,
+    );
+    let mut config = SessionConfig::new().with_information_schema(true);
+    if let Some(n) = opts.target_partitions {
+        config = config.with_target_partitions(n.max(1));
+    }
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_table_factory(FORMAT_NAME.to_string(), Arc::new(factory.clone()))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    for def in store.tables().await? {
+        let name = def.table_id.to_string();
+        let provider = factory.provider(def)?;
+        ctx.register_table(name.as_str(), Arc::new(provider))?;
+    }
+    Ok(ctx)
+}
+
+/// Opens the hot store named by a URL: `postgres://` / `postgresql://` (CockroachDB or
+/// PostgreSQL), `sqlite://PATH` or a plain file path (embedded), `sqlite::memory:`.
+pub async fn open_store(database_url: &str) -> Result<Arc<dyn HotStore>, SessionError> {
+    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
+        return open_postgres(database_url).await;
+    }
+    if database_url == "sqlite::memory:" {
+        return Ok(Arc::new(SqliteStore::open_in_memory()?));
+    }
+    let path = database_url
+        .strip_prefix("sqlite://")
+        .unwrap_or(database_url);
+    if path.is_empty() || path.contains("://") {
+        return Err(SessionError::UnsupportedDatabaseUrl(
+            database_url.to_string(),
+        ));
+    }
+    Ok(Arc::new(SqliteStore::open(path)?))
+}
+
+async fn open_postgres(url: &str) -> Result<Arc<dyn HotStore>, SessionError> {
+    Ok(Arc::new(PgStore::connect(url).await?))
+}
+
+/// Builds a session from a database URL and an archive URL with default options.
+pub async fn connect(
+    database_url: &str,
+    archive_url: &str,
+) -> Result<SessionContext, SessionError> {
+    connect_with(database_url, archive_url, SessionOptions::default()).await
+}
+
+/// [`connect`] with explicit options (limits, route cache, page size, parallelism).
+pub async fn connect_with(
+    database_url: &str,
+    archive_url: &str,
+    opts: SessionOptions,
+) -> Result<SessionContext, SessionError> {
+    let store = open_store(database_url).await?;
+    let archive = Arc::new(ArchiveStore::from_url(archive_url)?);
+    session(store, archive, opts).await
+}

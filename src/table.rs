@@ -1,0 +1,467 @@
+//! `DurableTable`: one logical table over both tiers, below the SQL layer.
+//!
+//! It owns the two operations the SQL provider needs and nothing of DataFusion's planner:
+//! fenced appends (delegated to the hot store, whose single statement checks the bucket is
+//! Hot) and routed bucket reads. A bucket read asks the hot store for one page of rows
+//! *together with* the route (one statement), so one page never mixes tiers; when the route
+//! says Archived, the read continues from the archive at the same cursor. Routes of archived
+//! buckets are immutable (a manifest never changes and an archived bucket never becomes Hot
+//! again), so they are kept in a bounded process-local cache; Hot and Archiving observations
+//! are never cached, because they can change at any moment. After publication every read
+//! goes to the archive, and an object-store error is returned as it is, never answered from
+//! the hot rows that may still exist until cleanup.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::stream::{self, BoxStream, StreamExt};
+
+use crate::archive::{records_to_batch, ArchiveError, ArchiveScan, ArchiveStore, Manifest};
+use crate::model::Record;
+use crate::model::{BucketId, ScanBounds};
+use crate::store::{
+    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, HotPage, HotStore, PageRequest,
+    StoreError, TableDefinition,
+};
+
+/// How long an archived route may be served from the cache before it is re-read from the
+/// hot store. The archiver must wait at least this long after publication before deleting
+/// hot rows (`HotStore::cleanup_step`'s `min_age`): a reader never trusts a cached route
+/// older than this bound, so any reader that could still be acting on a pre-publication
+/// observation has finished deciding by then.
+pub const ROUTE_CACHE_TTL: Duration = Duration::from_secs(60);
+
+/// Default number of archived routes kept per table.
+pub const ROUTE_CACHE_CAPACITY: usize = 10_000;
+
+/// Default rows per hot page and per archive batch.
+pub const DEFAULT_PAGE_ROWS: usize = 1_000;
+
+/// Bounds of the archived-route cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteCacheConfig {
+    /// Most entries kept; the oldest entry is evicted first when full. 0 disables caching.
+    pub capacity: usize,
+    /// Longest time an entry is served. Must not exceed the archiver's cleanup delay.
+    pub ttl: Duration,
+}
+
+impl Default for RouteCacheConfig {
+    fn default() -> Self {
+        Self {
+            capacity: ROUTE_CACHE_CAPACITY,
+            ttl: ROUTE_CACHE_TTL,
+        }
+    }
+}
+
+/// Every way a table operation can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// The hot store failed or refused (fenced bucket, duplicate key, ...).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The archive failed while reading a published bucket. Never replaced by hot rows.
+    #[error("archived bucket {bucket}: {source}")]
+    Archive {
+        /// The bucket being read.
+        bucket: BucketId,
+        /// The cold-tier error.
+        #[source]
+        source: Box<ArchiveError>,
+    },
+}
+
+impl TableError {
+    /// Whether retrying later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Store(e) => e.is_retryable(),
+            Self::Archive { source, .. } => source.is_retryable(),
+        }
+    }
+}
+
+/// Which tier produced a chunk of rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Rows from the hot store (bucket Hot or Archiving at the time of the page).
+    Hot,
+    /// Rows from a published archive.
+    Archived,
+}
+
+/// A chunk of one bucket's rows in the archive's envelope schema.
+#[derive(Debug, Clone)]
+pub struct BucketChunk {
+    /// Where the rows came from.
+    pub tier: Tier,
+    /// Hot-store statements (pages) this chunk cost; 0 for archive batches.
+    pub pages: u64,
+    /// Envelope rows (`partition_key`, `event_time`, `sort_key`, `value` if requested).
+    pub batch: RecordBatch,
+}
+
+/// One bucket read request.
+#[derive(Debug, Clone)]
+pub struct BucketScan {
+    /// Predicates every tier applies exactly.
+    pub bounds: ScanBounds,
+    /// Newest first.
+    pub descending: bool,
+    /// Whether value bytes are fetched.
+    pub include_value: bool,
+    /// Rows per page / batch.
+    pub page_rows: usize,
+    /// Stop after this many rows of this bucket (a pushed-down LIMIT), if any.
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug)]
+struct CachedRoute {
+    object_key: String,
+    manifest: Arc<Manifest>,
+    inserted: Instant,
+}
+
+/// A bounded cache of archived routes: bucket -> validated manifest.
+#[derive(Debug)]
+struct RouteCache {
+    config: RouteCacheConfig,
+    entries: Mutex<HashMap<BucketId, CachedRoute>>,
+}
+
+impl RouteCache {
+    fn get(&self, bucket: &BucketId) -> Option<(String, Arc<Manifest>)> {
+        let mut entries = self.entries.lock().expect("route cache poisoned");
+        match entries.get(bucket) {
+            Some(e) if e.inserted.elapsed() < self.config.ttl => {
+                Some((e.object_key.clone(), e.manifest.clone()))
+            }
+            Some(_) => {
+                entries.remove(bucket);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn insert(&self, bucket: BucketId, object_key: String, manifest: Arc<Manifest>) {
+        if self.config.capacity == 0 {
+            return;
+        }
+        let mut entries = self.entries.lock().expect("route cache poisoned");
+        if entries.len() >= self.config.capacity && !entries.contains_key(&bucket) {
+            let ttl = self.config.ttl;
+            entries.retain(|_, e| e.inserted.elapsed() < ttl);
+            if entries.len() >= self.config.capacity {
+                if let Some(oldest) = entries
+                    .iter()
+                    .min_by_key(|(_, e)| e.inserted)
+                    .map(|(k, _)| k.clone())
+                {
+                    entries.remove(&oldest);
+                }
+            }
+        }
+        entries.insert(
+            bucket,
+            CachedRoute {
+                object_key,
+                manifest,
+                inserted: Instant::now(),
+            },
+        );
+    }
+
+    fn len(&self) -> usize {
+        self.entries.lock().expect("route cache poisoned").len()
+    }
+}
+
+/// One logical table over the hot store and the archive.
+#[derive(Debug, Clone)]
+pub struct DurableTable {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn HotStore>,
+    archive: Arc<ArchiveStore>,
+    def: TableDefinition,
+    cache: RouteCache,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableTable")
+            .field("def", &self.def)
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DurableTable {
+    /// A table handle with the default route-cache bounds.
+    pub fn new(store: Arc<dyn HotStore>, archive: Arc<ArchiveStore>, def: TableDefinition) -> Self {
+        Self::with_cache(store, archive, def, RouteCacheConfig::default())
+    }
+
+    /// A table handle with explicit route-cache bounds.
+    pub fn with_cache(
+        store: Arc<dyn HotStore>,
+        archive: Arc<ArchiveStore>,
+        def: TableDefinition,
+        cache: RouteCacheConfig,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                archive,
+                def,
+                cache: RouteCache {
+                    config: cache,
+                    entries: Mutex::new(HashMap::new()),
+                },
+            }),
+        }
+    }
+
+    /// The table's registration.
+    pub fn definition(&self) -> &TableDefinition {
+        &self.inner.def
+    }
+
+    /// The hot store.
+    pub fn store(&self) -> &Arc<dyn HotStore> {
+        &self.inner.store
+    }
+
+    /// The archive.
+    pub fn archive(&self) -> &Arc<ArchiveStore> {
+        &self.inner.archive
+    }
+
+    /// Archived routes currently cached (for tests and diagnostics).
+    pub fn cached_routes(&self) -> usize {
+        self.inner.cache.len()
+    }
+
+    /// Appends one record; the store refuses it unless its bucket is Hot at commit time.
+    pub async fn append(&self, record: &Record) -> Result<AppendOutcome, TableError> {
+        Ok(self
+            .inner
+            .store
+            .append(&self.inner.def.table_id, record)
+            .await?)
+    }
+
+    /// Appends records atomically (all or none).
+    pub async fn append_batch(&self, records: &[Record]) -> Result<BatchOutcome, TableError> {
+        Ok(self
+            .inner
+            .store
+            .append_batch(&self.inner.def.table_id, records)
+            .await?)
+    }
+
+    /// Bucket metadata from the hot store, ordered by partition, then time.
+    pub async fn list_buckets(&self, filter: &BucketFilter) -> Result<Vec<BucketMeta>, TableError> {
+        let metas = self
+            .inner
+            .store
+            .list_buckets(&self.inner.def.table_id, filter)
+            .await?;
+        Ok(metas)
+    }
+
+    /// The validated manifest of an Archived route: from the cache when fresh and naming the
+    /// same object, else read from the archive (checked against the bucket) and cached.
+    async fn manifest_for(
+        &self,
+        bucket: &BucketId,
+        object_key: &str,
+    ) -> Result<Arc<Manifest>, TableError> {
+        if let Some((key, m)) = self.inner.cache.get(bucket) {
+            if key == object_key {
+                return Ok(m);
+            }
+        }
+        let manifest = self
+            .inner
+            .archive
+            .read_manifest(object_key, bucket)
+            .await
+            .map_err(|source| TableError::Archive {
+                bucket: bucket.clone(),
+                source: Box::new(source),
+            })?;
+        let manifest = Arc::new(manifest);
+        self.inner
+            .cache
+            .insert(bucket.clone(), object_key.to_string(), manifest.clone());
+        Ok(manifest)
+    }
+
+    /// The cached archived route of a bucket, if any and fresh.
+    pub fn cached_route(&self, bucket: &BucketId) -> Option<String> {
+        self.inner.cache.get(bucket).map(|(k, _)| k)
+    }
+
+    /// Streams one bucket's matching rows in clustering order (reverse when descending).
+    ///
+    /// `known_archived` is an Archived route observed by the caller (from a listing); when
+    /// present, or when the cache holds a fresh route, the hot store is not asked. Otherwise
+    /// each hot page comes with its route; on the first page that reports Archived the read
+    /// continues from the archive strictly after the last row already returned.
+    pub fn scan_bucket(
+        &self,
+        bucket: BucketId,
+        known_archived: Option<String>,
+        req: BucketScan,
+    ) -> BoxStream<'static, Result<BucketChunk, TableError>> {
+        let table = self.clone();
+        let route = known_archived.or_else(|| table.cached_route(&bucket));
+        enum St {
+            Start(Option<String>),
+            Hot(ScanBounds),
+            Archive(BoxStream<'static, Result<RecordBatch, ArchiveError>>),
+            Done,
+        }
+        let remaining = req.limit.unwrap_or(usize::MAX);
+        let init = (St::Start(route), remaining);
+        stream::unfold(init, move |(mut st, mut remaining)| {
+            let table = table.clone();
+            let bucket = bucket.clone();
+            let req = req.clone();
+            async move {
+                loop {
+                    if remaining == 0 {
+                        return None;
+                    }
+                    match st {
+                        St::Done => return None,
+                        St::Start(Some(object_key)) => {
+                            match table
+                                .open_archive(&bucket, &object_key, &req, &req.bounds)
+                                .await
+                            {
+                                Ok(s) => st = St::Archive(s),
+                                Err(e) => return Some((Err(e), (St::Done, 0))),
+                            }
+                        }
+                        St::Start(None) => st = St::Hot(req.bounds.clone()),
+                        St::Hot(bounds) => {
+                            let page = PageRequest {
+                                bounds: bounds.clone(),
+                                descending: req.descending,
+                                limit: req.page_rows.min(remaining).max(1),
+                                include_value: req.include_value,
+                            };
+                            let res = table.inner.store.read_page(&bucket, &page).await;
+                            match res {
+                                Err(e) => return Some((Err(e.into()), (St::Done, 0))),
+                                Ok(HotPage::Missing) => return None,
+                                Ok(HotPage::Archived { object_key }) => {
+                                    match table
+                                        .open_archive(&bucket, &object_key, &req, &bounds)
+                                        .await
+                                    {
+                                        Ok(s) => st = St::Archive(s),
+                                        Err(e) => return Some((Err(e), (St::Done, 0))),
+                                    }
+                                }
+                                Ok(HotPage::Hot { rows, .. }) => {
+                                    let full = rows.len() >= page.limit;
+                                    let last = rows.last()?;
+                                    let next = if req.descending {
+                                        bounds.with_before(last.clustering_key())
+                                    } else {
+                                        bounds.with_after(last.clustering_key())
+                                    };
+                                    let batch = match records_to_batch(&rows, req.include_value) {
+                                        Ok(b) => b,
+                                        Err(source) => {
+                                            return Some((
+                                                Err(TableError::Archive {
+                                                    bucket,
+                                                    source: Box::new(source),
+                                                }),
+                                                (St::Done, 0),
+                                            ))
+                                        }
+                                    };
+                                    remaining -= rows.len().min(remaining);
+                                    let next_state = if full { St::Hot(next) } else { St::Done };
+                                    let chunk = BucketChunk {
+                                        tier: Tier::Hot,
+                                        pages: 1,
+                                        batch,
+                                    };
+                                    return Some((Ok(chunk), (next_state, remaining)));
+                                }
+                            }
+                        }
+                        St::Archive(mut s) => match s.next().await {
+                            None => return None,
+                            Some(Err(source)) => {
+                                return Some((
+                                    Err(TableError::Archive {
+                                        bucket,
+                                        source: Box::new(source),
+                                    }),
+                                    (St::Done, 0),
+                                ))
+                            }
+                            Some(Ok(batch)) => {
+                                if batch.num_rows() == 0 {
+                                    st = St::Archive(s);
+                                    continue;
+                                }
+                                let batch = if batch.num_rows() > remaining {
+                                    batch.slice(0, remaining)
+                                } else {
+                                    batch
+                                };
+                                remaining -= batch.num_rows();
+                                let chunk = BucketChunk {
+                                    tier: Tier::Archived,
+                                    pages: 0,
+                                    batch,
+                                };
+                                return Some((Ok(chunk), (St::Archive(s), remaining)));
+                            }
+                        },
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+
+    async fn open_archive(
+        &self,
+        bucket: &BucketId,
+        object_key: &str,
+        req: &BucketScan,
+        bounds: &ScanBounds,
+    ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, TableError> {
+        let manifest = self.manifest_for(bucket, object_key).await?;
+        let scan = ArchiveScan {
+            bounds: bounds.clone(),
+            descending: req.descending,
+            include_value: req.include_value,
+            batch_rows: req.page_rows.min(req.limit.unwrap_or(usize::MAX)).max(1),
+        };
+        self.inner
+            .archive
+            .scan(&manifest, &scan)
+            .await
+            .map_err(|source| TableError::Archive {
+                bucket: bucket.clone(),
+                source: Box::new(source),
+            })
+    }
+}

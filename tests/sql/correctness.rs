@@ -1,0 +1,247 @@
+//! Correctness against a reference: the generated dataset spread over every tier, and
+//! hundreds of generated queries compared row for row with the same SQL run on a plain
+//! PostgreSQL table holding the same rows.
+
+use datafusion::arrow::array::{
+    Array, Float64Array, Int32Array, Int64Array, StringArray, StringViewArray,
+    TimestampMicrosecondArray, UInt64Array,
+};
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::record_batch::RecordBatch;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio_postgres::types::Type;
+
+use crate::common::*;
+use crate::dataset::{self, Msg};
+
+/// A normalised cell.
+#[derive(Debug, Clone, PartialEq)]
+enum V {
+    I(i64),
+    S(String),
+    T(i64),
+    F(String),
+    Null,
+}
+
+fn df_rows(batches: &[RecordBatch]) -> Vec<Vec<V>> {
+    let mut out = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            let mut row = Vec::new();
+            for c in b.columns() {
+                if c.is_null(r) {
+                    row.push(V::Null);
+                    continue;
+                }
+                let any = c.as_any();
+                row.push(match c.data_type() {
+                    DataType::Int64 => V::I(any.downcast_ref::<Int64Array>().unwrap().value(r)),
+                    DataType::Int32 => V::I(i64::from(
+                        any.downcast_ref::<Int32Array>().unwrap().value(r),
+                    )),
+                    DataType::UInt64 => {
+                        V::I(any.downcast_ref::<UInt64Array>().unwrap().value(r) as i64)
+                    }
+                    DataType::Utf8 => V::S(
+                        any.downcast_ref::<StringArray>()
+                            .unwrap()
+                            .value(r)
+                            .to_string(),
+                    ),
+                    DataType::Utf8View => V::S(
+                        any.downcast_ref::<StringViewArray>()
+                            .unwrap()
+                            .value(r)
+                            .to_string(),
+                    ),
+                    DataType::Float64 => V::F(format!(
+                        "{:.6}",
+                        any.downcast_ref::<Float64Array>().unwrap().value(r)
+                    )),
+                    DataType::Timestamp(TimeUnit::Microsecond, _) => V::T(
+                        any.downcast_ref::<TimestampMicrosecondArray>()
+                            .unwrap()
+                            .value(r),
+                    ),
+                    other => panic!("unexpected result type {other}"),
+                });
+            }
+            out.push(row);
+        }
+    }
+    out
+}
+
+fn pg_rows(rows: &[tokio_postgres::Row]) -> Vec<Vec<V>> {
+    rows.iter()
+        .map(|row| {
+            (0..row.len())
+                .map(|i| {
+                    let t = row.columns()[i].type_().clone();
+                    match t {
+                        Type::INT8 => row.get::<_, Option<i64>>(i).map_or(V::Null, V::I),
+                        Type::INT4 => row
+                            .get::<_, Option<i32>>(i)
+                            .map_or(V::Null, |v| V::I(v.into())),
+                        Type::TEXT | Type::VARCHAR => {
+                            row.get::<_, Option<String>>(i).map_or(V::Null, V::S)
+                        }
+                        Type::FLOAT8 => row
+                            .get::<_, Option<f64>>(i)
+                            .map_or(V::Null, |v| V::F(format!("{v:.6}"))),
+                        Type::TIMESTAMPTZ => row
+                            .get::<_, Option<chrono::DateTime<chrono::Utc>>>(i)
+                            .map_or(V::Null, |v| V::T(v.timestamp_micros())),
+                        other => panic!("unexpected reference type {other}"),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn ts(micros: i64) -> String {
+    let dt = chrono::DateTime::from_timestamp_micros(micros).unwrap();
+    format!(
+        "TIMESTAMP '{}'",
+        dt.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    )
+}
+
+/// Generates one query of each family in turn, with parameters drawn from the data.
+fn queries(msgs: &[Msg], channels: &[i64], n: usize, seed: u64) -> Vec<String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    let cols = "channel_id, \"timestamp\", id, content";
+    let order_asc = "ORDER BY channel_id, \"timestamp\", id";
+    for i in 0..n {
+        let m = &msgs[rng.random_range(0..msgs.len())];
+        let m2 = &msgs[rng.random_range(0..msgs.len())];
+        let (lo, hi) = if m.micros <= m2.micros {
+            (m.micros, m2.micros)
+        } else {
+            (m2.micros, m.micros)
+        };
+        let ch = if rng.random_bool(0.8) {
+            m.channel
+        } else {
+            channels[rng.random_range(0..channels.len())]
+        };
+        let limit = rng.random_range(1..40);
+        let offset = rng.random_range(0..10);
+        let span =
+            rng.random_range(0..40i64) * 86_400_000_000 + rng.random_range(0..86_400_000_000i64);
+        let q = match i % 16 {
+            0 => format!("SELECT {cols} FROM chat WHERE channel_id = {ch} ORDER BY \"timestamp\", id"),
+            1 => format!(
+                "SELECT {cols} FROM chat WHERE channel_id = {ch} AND \"timestamp\" >= {} AND \"timestamp\" < {} ORDER BY \"timestamp\", id",
+                ts(m.micros - span / 2),
+                ts(m.micros + span / 2)
+            ),
+            2 => format!(
+                "SELECT {cols} FROM chat WHERE channel_id = {ch} AND \"timestamp\" BETWEEN {} AND {} ORDER BY \"timestamp\" DESC, id DESC",
+                ts(lo),
+                ts(hi)
+            ),
+            3 => format!(
+                "SELECT {cols} FROM chat WHERE channel_id = {} AND (\"timestamp\" > {t} OR (\"timestamp\" = {t} AND id > {})) ORDER BY \"timestamp\", id LIMIT {limit}",
+                m.channel,
+                m.id,
+                t = ts(m.micros)
+            ),
+            4 => format!(
+                "SELECT {cols} FROM chat WHERE channel_id = {} AND (\"timestamp\" < {t} OR (\"timestamp\" = {t} AND id < {})) ORDER BY \"timestamp\" DESC, id DESC LIMIT {limit}",
+                m.channel,
+                m.id,
+                t = ts(m.micros)
+            ),
+            5 => format!(
+                "SELECT {cols} FROM chat WHERE channel_id = {ch} ORDER BY \"timestamp\" DESC, id DESC LIMIT {limit} OFFSET {offset}"
+            ),
+            6 => format!(
+                "SELECT {cols} FROM chat WHERE \"timestamp\" >= {} {order_asc} LIMIT {limit} OFFSET {offset}",
+                ts(lo)
+            ),
+            7 => format!(
+                "SELECT count(*) AS n, min(id) AS a, max(id) AS b, min(\"timestamp\") AS t0, max(\"timestamp\") AS t1 FROM chat WHERE channel_id = {ch} AND \"timestamp\" <= {}",
+                ts(hi)
+            ),
+            8 => format!(
+                "SELECT channel_id, count(*) AS n, max(length(content)) AS l FROM chat WHERE \"timestamp\" > {} GROUP BY channel_id ORDER BY channel_id",
+                ts(lo)
+            ),
+            9 => {
+                let a = rng.random_range(-5_000..100_000i64);
+                let b = a + rng.random_range(0..20_000i64);
+                format!("SELECT {cols} FROM chat WHERE id > {a} AND id <= {b} AND channel_id IN ({ch}, {}) {order_asc}", channels[i % channels.len()])
+            }
+            10 => format!(
+                "SELECT channel_id, id FROM chat WHERE content LIKE '%{}%' AND \"timestamp\" < {} {order_asc}",
+                ["o", "ü", " ", "z"][i % 4],
+                ts(hi)
+            ),
+            11 => format!("SELECT count(*) AS n FROM chat WHERE channel_id = {ch} AND id = {}", m.id),
+            12 => format!(
+                "SELECT {cols} FROM chat WHERE channel_id = {ch} AND \"timestamp\" = {} ORDER BY id",
+                ts(m.micros)
+            ),
+            13 => format!(
+                "SELECT id, \"timestamp\" FROM chat WHERE channel_id = {ch} AND \"timestamp\" > {} ORDER BY \"timestamp\", id LIMIT {limit}",
+                ts(lo)
+            ),
+            14 => format!(
+                "SELECT channel_id, min(\"timestamp\") AS t0, count(*) AS n FROM chat WHERE channel_id <> {ch} GROUP BY channel_id ORDER BY channel_id"
+            ),
+            _ => format!(
+                "SELECT {cols} FROM chat WHERE channel_id = {ch} AND id >= {} AND \"timestamp\" < {} ORDER BY \"timestamp\" DESC, id DESC LIMIT {limit}",
+                m.id.min(m2.id),
+                ts(hi)
+            ),
+        };
+        out.push(q);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_queries_match_postgresql() {
+    let env = Env::new("corr").await;
+    let loaded = dataset::load(&env, 7).await;
+    assert!(loaded.parquet > 0 && loaded.json > 0 && loaded.archiving > 0 && loaded.hot > 0);
+    assert!(loaded.cleaned > 0 && loaded.cleaned < loaded.parquet + loaded.json);
+    let client = env.store.raw_client().await.unwrap();
+    client.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
+
+    let qs = queries(&loaded.msgs, &loaded.channels, 240, 11);
+    let mut nonempty = 0;
+    for q in &qs {
+        let ours = df_rows(&env.sql(q).await);
+        let reference = pg_rows(
+            &client
+                .query(&q.replace("FROM chat ", "FROM chat_ref "), &[])
+                .await
+                .unwrap_or_else(|e| panic!("{q}: {e}")),
+        );
+        if ours != reference {
+            panic!(
+                "mismatch for {q}\n pulpitum ({} rows): {:?}\n reference ({} rows): {:?}",
+                ours.len(),
+                &ours[..ours.len().min(5)],
+                reference.len(),
+                &reference[..reference.len().min(5)]
+            );
+        }
+        if !ours.is_empty() && ours[0] != vec![V::I(0)] {
+            nonempty += 1;
+        }
+    }
+    // The generator aims at real rows: most queries must return something.
+    assert!(
+        nonempty > qs.len() / 2,
+        "only {nonempty} of {} queries returned rows",
+        qs.len()
+    );
+    env.cleanup().await;
+}

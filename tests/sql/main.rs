@@ -1,0 +1,13 @@
+//! SQL-surface integration tests against a real PostgreSQL (127.0.0.1:5432, database
+//! `test`): each test works in its own schema. Archives live in memory or a temporary
+//! directory.
+
+mod common;
+mod correctness;
+mod cutover;
+mod dataset;
+mod end_to_end;
+mod errors;
+mod plans;
+mod repl;
+mod routes;

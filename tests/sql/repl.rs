@@ -1,0 +1,88 @@
+//! The `pulpitum` binary: scripts through -c, -f and stdin, output formats, exit codes.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::common::*;
+
+fn url_for(schema: &str) -> String {
+    format!("{PG_URL}?options=-c%20search_path%3D{schema}")
+}
+
+fn pulpitum(env_url: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(args)
+        .env("PULPITUM_DATABASE_URL", env_url)
+        .env("PULPITUM_ARCHIVE_URL", "memory://")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pulpitum");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_formats_and_exit_codes() {
+    let env = Env::new("repl").await;
+    let schema = env.store.schema().unwrap().to_string();
+    let url = url_for(&schema);
+    let (ok, out, err) = pulpitum(
+        &url,
+        &[
+            "-c",
+            "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc');",
+            "-c",
+            "INSERT INTO chat VALUES (1, TIMESTAMP '2024-01-01T00:00:00Z', 1, 'a,b'), (1, TIMESTAMP '2024-01-01T00:00:01Z', 2, 'c');",
+            "--format",
+            "csv",
+            "-c",
+            "SELECT id, content FROM chat WHERE channel_id = 1 ORDER BY timestamp, id",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(out.ends_with("id,content\n1,\"a,b\"\n2,c\n"), "{out}");
+
+    let (ok, out, err) = pulpitum(
+        &url,
+        &["--format", "json"],
+        Some(
+            "SELECT id\n  FROM chat\n  WHERE channel_id = 1\n  ORDER BY id DESC\n  LIMIT 1;\n\\d\n",
+        ),
+    );
+    assert!(ok, "{err}");
+    assert!(out.starts_with("{\"id\":2}\n"), "{out}");
+    assert!(out.contains("\"table_name\":\"chat\""), "{out}");
+
+    // Limits from the command line.
+    let (ok, _, err) = pulpitum(&url, &["--max-rows", "1", "-c", "SELECT * FROM chat"], None);
+    assert!(!ok && err.contains("max_rows = 1"), "{err}");
+
+    // A script stops at the first error and exits non-zero.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.sql");
+    std::fs::write(&file, "SELECT 1;\nSELECT * FROM missing;\nSELECT 2;\n").unwrap();
+    let (ok, out, err) = pulpitum(&url, &["-f", file.to_str().unwrap()], None);
+    assert!(!ok);
+    assert!(err.contains("missing"), "{err}");
+    assert!(!out.contains("Int64(2)") && !out.contains("| 2 "), "{out}");
+
+    // Without a database URL the error says how to give one.
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["-c", "SELECT 1"])
+        .env_remove("PULPITUM_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PULPITUM_DATABASE_URL"));
+    env.cleanup().await;
+}
