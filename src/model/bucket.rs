@@ -114,8 +114,14 @@ impl BucketKey {
         if !(MIN_SUPPORTED_YEAR..=MAX_SUPPORTED_YEAR).contains(&year) {
             return Err(bad("year outside the supported range"));
         }
-        let month: u32 = parts.get(1).map_or(Ok(1), |m| m.parse()).map_err(|_| bad("bad month"))?;
-        let day: u32 = parts.get(2).map_or(Ok(1), |d| d.parse()).map_err(|_| bad("bad day"))?;
+        let month: u32 = parts
+            .get(1)
+            .map_or(Ok(1), |m| m.parse())
+            .map_err(|_| bad("bad month"))?;
+        let day: u32 = parts
+            .get(2)
+            .map_or(Ok(1), |d| d.parse())
+            .map_err(|_| bad("bad day"))?;
         let start = NaiveDate::from_ymd_opt(year, month, day).ok_or_else(|| bad("no such date"))?;
         Ok(Self { strategy, start })
     }
@@ -233,7 +239,11 @@ impl BucketId {
 
 impl fmt::Display for BucketId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}", self.table_id, self.partition_key, self.bucket_key)
+        write!(
+            f,
+            "{}/{}/{}",
+            self.table_id, self.partition_key, self.bucket_key
+        )
     }
 }
 
@@ -289,7 +299,10 @@ mod tests {
 
     #[test]
     fn whole_range_tiles_without_gaps() {
-        for s in [BucketStrategy::CalendarYearUtc, BucketStrategy::CalendarMonthUtc] {
+        for s in [
+            BucketStrategy::CalendarYearUtc,
+            BucketStrategy::CalendarMonthUtc,
+        ] {
             let mut b = s.bucket_of(EventTime::min_supported());
             assert_eq!(b.start(), EventTime::min_supported());
             let mut n = 1;
@@ -308,7 +321,10 @@ mod tests {
         // Days across leap-year edges, including the 2100 non-leap century.
         let b = BucketKey::parse(BucketStrategy::CalendarDayUtc, "day:2024-02-28").unwrap();
         assert_eq!(b.next().unwrap().to_string(), "day:2024-02-29");
-        assert_eq!(b.next().unwrap().next().unwrap().to_string(), "day:2024-03-01");
+        assert_eq!(
+            b.next().unwrap().next().unwrap().to_string(),
+            "day:2024-03-01"
+        );
         let b = BucketKey::parse(BucketStrategy::CalendarDayUtc, "day:2100-02-28").unwrap();
         assert_eq!(b.next().unwrap().to_string(), "day:2100-03-01");
         assert!(BucketKey::parse(BucketStrategy::CalendarDayUtc, "day:2100-02-29").is_err());
@@ -338,7 +354,10 @@ mod tests {
         ];
         for (s, k) in bad {
             assert!(
-                matches!(BucketKey::parse(s, k), Err(ModelError::MalformedBucketKey { .. })),
+                matches!(
+                    BucketKey::parse(s, k),
+                    Err(ModelError::MalformedBucketKey { .. })
+                ),
                 "{k:?} should be rejected for {s}"
             );
         }

@@ -60,7 +60,7 @@ impl EventTime {
 
     /// Converts a chrono instant, rejecting sub-microsecond precision and out-of-range years.
     pub fn from_datetime(dt: DateTime<Utc>) -> Result<Self, ModelError> {
-        if dt.timestamp_subsec_nanos() % 1_000 != 0 {
+        if !dt.timestamp_subsec_nanos().is_multiple_of(1_000) {
             return Err(ModelError::SubMicrosecondTime(
                 dt.to_rfc3339_opts(SecondsFormat::Nanos, true),
             ));

@@ -17,11 +17,11 @@ use crate::model::{
 };
 
 // pub mod embedded;
-// pub mod migrate;
-// pub mod postgres;
-// mod retry;
+pub mod migrate;
+pub mod postgres;
+mod retry;
 
-// pub use retry::RetryPolicy;
+pub use retry::RetryPolicy;
 
 /// The record schema version that the hot store and the archive write today.
 pub const RECORD_SCHEMA_VERSION: i32 = 2;
@@ -223,7 +223,9 @@ pub enum StoreError {
         state: &'static str,
     },
     /// The append is older than the table's writable-bucket guard allows.
-    #[error("bucket {bucket} is outside the newest {writable_buckets} writable buckets of the table")]
+    #[error(
+        "bucket {bucket} is outside the newest {writable_buckets} writable buckets of the table"
+    )]
     NotWritable {
         /// The bucket.
         bucket: BucketId,
@@ -335,10 +337,18 @@ pub trait HotStore: Send + Sync + 'static {
     async fn append(&self, table_id: &TableId, record: &Record) -> StoreResult<AppendOutcome>;
 
     /// Appends records atomically: all commit or none (one fenced bucket rejects the batch).
-    async fn append_batch(&self, table_id: &TableId, records: &[Record]) -> StoreResult<BatchOutcome>;
+    async fn append_batch(
+        &self,
+        table_id: &TableId,
+        records: &[Record],
+    ) -> StoreResult<BatchOutcome>;
 
     /// Buckets of a table matching the filter, ordered by partition key, then bucket start.
-    async fn list_buckets(&self, table_id: &TableId, filter: &BucketFilter) -> StoreResult<Vec<BucketMeta>>;
+    async fn list_buckets(
+        &self,
+        table_id: &TableId,
+        filter: &BucketFilter,
+    ) -> StoreResult<Vec<BucketMeta>>;
 
     /// One bucket's metadata.
     async fn bucket(&self, bucket: &BucketId) -> StoreResult<Option<BucketMeta>>;
@@ -353,7 +363,8 @@ pub trait HotStore: Send + Sync + 'static {
 
     /// Claims a published bucket's cleanup: an Archived bucket with hot rows whose previous
     /// owner's lease expired gets a fresh token and `generation + 1`. `Ok(None)` otherwise.
-    async fn claim_cleanup(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>>;
+    async fn claim_cleanup(&self, bucket: &BucketId, lease: Duration)
+        -> StoreResult<Option<Claim>>;
 
     /// Extends the lease of a current claim; [`StoreError::StaleClaim`] if it is not current.
     async fn renew(&self, claim: &Claim, lease: Duration) -> StoreResult<Claim>;
@@ -397,7 +408,11 @@ pub trait HotStore: Send + Sync + 'static {
 }
 
 /// Helper shared by both stores: the bucket a record lands in, with the guard applied.
-pub fn bucket_for_append(def: &TableDefinition, record: &Record, now: EventTime) -> StoreResult<BucketId> {
+pub fn bucket_for_append(
+    def: &TableDefinition,
+    record: &Record,
+    now: EventTime,
+) -> StoreResult<BucketId> {
     let id = BucketId::of_record(&def.table_id, def.strategy, record);
     if let Some(n) = def.writable_buckets {
         let mut oldest: BucketKey = def.strategy.bucket_of(now);

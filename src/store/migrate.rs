@@ -1,0 +1,234 @@
+//! Schema migrations for the CockroachDB/PostgreSQL hot store.
+//!
+//! The numbered files in `sql/` are embedded at build time. Each holds exactly one
+//! idempotent DDL statement (`CREATE ... IF NOT EXISTS`), so several processes may start
+//! at once without a lock (CockroachDB has no advisory locks): every process runs every
+//! missing statement, the losers of PostgreSQL's catalog races (23505, 42P07) or of a
+//! serialization conflict (40001) simply run it again and find the object present, and the
+//! version is recorded with `INSERT .. ON CONFLICT DO NOTHING`. The ledger keeps a SHA-256
+//! of each file: an applied migration whose file has since been edited, or an applied
+//! version this build does not know, stops the runner with [`StoreError::Migration`]
+//! rather than guessing. Only `pulpitum_v4_*` objects are ever created; v3 tables are never
+//! read, changed or dropped.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+use super::{StoreError, StoreResult};
+
+/// One numbered migration step: a single DDL statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// Version number, strictly increasing in [`MIGRATIONS`].
+    pub version: i32,
+    /// Short name (the file name without number and extension).
+    pub name: &'static str,
+    /// The statement.
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// Lowercase hex SHA-256 of the statement text as shipped.
+    pub fn checksum(&self) -> String {
+        hex::encode(Sha256::digest(self.sql.as_bytes()))
+    }
+}
+
+/// The ledger table, created before any numbered step and never recorded in itself.
+pub const BOOTSTRAP_SQL: &str = include_str!("../../sql/0000_schema_migrations.sql");
+
+/// Every migration of this build, in order.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "tables",
+        sql: include_str!("../../sql/0001_tables.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "bucket_metadata",
+        sql: include_str!("../../sql/0002_bucket_metadata.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "bucket_metadata_discovery_idx",
+        sql: include_str!("../../sql/0003_bucket_metadata_discovery_idx.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "records",
+        sql: include_str!("../../sql/0004_records.sql"),
+    },
+];
+
+/// SQLSTATEs raised when concurrent sessions create the same catalog object, or conflict
+/// while recording it; re-running the idempotent statement resolves them.
+const RACE_CODES: [&str; 3] = ["23505", "42P07", "40001"];
+
+/// How often a racing DDL statement is re-run before giving up.
+const DDL_ATTEMPTS: u32 = 20;
+
+/// Applies [`MIGRATIONS`]; returns the versions this call recorded.
+pub async fn migrate(client: &Client) -> StoreResult<Vec<i32>> {
+    apply(client, MIGRATIONS).await
+}
+
+/// Applies the given migrations (tests pass edited lists to exercise the checksum guard).
+pub async fn apply(client: &Client, migrations: &[Migration]) -> StoreResult<Vec<i32>> {
+    run_ddl(client, BOOTSTRAP_SQL).await?;
+    let applied = ledger(client).await?;
+    for (version, checksum) in &applied {
+        match migrations.iter().find(|m| m.version == *version) {
+            None => {
+                return Err(StoreError::Migration(format!(
+                    "migration {version} is recorded as applied but unknown to this build (a newer build ran?)"
+                )))
+            }
+            Some(m) => check_checksum(m, checksum)?,
+        }
+    }
+    let mut recorded = Vec::new();
+    for m in migrations {
+        if applied.iter().any(|(v, _)| *v == m.version) {
+            continue;
+        }
+        run_ddl(client, m.sql).await?;
+        if record(client, m).await? {
+            recorded.push(m.version);
+        }
+    }
+    Ok(recorded)
+}
+
+fn check_checksum(m: &Migration, stored: &str) -> StoreResult<()> {
+    let expected = m.checksum();
+    if stored != expected {
+        return Err(StoreError::Migration(format!(
+            "migration {} ({}) was applied with checksum {stored} but this build has {expected}: \
+             applied migrations must never be edited; add a new one instead",
+            m.version, m.name
+        )));
+    }
+    Ok(())
+}
+
+async fn ledger(client: &Client) -> StoreResult<Vec<(i32, String)>> {
+    let rows = client
+        .query(
+            "SELECT version, checksum FROM pulpitum_v4_schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .map_err(|e| backend(&e))?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get(0).map_err(|e| backend(&e))?,
+                r.try_get(1).map_err(|e| backend(&e))?,
+            ))
+        })
+        .collect()
+}
+
+/// Records `m`; when another process recorded it first, verifies that its checksum agrees.
+async fn record(client: &Client, m: &Migration) -> StoreResult<bool> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let res = client
+            .query(
+                "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum) VALUES ($1, $2, $3) \
+                 ON CONFLICT (version) DO NOTHING RETURNING version",
+                &[&m.version, &m.name, &m.checksum()],
+            )
+            .await;
+        match res {
+            Ok(rows) if !rows.is_empty() => return Ok(true),
+            Ok(_) => {
+                let row = client
+                    .query_one(
+                        "SELECT checksum FROM pulpitum_v4_schema_migrations WHERE version = $1",
+                        &[&m.version],
+                    )
+                    .await
+                    .map_err(|e| backend(&e))?;
+                let stored: String = row.try_get(0).map_err(|e| backend(&e))?;
+                check_checksum(m, &stored)?;
+                return Ok(false);
+            }
+            Err(e) if is_race(&e) && attempt < DDL_ATTEMPTS => pause(attempt).await,
+            Err(e) => return Err(backend(&e)),
+        }
+    }
+}
+
+/// Runs one idempotent DDL statement, re-running it when it loses a catalog race.
+async fn run_ddl(client: &Client, sql: &str) -> StoreResult<()> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match client.batch_execute(sql).await {
+            Ok(()) => return Ok(()),
+            Err(e) if is_race(&e) && attempt < DDL_ATTEMPTS => pause(attempt).await,
+            Err(e) => return Err(backend(&e)),
+        }
+    }
+}
+
+fn is_race(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| RACE_CODES.contains(&c.code()))
+}
+
+async fn pause(attempt: u32) {
+    let ms = (attempt as u64 * 5).min(100) + rand::random_range(0..5u64);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+fn backend(e: &tokio_postgres::Error) -> StoreError {
+    let detail = match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    };
+    StoreError::Backend {
+        operation: "migrate",
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_single_ddl_statements() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1, "versions are dense and ordered");
+            let code: String = m
+                .sql
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let statements = code.split(';').filter(|s| !s.trim().is_empty()).count();
+            assert_eq!(
+                statements, 1,
+                "migration {} must hold exactly one statement",
+                m.version
+            );
+            assert!(
+                code.contains("IF NOT EXISTS"),
+                "migration {} must be idempotent",
+                m.version
+            );
+            assert!(
+                !code.to_lowercase().contains("pulpitum_v3"),
+                "migration {} must not touch v3 tables",
+                m.version
+            );
+        }
+        assert_eq!(MIGRATIONS[0].checksum().len(), 64);
+        assert_ne!(MIGRATIONS[0].checksum(), MIGRATIONS[1].checksum());
+    }
+}

@@ -1,0 +1,315 @@
+//! The hot-store conformance suite and the PostgreSQL-only checks (migrations, the v3 rule,
+//! strict decoding) against a real PostgreSQL. Each test runs in its own fresh schema, so
+//! the tests run in parallel. Server: `PULPITUM_TEST_PG_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`.
+
+mod conformance;
+
+use std::sync::Arc;
+
+use pulpitum::model::{BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::store::migrate::{self, Migration, MIGRATIONS};
+use pulpitum::store::postgres::{PgStore, PgStoreConfig};
+use pulpitum::store::{BucketFilter, HotStore, StoreError, TableDefinition};
+
+fn url() -> String {
+    std::env::var("PULPITUM_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+fn fresh_schema() -> String {
+    format!("pulpitum_test_{:016x}", rand::random::<u64>())
+}
+
+/// A store in a new, empty schema of its own.
+async fn fresh_store() -> Arc<PgStore> {
+    let config = PgStoreConfig::new(url())
+        .with_schema(fresh_schema())
+        .with_pool_size(12);
+    Arc::new(
+        PgStore::connect_with(config)
+            .await
+            .expect("PostgreSQL must be reachable"),
+    )
+}
+
+macro_rules! conformance_cases {
+    ($($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let store = fresh_store().await;
+                conformance::$case(store.clone()).await;
+                store.drop_schema().await.unwrap();
+            }
+        )*
+    };
+}
+
+conformance_cases!(
+    migrate_is_idempotent,
+    register_table_is_immutable,
+    append_to_unknown_table_is_refused,
+    append_creates_hot_bucket,
+    duplicate_appends,
+    writable_bucket_guard,
+    batch_is_all_or_nothing,
+    full_lifecycle,
+    defer_archive_sets_retry_time,
+    expired_lease_is_rejected,
+    stale_token_and_generation_are_rejected,
+    wrong_state_transitions_are_rejected,
+    cleanup_lease_expires,
+    renew_extends_the_lease,
+    fence_under_concurrency,
+    racing_claimers,
+    read_page_matches_reference,
+    read_page_missing_and_empty,
+    list_buckets_filters,
+    discover_orders_and_limits,
+    bad_input_is_typed_and_writes_nothing,
+);
+
+async fn ledger(store: &PgStore) -> Vec<(i32, String)> {
+    let client = store.raw_client().await.unwrap();
+    client
+        .query(
+            "SELECT version, checksum FROM pulpitum_v4_schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+fn expected_ledger() -> Vec<(i32, String)> {
+    MIGRATIONS
+        .iter()
+        .map(|m| (m.version, m.checksum()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrations_run_twice_and_concurrently() {
+    let schema = fresh_schema();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let schema = schema.clone();
+        tasks.push(tokio::spawn(async move {
+            let store = PgStore::connect_with_schema(&url(), &schema).await.unwrap();
+            store.migrate().await.unwrap();
+            store
+        }));
+    }
+    let mut stores = Vec::new();
+    for t in tasks {
+        stores.push(t.await.unwrap());
+    }
+    let store = &stores[0];
+    assert_eq!(ledger(store).await, expected_ledger());
+    let client = store.raw_client().await.unwrap();
+    assert!(
+        migrate::migrate(&client).await.unwrap().is_empty(),
+        "nothing left to record"
+    );
+    store.migrate().await.unwrap();
+    assert_eq!(ledger(store).await, expected_ledger());
+    let tables: Vec<String> = client
+        .query(
+            "SELECT table_name::TEXT FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        tables,
+        [
+            "pulpitum_v4_bucket_metadata",
+            "pulpitum_v4_records",
+            "pulpitum_v4_schema_migrations",
+            "pulpitum_v4_tables"
+        ]
+    );
+    store.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn v3_tables_are_never_touched() {
+    let store = fresh_store().await;
+    let client = store.raw_client().await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE pulpitum_v3_bucket_metadata (table_id TEXT, partition_key BYTEA, bucket_key TEXT, \
+               state TEXT, generation INT8, PRIMARY KEY (table_id, partition_key, bucket_key)); \
+             CREATE TABLE pulpitum_v3_records (table_id TEXT, partition_key BYTEA, bucket_key TEXT, \
+               event_time TIMESTAMPTZ, sort_key BYTEA, value BYTEA, \
+               PRIMARY KEY (table_id, partition_key, bucket_key, event_time, sort_key)); \
+             INSERT INTO pulpitum_v3_bucket_metadata VALUES \
+               ('chat', '\\x01', '2020', 'archived', 3), ('chat', '\\x02', '2021', 'hot', 0); \
+             INSERT INTO pulpitum_v3_records VALUES \
+               ('chat', '\\x02', '2021', '2021-01-01T00:00:00Z', '\\x0a', 'hello'), \
+               ('chat', '\\x02', '2021', '2021-01-02T00:00:00Z', '\\x0b', 'world');",
+        )
+        .await
+        .unwrap();
+    let dump = || async {
+        let meta: Vec<String> = client
+            .query("SELECT row_to_json(m)::TEXT FROM pulpitum_v3_bucket_metadata m ORDER BY partition_key", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let recs: Vec<String> = client
+            .query(
+                "SELECT row_to_json(r)::TEXT FROM pulpitum_v3_records r ORDER BY event_time",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        (meta, recs)
+    };
+    let before = dump().await;
+    assert_eq!((before.0.len(), before.1.len()), (2, 2));
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    // v4 writes do not leak into v3 either.
+    let def = TableDefinition::new(
+        TableId::new("chat").unwrap(),
+        BucketStrategy::CalendarYearUtc,
+        "chat",
+    );
+    store.register_table(&def).await.unwrap();
+    let r = Record {
+        partition_key: PartitionKey::new(vec![2]).unwrap(),
+        event_time: EventTime::parse_rfc3339("2021-01-03T00:00:00Z").unwrap(),
+        sort_key: SortKey::new(vec![0x0c]).unwrap(),
+        value: b"v4".to_vec(),
+    };
+    store.append(&def.table_id, &r).await.unwrap();
+    assert_eq!(dump().await, before);
+    store.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn edited_or_unknown_migrations_are_refused() {
+    let store = fresh_store().await;
+    store.migrate().await.unwrap();
+    let client = store.raw_client().await.unwrap();
+    let mut edited: Vec<Migration> = MIGRATIONS.to_vec();
+    edited[1].sql = "CREATE TABLE IF NOT EXISTS pulpitum_v4_bucket_metadata (table_id TEXT)";
+    match migrate::apply(&client, &edited).await {
+        Err(StoreError::Migration(msg)) => assert!(msg.contains("migration 2"), "{msg}"),
+        x => panic!("expected a migration error, got {x:?}"),
+    }
+    // A version recorded by a newer build is refused too.
+    client
+        .execute(
+            "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum) VALUES (99, 'future', 'x')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.migrate().await,
+        Err(StoreError::Migration(_))
+    ));
+    store.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn corrupt_rows_are_reported_not_guessed() {
+    let store = fresh_store().await;
+    store.migrate().await.unwrap();
+    let tbl = TableId::new("events").unwrap();
+    store
+        .register_table(&TableDefinition::new(
+            tbl.clone(),
+            BucketStrategy::CalendarYearUtc,
+            "raw",
+        ))
+        .await
+        .unwrap();
+    let r = Record {
+        partition_key: PartitionKey::new(vec![1]).unwrap(),
+        event_time: EventTime::parse_rfc3339("2021-01-03T00:00:00Z").unwrap(),
+        sort_key: SortKey::new(vec![1]).unwrap(),
+        value: b"v".to_vec(),
+    };
+    store.append(&tbl, &r).await.unwrap();
+    let client = store.raw_client().await.unwrap();
+    for (column, bad) in [
+        ("bucket_key", "year:21"),
+        ("bucket_strategy", "calendar_week_utc"),
+        ("bucket_key", "year:2022"),
+    ] {
+        client
+            .execute(
+                &format!("UPDATE pulpitum_v4_bucket_metadata SET {column} = $1"),
+                &[&bad],
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                store.list_buckets(&tbl, &BucketFilter::default()).await,
+                Err(StoreError::Corrupt(_))
+            ),
+            "{column} = {bad} must be reported as corrupt"
+        );
+        client
+            .execute(
+                "UPDATE pulpitum_v4_bucket_metadata SET bucket_key = 'year:2021', bucket_strategy = 'calendar_year_utc'",
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store
+            .list_buckets(&tbl, &BucketFilter::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    client
+        .execute(
+            "UPDATE pulpitum_v4_tables SET bucket_strategy = 'weekly'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(matches!(store.tables().await, Err(StoreError::Corrupt(_))));
+    store.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_configuration_is_typed() {
+    assert!(matches!(
+        PgStore::connect_with_schema(&url(), "Robert'); DROP TABLE x;--").await,
+        Err(StoreError::Config(_))
+    ));
+    assert!(matches!(
+        PgStore::connect("not a url at all").await,
+        Err(StoreError::Config(_))
+    ));
+    assert!(matches!(
+        PgStore::connect("postgres://postgres@127.0.0.1:1/test").await,
+        Err(StoreError::Backend { .. })
+    ));
+    // A store without a schema never drops one.
+    let store = PgStore::connect(&url()).await.unwrap();
+    assert!(matches!(
+        store.drop_schema().await,
+        Err(StoreError::Config(_))
+    ));
+}
