@@ -16,7 +16,7 @@ use crate::model::{
     Record, ScanBounds, TableId,
 };
 
-// pub mod embedded;
+pub mod embedded;
 pub mod migrate;
 pub mod postgres;
 mod retry;
