@@ -7,5 +7,6 @@
 //! (the fenced cutover runner), [`table`] (routed reads and fenced appends), [`provider`]
 //! (DataFusion), and [`session`] (the embedded entry point).
 
+pub mod archive;
 pub mod model;
 pub mod store;

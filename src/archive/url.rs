@@ -1,0 +1,93 @@
+//! Archive stores from URLs: `file:///abs/path`, `s3://bucket/prefix`, `memory://[prefix]`.
+//!
+//! S3 settings come from the usual AWS variables: `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT`),
+//! `AWS_REGION` (or `AWS_DEFAULT_REGION`, default `us-east-1`), `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`. With an explicit endpoint (MinIO, radosgw,
+//! Ceph) requests use path-style addressing, which OpenDAL does unless virtual hosts are
+//! enabled. S3 operators retry transient errors with jittered backoff; a retried conditional
+//! create that finds its own object is resolved by the write path's content comparison.
+
+use opendal::layers::RetryLayer;
+use opendal::services::{Fs, Memory, S3};
+use opendal::Operator;
+
+use super::{ArchiveError, ArchiveStore};
+
+fn env(names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+}
+
+pub(crate) fn store_from_url(raw: &str) -> Result<ArchiveStore, ArchiveError> {
+    let bad = |reason: String| ArchiveError::Config(format!("archive URL {raw:?}: {reason}"));
+    let url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
+    let config = |e: opendal::Error| bad(e.to_string());
+    match url.scheme() {
+        "memory" => {
+            let prefix = format!("{}{}", url.host_str().unwrap_or(""), url.path());
+            let op = Operator::new(Memory::default()).map_err(config)?;
+            Ok(ArchiveStore::from_operator(op, &prefix))
+        }
+        "file" => {
+            if url.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+                return Err(bad("file URLs must not name a host".into()));
+            }
+            let path = url
+                .to_file_path()
+                .map_err(|()| bad("not an absolute file path".into()))?;
+            let root = path
+                .to_str()
+                .ok_or_else(|| bad("path is not UTF-8".into()))?;
+            let op = Operator::new(Fs::default().root(root)).map_err(config)?;
+            Ok(ArchiveStore::from_operator(op, ""))
+        }
+        "s3" => {
+            let bucket = url
+                .host_str()
+                .filter(|h| !h.is_empty())
+                .ok_or_else(|| bad("missing bucket (s3://bucket/prefix)".into()))?;
+            opendal::install_default();
+            let mut b = S3::default().bucket(bucket).root("/").region(
+                &env(&["AWS_REGION", "AWS_DEFAULT_REGION"]).unwrap_or_else(|| "us-east-1".into()),
+            );
+            if let Some(ep) = env(&["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]) {
+                b = b.endpoint(&ep);
+            }
+            if let Some(k) = env(&["AWS_ACCESS_KEY_ID"]) {
+                b = b.access_key_id(&k);
+            }
+            if let Some(s) = env(&["AWS_SECRET_ACCESS_KEY"]) {
+                b = b.secret_access_key(&s);
+            }
+            if let Some(t) = env(&["AWS_SESSION_TOKEN"]) {
+                b = b.session_token(&t);
+            }
+            let op = Operator::new(b)
+                .map_err(config)?
+                .layer(RetryLayer::new().with_jitter().with_max_times(4));
+            Ok(ArchiveStore::from_operator(op, url.path()))
+        }
+        other => Err(bad(format!(
+            "unknown scheme {other:?} (expected file, s3 or memory)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes() {
+        assert_eq!(store_from_url("memory://").unwrap().prefix(), "");
+        assert_eq!(store_from_url("memory://a/b/").unwrap().prefix(), "a/b");
+        let dir = tempfile::tempdir().unwrap();
+        let u = format!("file://{}", dir.path().display());
+        assert_eq!(store_from_url(&u).unwrap().prefix(), "");
+        assert_eq!(store_from_url("s3://bkt/some/prefix").unwrap().prefix(), "some/prefix");
+        for bad in ["gcs://x", "not a url", "s3:///nobucket", "file://host/x"] {
+            assert!(matches!(store_from_url(bad), Err(ArchiveError::Config(_))), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! The write path: validate and re-chunk the snapshot pages, stream-encode them into a
+//! create-if-absent payload while hashing, read the payload back and verify it, then create
+//! the manifest in one conditional PUT and read it back.
+//!
+//! Retries are first-class. A payload that already exists (from an earlier attempt whose
+//! outcome was lost) is not overwritten: the pages are encoded into a hash-only sink and the
+//! digests compared; equal bytes continue to the manifest, different bytes are
+//! [`ArchiveError::AlreadyExistsDifferent`]. An existing manifest is accepted when it
+//! describes the same archive (every field but `created_at`).
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures::{Stream, StreamExt};
+use ::parquet::arrow::AsyncArrowWriter;
+
+use super::integrity::{digest_stored, sha256_hex, Digests, BLOCK_SIZE};
+use super::parquet::{
+    envelope_schema, from_parquet, records_to_batch, writer_properties, PayloadSink,
+    ENCODE_BATCH_ROWS,
+};
+use super::{
+    json, parquet, ArchiveError, ArchiveScan, ArchiveScanMetrics, ArchiveStore, Manifest,
+    PayloadFormat, WrittenArchive, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION,
+};
+use crate::model::{BucketId, EventTime, Record};
+
+/// Upload chunk size: payloads up to this size are one PUT; larger ones are multipart with
+/// parts of this size, so the writer holds at most one chunk of encoded bytes.
+const UPLOAD_CHUNK: usize = 8 << 20;
+
+/// What the encoder saw.
+#[derive(Debug, Default)]
+struct RowStats {
+    rows: u64,
+    min: Option<EventTime>,
+    max: Option<EventTime>,
+}
+
+/// Validates the incoming records against the bucket and their order, and regroups them into
+/// fixed-size chunks so that the encoded bytes do not depend on the caller's paging.
+struct Rechunker<'a> {
+    bucket: &'a BucketId,
+    last: Option<(EventTime, Vec<u8>)>,
+    buf: Vec<Record>,
+    stats: RowStats,
+}
+
+impl<'a> Rechunker<'a> {
+    fn new(bucket: &'a BucketId) -> Self {
+        Self {
+            bucket,
+            last: None,
+            buf: Vec::with_capacity(ENCODE_BATCH_ROWS),
+            stats: RowStats::default(),
+        }
+    }
+
+    fn invalid(&self, reason: String) -> ArchiveError {
+        ArchiveError::InvalidInput {
+            bucket: self.bucket.to_string(),
+            reason,
+        }
+    }
+
+    /// Adds a page; returns full chunks ready to encode.
+    fn push(&mut self, page: Vec<Record>) -> Result<Vec<Vec<Record>>, ArchiveError> {
+        let mut ready = Vec::new();
+        for r in page {
+            if r.partition_key != self.bucket.partition_key {
+                return Err(self.invalid(format!("record of partition {}", r.partition_key)));
+            }
+            if !self.bucket.bucket_key.contains(r.event_time) {
+                return Err(self.invalid(format!("record at {} is outside the bucket", r.event_time)));
+            }
+            if let Some((t, k)) = &self.last {
+                if (r.event_time, r.sort_key.as_bytes()) <= (*t, k.as_slice()) {
+                    return Err(self.invalid(format!(
+                        "records not in strictly increasing (event_time, sort_key) order at {} {}",
+                        r.event_time, r.sort_key
+                    )));
+                }
+            }
+            self.last = Some((r.event_time, r.sort_key.as_bytes().to_vec()));
+            self.stats.rows += 1;
+            self.stats.min.get_or_insert(r.event_time);
+            self.stats.max = Some(r.event_time);
+            self.buf.push(r);
+            if self.buf.len() == ENCODE_BATCH_ROWS {
+                ready.push(std::mem::replace(
+                    &mut self.buf,
+                    Vec::with_capacity(ENCODE_BATCH_ROWS),
+                ));
+            }
+        }
+        Ok(ready)
+    }
+
+    fn rest(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.buf)
+    }
+}
+
+async fn encode_parquet<S>(
+    sink: PayloadSink,
+    key: &str,
+    bucket: &BucketId,
+    pages: S,
+) -> (PayloadSink, Result<RowStats, ArchiveError>)
+where
+    S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
+{
+    let mut writer =
+        match AsyncArrowWriter::try_new(sink, envelope_schema(true), Some(writer_properties())) {
+            Ok(w) => w,
+            Err(e) => unreachable_writer(e),
+        };
+    let mut chunker = Rechunker::new(bucket);
+    let result: Result<(), ArchiveError> = async {
+        futures::pin_mut!(pages);
+        while let Some(page) = pages.next().await {
+            for chunk in chunker.push(page?)? {
+                let batch = records_to_batch(&chunk, true)?;
+                writer
+                    .write(&batch)
+                    .await
+                    .map_err(|e| from_parquet(key, "write", e))?;
+            }
+        }
+        let rest = chunker.rest();
+        if !rest.is_empty() {
+            let batch = records_to_batch(&rest, true)?;
+            writer
+                .write(&batch)
+                .await
+                .map_err(|e| from_parquet(key, "write", e))?;
+        }
+        writer
+            .finish()
+            .await
+            .map_err(|e| from_parquet(key, "write", e))?;
+        Ok(())
+    }
+    .await;
+    (writer.into_inner(), result.map(|()| chunker.stats))
+}
+
+fn unreachable_writer(e: ::parquet::errors::ParquetError) -> ! {
+    // The schema and properties are constants of this module; a failure here is a bug.
+    panic!("the archive Parquet writer rejected its own schema: {e}")
+}
+
+async fn encode_json<S>(
+    mut sink: PayloadSink,
+    key: &str,
+    bucket: &BucketId,
+    pages: S,
+) -> (PayloadSink, Result<RowStats, ArchiveError>)
+where
+    S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
+{
+    let mut chunker = Rechunker::new(bucket);
+    let result: Result<(), ArchiveError> = async {
+        let put_err = |e| ArchiveError::storage("write", key, e);
+        sink.put(json::header_line().into()).await.map_err(put_err)?;
+        futures::pin_mut!(pages);
+        let mut buf = Vec::new();
+        while let Some(page) = pages.next().await {
+            for chunk in chunker.push(page?)? {
+                buf.clear();
+                json::encode_lines(&chunk, &mut buf);
+                sink.put(buf.clone().into()).await.map_err(put_err)?;
+            }
+        }
+        buf.clear();
+        json::encode_lines(&chunker.rest(), &mut buf);
+        if !buf.is_empty() {
+            sink.put(buf.into()).await.map_err(put_err)?;
+        }
+        Ok(())
+    }
+    .await;
+    (sink, result.map(|()| chunker.stats))
+}
+
+fn is_condition_failure(e: &opendal::Error) -> bool {
+    matches!(
+        e.kind(),
+        opendal::ErrorKind::ConditionNotMatch | opendal::ErrorKind::AlreadyExists
+    )
+}
+
+pub(crate) async fn write_bucket<S>(
+    store: &ArchiveStore,
+    bucket: &BucketId,
+    generation: i64,
+    format: PayloadFormat,
+    pages: S,
+) -> Result<WrittenArchive, ArchiveError>
+where
+    S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
+{
+    if generation < 0 {
+        return Err(ArchiveError::Config(format!(
+            "generation must not be negative, got {generation}"
+        )));
+    }
+    let op = store.operator();
+    let payload_key = store.payload_key(bucket, generation, format);
+    let manifest_key = store.manifest_key(bucket, generation);
+
+    // A payload left by an earlier attempt is compared, never overwritten. (radosgw ignores
+    // If-None-Match on multipart completion, so large payloads rely on this check and on the
+    // archiver's fencing: one live writer per generation.)
+    let mut existed = match op.stat(&payload_key).await {
+        Ok(_) => true,
+        Err(e) if e.kind() == opendal::ErrorKind::NotFound => false,
+        Err(e) => return Err(ArchiveError::storage("stat", &payload_key, e)),
+    };
+    let writer = if existed {
+        None
+    } else {
+        match op
+            .writer_with(&payload_key)
+            .if_not_exists(true)
+            .chunk(UPLOAD_CHUNK)
+            .await
+        {
+            Ok(w) => Some(w),
+            Err(e) if is_condition_failure(&e) => {
+                existed = true;
+                None
+            }
+            Err(e) => return Err(ArchiveError::storage("write", &payload_key, e)),
+        }
+    };
+    let sink = PayloadSink::new(writer, BLOCK_SIZE);
+    let (mut sink, encoded) = match format {
+        PayloadFormat::Parquet => encode_parquet(sink, &payload_key, bucket, pages).await,
+        PayloadFormat::Json => encode_json(sink, &payload_key, bucket, pages).await,
+    };
+    let stats = match encoded {
+        Ok(s) => s,
+        Err(e) => {
+            sink.abort().await;
+            return Err(e);
+        }
+    };
+    let lost_race = match sink.close().await {
+        Ok(()) => false,
+        Err(e) if is_condition_failure(&e) => true,
+        Err(e) => return Err(ArchiveError::storage("write", &payload_key, e)),
+    };
+    let written: Digests = sink.finish_digest();
+
+    // Read back the whole payload and compare every block with what was encoded.
+    let stored = digest_stored(op, &payload_key, BLOCK_SIZE).await?;
+    if stored != written {
+        if existed || lost_race {
+            return Err(ArchiveError::AlreadyExistsDifferent { key: payload_key });
+        }
+        if stored.len != written.len {
+            return Err(ArchiveError::LengthMismatch {
+                key: payload_key,
+                expected: written.len,
+                actual: stored.len,
+            });
+        }
+        return Err(ArchiveError::ChecksumMismatch {
+            key: payload_key,
+            expected: written.sha256,
+            actual: stored.sha256,
+        });
+    }
+
+    let now = Utc::now();
+    let created_at = DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now);
+    let manifest = Manifest {
+        manifest_version: MANIFEST_VERSION,
+        table_id: bucket.table_id.clone(),
+        partition_key: bucket.partition_key.clone(),
+        bucket_key: bucket.bucket_key,
+        bucket_strategy: bucket.bucket_key.strategy(),
+        bucket_start: bucket.bucket_key.start(),
+        bucket_end: bucket.bucket_key.end(),
+        generation,
+        format,
+        schema_version: RECORD_SCHEMA_VERSION,
+        payload_key: payload_key.clone(),
+        row_count: stats.rows,
+        byte_length: written.len,
+        sha256: written.sha256,
+        block_size: BLOCK_SIZE,
+        block_sha256: written.blocks,
+        clustering_key: CLUSTERING_KEY.iter().map(|s| s.to_string()).collect(),
+        min_event_time: stats.min,
+        max_event_time: stats.max,
+        created_at,
+    };
+    verify_decoded(op, &manifest).await?;
+
+    let bytes = manifest.to_json_bytes();
+    match op
+        .write_with(&manifest_key, bytes.clone())
+        .if_not_exists(true)
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if is_condition_failure(&e) => {
+            let existing = read_existing_manifest(store, &manifest_key, bucket).await?;
+            if existing.same_archive(&manifest) {
+                return Ok(WrittenArchive {
+                    manifest_key,
+                    manifest: existing,
+                });
+            }
+            return Err(ArchiveError::AlreadyExistsDifferent { key: manifest_key });
+        }
+        Err(e) => return Err(ArchiveError::storage("write", &manifest_key, e)),
+    }
+    let back = op
+        .read(&manifest_key)
+        .await
+        .map_err(|e| ArchiveError::storage("read", &manifest_key, e))?
+        .to_vec();
+    if back != bytes {
+        return Err(ArchiveError::ChecksumMismatch {
+            key: manifest_key,
+            expected: sha256_hex(&bytes),
+            actual: sha256_hex(&back),
+        });
+    }
+    let parsed = Manifest::parse(&back, &manifest_key, bucket)?;
+    if parsed != manifest {
+        return Err(ArchiveError::InvalidManifest {
+            key: manifest_key,
+            reason: "read-back manifest differs from the one written".into(),
+        });
+    }
+    Ok(WrittenArchive {
+        manifest_key,
+        manifest: parsed,
+    })
+}
+
+/// An existing manifest found by a conditional create. On a filesystem the winner's bytes may
+/// still be arriving (create and write are two steps there), so a short read is retried
+/// briefly before the content is judged.
+async fn read_existing_manifest(
+    store: &ArchiveStore,
+    key: &str,
+    bucket: &BucketId,
+) -> Result<Manifest, ArchiveError> {
+    let mut last = None;
+    for attempt in 0..5 {
+        match store.read_manifest(key, bucket).await {
+            Ok(m) => return Ok(m),
+            Err(e @ ArchiveError::InvalidManifest { .. }) => {
+                last = Some(e);
+                tokio::time::sleep(std::time::Duration::from_millis(20 << attempt)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
+/// Decodes the stored payload through the same verified reader that scans use (block digests,
+/// footer, schema, partition, bucket bounds, strict clustering order) and checks the decoded
+/// row count and event-time range against the manifest about to be written.
+async fn verify_decoded(op: &opendal::Operator, manifest: &Manifest) -> Result<(), ArchiveError> {
+    let req = ArchiveScan {
+        include_value: false,
+        batch_rows: 64 * 1024,
+        ..ArchiveScan::default()
+    };
+    let metrics = Arc::new(ArchiveScanMetrics::default());
+    let mut stream = match manifest.format {
+        PayloadFormat::Parquet => {
+            parquet::scan(op.clone(), manifest.clone(), req, metrics).await?
+        }
+        PayloadFormat::Json => json::scan(op.clone(), manifest.clone(), req, metrics).await?,
+    };
+    let mut rows = 0u64;
+    let mut first = None;
+    let mut last = None;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let t = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::TimestampNanosecondArray>()
+            .ok_or_else(|| ArchiveError::decode(&manifest.payload_key, "event_time type"))?;
+        if first.is_none() {
+            first = Some(EventTime::from_nanos(t.value(0))?);
+        }
+        last = Some(EventTime::from_nanos(t.value(batch.num_rows() - 1))?);
+        rows += batch.num_rows() as u64;
+    }
+    if rows != manifest.row_count {
+        return Err(ArchiveError::RowCountMismatch {
+            key: manifest.payload_key.clone(),
+            expected: manifest.row_count,
+            actual: rows,
+        });
+    }
+    if (first, last) != (manifest.min_event_time, manifest.max_event_time) {
+        return Err(ArchiveError::decode(
+            &manifest.payload_key,
+            "decoded event-time range differs from the rows written",
+        ));
+    }
+    Ok(())
+}
