@@ -47,7 +47,7 @@ pub fn embedded_urls(dir: &Path) -> Result<(String, String), DefaultsError> {
         source,
     })?;
     Ok((
-        format!("sqlite:{}", abs.join("hot.sqlite3").display()),
+        format!("sqlite://{}", abs.join("hot.sqlite3").display()),
         format!("file://{}", abs.join("archive").display()),
     ))
 }
@@ -67,7 +67,7 @@ mod tests {
         assert_eq!((d.as_str(), a.as_str()), ("postgres://x", "s3://b/p"));
         let dir = tempfile::tempdir().unwrap();
         let (d, a) = embedded_urls(dir.path()).unwrap();
-        assert!(d.starts_with("sqlite:/") && d.ends_with("hot.sqlite3"), "{d}");
+        assert!(d.starts_with("sqlite:///") && d.ends_with("hot.sqlite3"), "{d}");
         assert!(a.starts_with("file:///") && a.ends_with("/archive"), "{a}");
     }
 }

@@ -8,5 +8,8 @@
 //! (DataFusion), and [`session`] (the embedded entry point).
 
 pub mod archive;
+pub mod archiver;
+pub mod defaults;
+pub mod failpoint;
 pub mod model;
 pub mod store;

@@ -113,8 +113,11 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     }
 
     // Archivers with injected faults, killed and restarted at random.
+    let stats_dir = tempfile::tempdir().unwrap();
+    let incarnation = AtomicU64::new(0);
     let spawn_worker = || {
         let mut c = archiver(&db, &archive_url);
+        let stats_file = stats_dir.path().join(format!("faults-{}", incarnation.fetch_add(1, Ordering::Relaxed)));
         c.args([
             "--eligible-before",
             "2022-01-01T00:00:00Z",
@@ -133,8 +136,9 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
             "--upload-deadline-seconds",
             "20",
         ])
-        .env("PULPITUM_FAULT_RATE", "0.12")
+        .env("PULPITUM_FAULT_RATE", "0.15")
         .env("PULPITUM_FAULT_SEED", rand::random::<u32>().to_string())
+        .env("PULPITUM_FAULT_STATS_FILE", &stats_file)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
         c.spawn().expect("spawn archiver")
@@ -171,6 +175,15 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     for w in &mut workers {
         let _ = w.start_kill();
         let _ = w.wait().await;
+    }
+
+    // Object-store calls and injected failures, as last reported by every incarnation.
+    let (mut store_calls, mut injected) = (0u64, 0u64);
+    for entry in std::fs::read_dir(stats_dir.path()).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+        let mut it = text.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+        store_calls += it.next().unwrap_or(0);
+        injected += it.next().unwrap_or(0);
     }
 
     // Settle: fault-free archivers until no work is left.
@@ -238,7 +251,8 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     let anomalies = lost + phantom + resurrected + duplicates as usize + orphans;
     eprintln!(
         "chaos: buckets {} (eligible {}), rows acknowledged {}, rejected by fence {}, outcome unknown {}, \
-         workers {WORKERS}, kills {kills}, dropped connections {dropped_connections}, fault rate 12%, \
+         workers {WORKERS}, kills {kills}, dropped connections {dropped_connections}, \
+         object-store calls {store_calls} with {injected} injected failures, \
          settle rounds {settle_rounds}, objects {}, anomalies {anomalies} \
          (lost {lost}, phantom {phantom}, resurrected {resurrected}, duplicates {duplicates}, orphans {orphans})",
         all_buckets.len(),
@@ -249,6 +263,10 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         objects.len(),
     );
     assert!(kills >= 3, "too few kills to mean anything");
+    assert!(
+        injected * 10 >= store_calls && injected > 0,
+        "fewer than 10% of object-store calls failed ({injected} of {store_calls})"
+    );
     assert_eq!(anomalies, 0);
 }
 

@@ -119,9 +119,8 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let store = pulpitum::store::open(&db_url).await?;
     store.migrate().await?;
     let mut archive = ArchiveStore::from_url(&archive_url)?;
-    if let Some(plan) = pulpitum::archive::FaultPlan::from_env()? {
-        eprintln!("pulpitum-archiver: injecting object-store faults: {plan:?}");
-        archive = archive.with_faults(plan);
+    if let Some(layer) = fault_layer_from_env()? {
+        archive = archive.with_faults(layer);
     }
     let archive = Arc::new(archive);
     let runner = Runner::new(store.clone(), archive.clone(), config.clone())?;
@@ -182,6 +181,46 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         }
     }
     Ok(ok)
+}
+
+/// Chaos-test hook: `PULPITUM_FAULT_RATE` (0..1) fails that share of every object-store
+/// operation, seeded by `PULPITUM_FAULT_SEED`; `PULPITUM_FAULT_STATS_FILE` receives the
+/// injected counts every 200 ms (a SIGKILLed process cannot report at exit). Only compiled
+/// with the `failpoints` feature.
+#[cfg(feature = "failpoints")]
+fn fault_layer_from_env() -> Result<Option<pulpitum::archive::faults::FaultLayer>, ArchiverError> {
+    use pulpitum::archive::faults::{FaultLayer, FaultOp, FaultPlan};
+    let Ok(raw) = std::env::var("PULPITUM_FAULT_RATE") else {
+        return Ok(None);
+    };
+    let rate: f64 = raw.parse().ok().filter(|r| (0.0..=1.0).contains(r)).ok_or(ArchiverError::Config {
+        setting: "PULPITUM_FAULT_RATE",
+        reason: format!("{raw:?} is not a fraction between 0 and 1"),
+    })?;
+    let seed = std::env::var("PULPITUM_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut plan = FaultPlan::new(seed);
+    for op in [FaultOp::Write, FaultOp::Read, FaultOp::Stat, FaultOp::List, FaultOp::Delete] {
+        plan = plan.fail_ratio(op, rate);
+    }
+    let layer = FaultLayer::new(plan);
+    eprintln!("pulpitum-archiver: failing {rate} of object-store calls (seed {seed})");
+    if let Ok(path) = std::env::var("PULPITUM_FAULT_STATS_FILE") {
+        let layer = layer.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                let s = layer.stats();
+                let calls: u64 = s.calls.iter().sum();
+                let _ = std::fs::write(&path, format!("{calls} {}\n", s.failures));
+            }
+        });
+    }
+    Ok(Some(layer))
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn fault_layer_from_env() -> Result<Option<pulpitum::archive::faults::FaultLayer>, ArchiverError> {
+    Ok(None)
 }
 
 async fn wait_for_signal() {
