@@ -3,7 +3,7 @@
 //! With the `failpoints` feature, `hit("name")` acts when the environment variable
 //! `PULPITUM_FAILPOINT` names it: `name` aborts the process (as `kill -9` would: no
 //! destructors, no flushes, no goodbye to the database) and `name:stop` sends the process
-//! SIGSTOP, so a test can freeze a worker past its lease and resume it. Without the feature
+//! SIGSTOP (once per process), so a test can freeze a worker past its lease and resume it. Without the feature
 //! `hit` compiles to nothing, so production builds carry no trap door.
 
 /// Every fail point the archiver defines, in protocol order.
@@ -29,7 +29,9 @@ pub fn hit(name: &str) {
             eprintln!("pulpitum: fail point {name} reached, aborting");
             std::process::abort();
         }
-        if armed.strip_suffix(":stop") == Some(name) {
+        static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        // A stop fires once per process, so a resumed worker runs on past it.
+        if armed.strip_suffix(":stop") == Some(name) && !STOPPED.swap(true, std::sync::atomic::Ordering::SeqCst) {
             eprintln!("pulpitum: fail point {name} reached, stopping");
             // Freeze like a long GC pause or a suspended VM; a test sends SIGCONT.
             let _ = std::process::Command::new("kill")

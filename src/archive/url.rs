@@ -19,6 +19,19 @@ fn env(names: &[&str]) -> Option<String> {
         .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
 }
 
+/// Installs, once per process, the HTTP transport OpenDAL's S3 service sends requests with
+/// (reqwest) and the rustls crypto provider it needs (ring). Idempotent; called by
+/// [`ArchiveStore::from_url`] for `s3://` and by anything that builds an S3 operator itself.
+pub fn install_http_transport() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Another component may have installed a provider first; either one serves.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        opendal::init_default_registry();
+        opendal_http_transport_reqwest::install_default();
+    });
+}
+
 pub(crate) fn store_from_url(raw: &str) -> Result<ArchiveStore, ArchiveError> {
     let bad = |reason: String| ArchiveError::Config(format!("archive URL {raw:?}: {reason}"));
     let url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
@@ -47,7 +60,7 @@ pub(crate) fn store_from_url(raw: &str) -> Result<ArchiveStore, ArchiveError> {
                 .host_str()
                 .filter(|h| !h.is_empty())
                 .ok_or_else(|| bad("missing bucket (s3://bucket/prefix)".into()))?;
-            opendal::install_default();
+            install_http_transport();
             let mut b = S3::default().bucket(bucket).root("/").region(
                 &env(&["AWS_REGION", "AWS_DEFAULT_REGION"]).unwrap_or_else(|| "us-east-1".into()),
             );

@@ -59,7 +59,7 @@ impl ArchiverConfig {
             scan_limit: 64,
             format: PayloadFormat::Parquet,
             gc_delay: Duration::from_secs(24 * 3600),
-            cleanup_delay: Duration::from_secs(10),
+            cleanup_delay: Duration::from_secs(60),
             snapshot_page_rows: 10_000,
             cleanup_batch_rows: 10_000,
             concurrency: 4,

@@ -77,6 +77,16 @@ pub struct CycleReport {
     pub errors: Vec<String>,
 }
 
+/// How a cleanup attempt ended.
+enum Cleanup {
+    /// All hot rows deleted (this many by us).
+    Done(u64),
+    /// Already clean, or another worker holds the cleanup.
+    NotOurs,
+    /// Our cleanup claim went stale mid-way.
+    LeaseLost,
+}
+
 /// One archiver process's worker.
 pub struct Runner {
     store: Arc<dyn HotStore>,
@@ -234,15 +244,11 @@ impl Runner {
                     self.archive_claimed(claim, permit, permits).await?
                 }
                 WorkKind::CleanupPending => {
-                    let Some(claim) = self.op("claim_cleanup", self.store.claim_cleanup(&item.bucket, self.config.lease)).await? else {
-                        return Ok(BucketOutcome::Skipped);
-                    };
-                    info!(generation = claim.generation, "claimed cleanup");
-                    let keeper = self.keep_lease(claim.clone());
                     drop(permit);
-                    match self.cleanup(&claim, &keeper, permits).await? {
-                        Some(rows_deleted) => BucketOutcome::Cleaned { rows_deleted },
-                        None => BucketOutcome::LeaseLost,
+                    match self.finish_cleanup(&item.bucket, permits).await? {
+                        Cleanup::Done(rows_deleted) => BucketOutcome::Cleaned { rows_deleted },
+                        Cleanup::NotOurs => BucketOutcome::Skipped,
+                        Cleanup::LeaseLost => BucketOutcome::LeaseLost,
                     }
                 }
             };
@@ -301,8 +307,14 @@ impl Runner {
         self.metrics.rows_archived.inc_by(written.manifest.row_count);
         self.metrics.bytes_archived.inc_by(written.manifest.byte_length);
         info!(key = %written.manifest_key, "published");
+        // Publication released the claim; cleanup is a separate, freshly claimed step.
+        drop(keeper);
         drop(permit);
-        let cleaned = self.cleanup(&claim, &keeper, permits).await?.is_some();
+        let cleaned = match self.finish_cleanup(&claim.bucket, permits).await? {
+            Cleanup::Done(_) => true,
+            Cleanup::NotOurs => false,
+            Cleanup::LeaseLost => return Ok(BucketOutcome::LeaseLost),
+        };
         Ok(BucketOutcome::Archived {
             rows: written.manifest.row_count,
             bytes: written.manifest.byte_length,
@@ -347,31 +359,34 @@ impl Runner {
         })
     }
 
-    /// Waits out the cleanup delay (without holding a concurrency slot), then deletes the hot
-    /// rows in small transactions. `Ok(None)` when the lease was lost.
-    async fn cleanup(&self, claim: &Claim, keeper: &LeaseKeeper, permits: &Semaphore) -> Result<Option<u64>, ArchiverError> {
-        let meta = self.op("bucket", self.store.bucket(&claim.bucket)).await?;
-        let published_at = meta.and_then(|m| m.published_at);
+    /// Waits out the cleanup delay (without holding a concurrency slot or a lease), claims
+    /// the cleanup, then deletes the hot rows in small transactions under that claim.
+    async fn finish_cleanup(&self, bucket: &BucketId, permits: &Semaphore) -> Result<Cleanup, ArchiverError> {
+        let meta = self.op("bucket", self.store.bucket(bucket)).await?;
+        let Some(published_at) = meta.and_then(|m| m.published_at) else {
+            return Ok(Cleanup::NotOurs);
+        };
         let now = self.op("now", self.store.now()).await?;
-        if let Some(p) = published_at {
-            let ready_at = p.as_micros() + self.config.cleanup_delay.as_micros() as i64;
-            let wait = ready_at - now.as_micros();
-            if wait > 0 {
-                debug!(wait_ms = wait / 1000, "waiting for readers' route-cache bound");
-                tokio::select! {
-                    _ = keeper.lost.cancelled() => return Ok(None),
-                    _ = tokio::time::sleep(Duration::from_micros(wait as u64 + 1_000)) => {}
-                }
-            }
+        let ready_at = published_at.as_micros() + self.config.cleanup_delay.as_micros() as i64;
+        let wait = ready_at - now.as_micros();
+        if wait > 0 {
+            debug!(wait_ms = wait / 1000, "waiting for readers' route-cache bound");
+            tokio::time::sleep(Duration::from_micros(wait as u64 + 1_000)).await;
         }
         let _permit = permits.acquire().await.expect("semaphore never closed");
+        let Some(claim) = self.op("claim_cleanup", self.store.claim_cleanup(bucket, self.config.lease)).await? else {
+            debug!("cleanup owned elsewhere or already done");
+            return Ok(Cleanup::NotOurs);
+        };
+        debug!(generation = claim.generation, "claimed cleanup");
+        let keeper = self.keep_lease(claim.clone());
         let mut deleted = 0u64;
         let mut steps = 0u32;
         loop {
             if keeper.lost.is_cancelled() {
-                return Ok(None);
+                return Ok(Cleanup::LeaseLost);
             }
-            let step = self.store.cleanup_step(claim, self.config.cleanup_batch_rows, self.config.cleanup_delay);
+            let step = self.store.cleanup_step(&claim, self.config.cleanup_batch_rows, self.config.cleanup_delay);
             match tokio::time::timeout(self.config.op_deadline, step).await {
                 Ok(Ok((n, finished))) => {
                     deleted += n;
@@ -383,10 +398,10 @@ impl Runner {
                     if finished {
                         self.metrics.buckets_cleaned.inc();
                         info!(rows_deleted = deleted, "hot rows deleted");
-                        return Ok(Some(deleted));
+                        return Ok(Cleanup::Done(deleted));
                     }
                 }
-                Ok(Err(StoreError::StaleClaim { .. })) => return Ok(None),
+                Ok(Err(StoreError::StaleClaim { .. })) => return Ok(Cleanup::LeaseLost),
                 Ok(Err(e)) if e.is_retryable() => {
                     warn!(error = %e, "cleanup step failed; retrying");
                     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -48,7 +48,7 @@ struct Args {
     #[arg(long, env = "ARCHIVER_GC_DELAY_SECONDS", default_value = "86400")]
     gc_delay_seconds: String,
     /// Seconds hot rows are kept after publication (at least the readers' route-cache TTL).
-    #[arg(long, env = "ARCHIVER_CLEANUP_DELAY_SECONDS", default_value = "10")]
+    #[arg(long, env = "ARCHIVER_CLEANUP_DELAY_SECONDS", default_value = "60")]
     cleanup_delay_seconds: String,
     /// Buckets processed at once.
     #[arg(long, env = "ARCHIVER_CONCURRENCY", default_value = "4")]
@@ -56,6 +56,9 @@ struct Args {
     /// Rows per snapshot page.
     #[arg(long, env = "ARCHIVER_SNAPSHOT_PAGE_ROWS", default_value = "10000")]
     snapshot_page_rows: String,
+    /// Hot rows deleted per cleanup transaction.
+    #[arg(long, env = "ARCHIVER_CLEANUP_BATCH_ROWS", default_value = "10000")]
+    cleanup_batch_rows: String,
     /// Deadline in seconds for one bucket's snapshot, upload and verification (below the GC delay).
     #[arg(long, env = "ARCHIVER_UPLOAD_DEADLINE_SECONDS", default_value = "3600")]
     upload_deadline_seconds: String,
@@ -97,6 +100,7 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
     c.gc_delay = parse_seconds("ARCHIVER_GC_DELAY_SECONDS", &args.gc_delay_seconds)?;
     c.cleanup_delay = parse_seconds("ARCHIVER_CLEANUP_DELAY_SECONDS", &args.cleanup_delay_seconds)?;
     c.concurrency = number("ARCHIVER_CONCURRENCY", &args.concurrency)?;
+    c.cleanup_batch_rows = number("ARCHIVER_CLEANUP_BATCH_ROWS", &args.cleanup_batch_rows)?;
     c.snapshot_page_rows = number("ARCHIVER_SNAPSHOT_PAGE_ROWS", &args.snapshot_page_rows)?;
     c.upload_deadline = parse_seconds("ARCHIVER_UPLOAD_DEADLINE_SECONDS", &args.upload_deadline_seconds)?;
     c.validate()?;
