@@ -186,6 +186,13 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         injected += it.next().unwrap_or(0);
     }
 
+    let mut archived_during_chaos = 0;
+    for b in &eligible {
+        if matches!(store.bucket(b).await.unwrap().unwrap().state, BucketState::Archived { .. }) {
+            archived_during_chaos += 1;
+        }
+    }
+
     // Settle: fault-free archivers until no work is left.
     let mut settle_rounds = 0;
     loop {
@@ -253,7 +260,7 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         "chaos: buckets {} (eligible {}), rows acknowledged {}, rejected by fence {}, outcome unknown {}, \
          workers {WORKERS}, kills {kills}, dropped connections {dropped_connections}, \
          object-store calls {store_calls} with {injected} injected failures, \
-         settle rounds {settle_rounds}, objects {}, anomalies {anomalies} \
+         published during the chaos {archived_during_chaos}, settle rounds {settle_rounds}, objects {}, anomalies {anomalies} \
          (lost {lost}, phantom {phantom}, resurrected {resurrected}, duplicates {duplicates}, orphans {orphans})",
         all_buckets.len(),
         eligible.len(),
