@@ -8,6 +8,9 @@
 //! (DataFusion), and [`session`] (the embedded entry point).
 
 pub mod archive;
+pub mod archiver;
+pub mod defaults;
+pub mod failpoint;
 pub mod model;
 pub mod provider;
 pub mod session;

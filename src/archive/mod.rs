@@ -201,6 +201,9 @@ pub enum ArchiveError {
         #[source]
         source: opendal::Error,
     },
+    /// The record source feeding a write failed (for the archiver: a snapshot page).
+    #[error("the record source failed: {0}")]
+    Source(String),
     /// A value failed model validation.
     #[error(transparent)]
     Model(#[from] ModelError),

@@ -262,6 +262,7 @@ where
         Err(e) => return Err(ArchiveError::storage("write", &payload_key, e)),
     };
     let written: Digests = sink.finish_digest();
+    crate::failpoint::hit("after_upload");
 
     // Read back the whole payload and compare every block with what was encoded.
     let stored = digest_stored(op, &payload_key, store.block_size()).await?;

@@ -431,3 +431,25 @@ pub fn bucket_for_append(
     }
     Ok(id)
 }
+
+/// Opens the hot store a URL names: `postgres://` / `postgresql://` (CockroachDB or
+/// PostgreSQL), `sqlite://PATH` or `sqlite:PATH` (the embedded store; created if absent) or
+/// `sqlite::memory:`. Anything else is [`StoreError::Config`].
+pub async fn open(database_url: &str) -> StoreResult<std::sync::Arc<dyn HotStore>> {
+    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
+        return Ok(std::sync::Arc::new(postgres::PgStore::connect(database_url).await?));
+    }
+    if database_url == "sqlite::memory:" {
+        return Ok(std::sync::Arc::new(embedded::SqliteStore::open_in_memory()?));
+    }
+    let path = database_url
+        .strip_prefix("sqlite://")
+        .or_else(|| database_url.strip_prefix("sqlite:"))
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| {
+            StoreError::Config(format!(
+                "unsupported database URL {database_url:?}: expected postgres://..., postgresql://..., sqlite://PATH or sqlite::memory:"
+            ))
+        })?;
+    Ok(std::sync::Arc::new(embedded::SqliteStore::open(path)?))
+}

@@ -1,0 +1,166 @@
+//! End-to-end archival throughput against the real PostgreSQL and S3 (or the local
+//! filesystem when `PULPITUM_BENCH_ARCHIVE=fs`), with baselines measured in the same run.
+//!
+//! 1. One 1M-row bucket: claim, fenced snapshot pages, Parquet upload, verification,
+//!    publication and cleanup, against `COPY (SELECT ...) TO STDOUT` of the same rows.
+//! 2. 1,000 ten-row buckets: the fixed per-bucket cost, in buckets per second.
+//!
+//! `cargo bench --profile dev-bench --bench archiver` (rows: `PULPITUM_BENCH_ROWS`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{pin_mut, TryStreamExt};
+use pulpitum::archive::{ArchiveStore, PayloadFormat};
+use pulpitum::archiver::{ArchiverConfig, Runner};
+use pulpitum::model::{BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::store::postgres::PgStore;
+use pulpitum::store::{HotStore, TableDefinition};
+use tokio_util::sync::CancellationToken;
+
+fn pg_url() -> String {
+    std::env::var("PULPITUM_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+fn archive_url(label: &str) -> (String, Option<tempfile::TempDir>) {
+    if std::env::var("PULPITUM_BENCH_ARCHIVE").as_deref() == Ok("fs") {
+        let dir = tempfile::tempdir().unwrap();
+        return (format!("file://{}", dir.path().display()), Some(dir));
+    }
+    for (k, v) in [
+        ("AWS_ENDPOINT_URL", "http://127.0.0.1:7480"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ACCESS_KEY_ID", "AKTEST"),
+        ("AWS_SECRET_ACCESS_KEY", "SKTESTSECRET"),
+    ] {
+        if std::env::var(k).is_err() {
+            std::env::set_var(k, v);
+        }
+    }
+    (format!("s3://pulpitum-test/bench_{label}_{:08x}", rand::random::<u32>()), None)
+}
+
+async fn setup(label: &str) -> (Arc<PgStore>, Arc<ArchiveStore>, String, Option<tempfile::TempDir>) {
+    let schema = format!("bench_{label}_{:08x}", rand::random::<u32>());
+    let store = Arc::new(PgStore::connect_with_schema(&pg_url(), &schema).await.expect("PostgreSQL"));
+    store.migrate().await.unwrap();
+    let (url, dir) = archive_url(label);
+    let archive = Arc::new(ArchiveStore::from_url(&url).unwrap());
+    (store, archive, schema, dir)
+}
+
+fn config() -> ArchiverConfig {
+    let mut c = ArchiverConfig::with_defaults();
+    c.eligible_before = EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap();
+    c.cleanup_delay = Duration::ZERO;
+    c.format = PayloadFormat::Parquet;
+    c.concurrency = 8;
+    c.scan_limit = 10_000;
+    c
+}
+
+async fn load(store: &PgStore, table: &TableId, channels: u64, rows_per: u64, day_spread: bool) {
+    let base = EventTime::parse_rfc3339("2021-01-01T00:00:00Z").unwrap().as_micros();
+    for c in 0..channels {
+        let mut batch = Vec::with_capacity(5_000);
+        for i in 0..rows_per {
+            let t = if day_spread { base + (i as i64 % 365) * 86_400_000_000 + i as i64 } else { base + i as i64 * 1_000 };
+            batch.push(Record {
+                partition_key: PartitionKey::new((c + 1).to_be_bytes().to_vec()).unwrap(),
+                event_time: EventTime::from_micros(t).unwrap(),
+                sort_key: SortKey::new(i.to_be_bytes().to_vec()).unwrap(),
+                value: format!("message {i} in channel {c}: the quick brown fox jumps over the lazy dog").into_bytes(),
+            });
+            if batch.len() == 5_000 {
+                store.append_batch(table, &batch).await.unwrap();
+                batch.clear();
+            }
+        }
+        if !batch.is_empty() {
+            store.append_batch(table, &batch).await.unwrap();
+        }
+    }
+}
+
+async fn copy_out(store: &PgStore) -> (u64, Duration) {
+    let client = store.raw_client().await.unwrap();
+    let started = Instant::now();
+    // COPY cannot take bind parameters; the statement names no values (the schema holds only
+    // the benchmark's bucket).
+    let stream = client
+        .copy_out("COPY (SELECT partition_key, event_time, sort_key, value FROM pulpitum_v4_records ORDER BY event_time, sort_key) TO STDOUT (FORMAT binary)")
+        .await
+        .unwrap();
+    pin_mut!(stream);
+    let mut bytes = 0u64;
+    while let Some(chunk) = stream.try_next().await.unwrap() {
+        bytes += chunk.len() as u64;
+    }
+    (bytes, started.elapsed())
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        if tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls).await.is_err() {
+            eprintln!("archiver bench: PostgreSQL unreachable at {}; skipped", pg_url());
+            return;
+        }
+        let rows: u64 = std::env::var("PULPITUM_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+        let table = TableId::new("bench").unwrap();
+
+        // 1. One large bucket.
+        let (store, archive, schema, _dir) = setup("large").await;
+        store
+            .register_table(&TableDefinition::new(table.clone(), BucketStrategy::CalendarYearUtc, "chat"))
+            .await
+            .unwrap();
+        let t = Instant::now();
+        load(&store, &table, 1, rows, false).await;
+        eprintln!("archiver bench: loaded {rows} rows in {:.1} s (schema {schema})", t.elapsed().as_secs_f64());
+        let (copy_bytes, copy_time) = copy_out(&store).await;
+        let runner = Runner::new(store.clone(), archive.clone(), config()).unwrap();
+        let started = Instant::now();
+        let report = runner.run_cycle(&CancellationToken::new(), &|_, _| {}).await.unwrap();
+        let archive_time = started.elapsed();
+        assert_eq!((report.archived, report.cleaned, report.failed), (1, 1, 0), "{report:?}");
+        let m = runner.metrics();
+        let copy_rps = rows as f64 / copy_time.as_secs_f64();
+        let arch_rps = rows as f64 / archive_time.as_secs_f64();
+        println!(
+            "archive one bucket: {rows} rows end to end (snapshot+parquet+upload+verify+publish+cleanup) in {:.2} s = {:.0} rows/s, {:.1} MB/s payload ({} bytes)",
+            archive_time.as_secs_f64(),
+            arch_rps,
+            m.bytes_archived.get() as f64 / archive_time.as_secs_f64() / 1e6,
+            m.bytes_archived.get()
+        );
+        println!(
+            "baseline COPY (SELECT ...) TO STDOUT: {rows} rows in {:.2} s = {:.0} rows/s ({copy_bytes} bytes)",
+            copy_time.as_secs_f64(),
+            copy_rps
+        );
+        println!("ratio archived/COPY rows/s: {:.2}x (target >= 0.5x)", arch_rps / copy_rps);
+        let _ = store.drop_schema().await;
+
+        // 2. Many small buckets.
+        let (store, archive, _schema, _dir2) = setup("small").await;
+        store
+            .register_table(&TableDefinition::new(table.clone(), BucketStrategy::CalendarDayUtc, "chat"))
+            .await
+            .unwrap();
+        // 3 channels x 334 days x ~10 rows: about 1,000 buckets of 10 rows.
+        load(&store, &table, 3, 3_340, true).await;
+        let runner = Runner::new(store.clone(), archive.clone(), config()).unwrap();
+        let started = Instant::now();
+        let report = runner.run_cycle(&CancellationToken::new(), &|_, _| {}).await.unwrap();
+        let took = started.elapsed();
+        assert_eq!(report.failed, 0, "{report:?}");
+        println!(
+            "archive small buckets: {} buckets in {:.2} s = {:.1} buckets/s (concurrency 8, end to end incl. cleanup)",
+            report.archived,
+            took.as_secs_f64(),
+            report.archived as f64 / took.as_secs_f64()
+        );
+        let _ = store.drop_schema().await;
+    });
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every test on a fresh machine: checks (and if needed starts) PostgreSQL, installs and
+# starts a throwaway S3 server (Ceph radosgw), then formats, lints and tests the crate.
+#   bash scripts/test.sh            # everything
+#   bash scripts/test.sh --lib      # extra arguments go to `cargo test`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+  echo "test.sh: PostgreSQL is not answering on 127.0.0.1:5432; starting it"
+  if command -v pg_ctlcluster >/dev/null; then
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+  else
+    echo "test.sh: no PostgreSQL installation found (apt-get install postgresql)" >&2
+    exit 1
+  fi
+  for _ in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
+fi
+psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
+  || psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test"
+
+bash scripts/s3-up.sh
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --features failpoints -- -D warnings
+cargo test --features failpoints "$@"

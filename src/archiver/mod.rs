@@ -1,0 +1,55 @@
+//! The archiver: moves whole, write-fenced buckets from the hot store to the archive and
+//! switches their read route, surviving a crash or pause at any step.
+//!
+//! It uses the hot store and the archive directly and never the SQL surface. [`Runner`]
+//! drives discovery cycles and the per-bucket protocol; [`gc`] removes objects that no route
+//! references; [`metrics`] counts what happened; [`config`] holds and validates settings.
+
+pub mod config;
+pub mod gc;
+pub mod metrics;
+mod runner;
+
+pub use config::ArchiverConfig;
+pub use gc::{collect_garbage, GcReport};
+pub use metrics::ArchiverMetrics;
+pub use runner::{is_fully_archived, BucketOutcome, CycleReport, Runner};
+
+use crate::archive::ArchiveError;
+use crate::model::BucketId;
+use crate::store::StoreError;
+
+/// Every way the archiver can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiverError {
+    /// A setting is invalid; nothing was started.
+    #[error("invalid archiver setting {setting}: {reason}")]
+    Config {
+        /// The flag or environment variable.
+        setting: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The hot store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The archive failed.
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    /// A store operation exceeded its deadline.
+    #[error("{operation} exceeded its deadline")]
+    Deadline {
+        /// The operation.
+        operation: &'static str,
+    },
+    /// A step's outcome could not be settled by re-reading the store; the next cycle will.
+    #[error("{step} of {bucket} is unresolved: {detail}")]
+    Unresolved {
+        /// The bucket.
+        bucket: BucketId,
+        /// The step.
+        step: &'static str,
+        /// The last error seen.
+        detail: String,
+    },
+}

@@ -1,0 +1,259 @@
+//! `pulpitum-archiver`: the sidecar that archives eligible buckets, cleans up published ones
+//! and collects orphaned objects. Flags fall back to environment variables; every value is
+//! validated before any work starts.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio_util::sync::CancellationToken;
+
+use pulpitum::archive::{ArchiveStore, PayloadFormat};
+use pulpitum::archiver::config::{parse_seconds, reject_obsolete};
+use pulpitum::archiver::{collect_garbage, ArchiverConfig, ArchiverError, Runner};
+use pulpitum::defaults;
+use pulpitum::model::EventTime;
+
+#[derive(Parser, Debug)]
+#[command(name = "pulpitum-archiver", version, about = "Archives eligible Pulpitum buckets to object storage")]
+struct Args {
+    /// Hot store URL (postgres://... or sqlite:PATH). Default: the embedded store in ./pulpitum-data.
+    #[arg(long, env = "PULPITUM_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Archive URL (s3://bucket/prefix, file:///path). Default: ./pulpitum-data/archive.
+    #[arg(long, env = "PULPITUM_ARCHIVE_URL")]
+    archive_url: Option<String>,
+    /// RFC 3339 cutoff: a bucket is eligible when bucket_end <= this. Default: January 1 of the previous UTC year.
+    #[arg(long, env = "ARCHIVER_ELIGIBLE_BEFORE")]
+    eligible_before: Option<String>,
+    /// Seconds between discovery cycles.
+    #[arg(long, env = "ARCHIVER_INTERVAL_SECONDS", default_value = "15")]
+    interval_seconds: String,
+    /// Owner-lease duration in seconds.
+    #[arg(long, env = "ARCHIVER_LEASE_SECONDS", default_value = "60")]
+    lease_seconds: String,
+    /// Seconds before a deferred bucket is retried.
+    #[arg(long, env = "ARCHIVER_RETRY_SECONDS", default_value = "15")]
+    retry_seconds: String,
+    /// Maximum work items per cycle.
+    #[arg(long, env = "ARCHIVER_SCAN_LIMIT", default_value = "64")]
+    scan_limit: String,
+    /// Payload format of new archives: parquet or json.
+    #[arg(long, env = "ARCHIVER_FORMAT", default_value = "parquet")]
+    format: String,
+    /// Seconds an unreferenced object must age before GC deletes it.
+    #[arg(long, env = "ARCHIVER_GC_DELAY_SECONDS", default_value = "86400")]
+    gc_delay_seconds: String,
+    /// Seconds hot rows are kept after publication (at least the readers' route-cache TTL).
+    #[arg(long, env = "ARCHIVER_CLEANUP_DELAY_SECONDS", default_value = "60")]
+    cleanup_delay_seconds: String,
+    /// Buckets processed at once.
+    #[arg(long, env = "ARCHIVER_CONCURRENCY", default_value = "4")]
+    concurrency: String,
+    /// Rows per snapshot page.
+    #[arg(long, env = "ARCHIVER_SNAPSHOT_PAGE_ROWS", default_value = "10000")]
+    snapshot_page_rows: String,
+    /// Hot rows deleted per cleanup transaction.
+    #[arg(long, env = "ARCHIVER_CLEANUP_BATCH_ROWS", default_value = "10000")]
+    cleanup_batch_rows: String,
+    /// Deadline in seconds for one bucket's snapshot, upload and verification (below the GC delay).
+    #[arg(long, env = "ARCHIVER_UPLOAD_DEADLINE_SECONDS", default_value = "3600")]
+    upload_deadline_seconds: String,
+    /// Run one cycle (and a GC pass) to completion, then exit; non-zero if any bucket failed.
+    #[arg(long)]
+    once: bool,
+    /// Skip orphan GC.
+    #[arg(long)]
+    no_gc: bool,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9187).
+    #[arg(long, env = "ARCHIVER_METRICS_ADDR")]
+    metrics_addr: Option<String>,
+}
+
+fn number(setting: &'static str, raw: &str) -> Result<usize, ArchiverError> {
+    raw.trim().parse().map_err(|_| ArchiverError::Config {
+        setting,
+        reason: format!("{raw:?} is not a whole number"),
+    })
+}
+
+fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
+    reject_obsolete(|k| std::env::var(k).ok())?;
+    let mut c = ArchiverConfig::with_defaults();
+    if let Some(raw) = &args.eligible_before {
+        c.eligible_before = EventTime::parse_rfc3339(raw).map_err(|e| ArchiverError::Config {
+            setting: "ARCHIVER_ELIGIBLE_BEFORE",
+            reason: format!("{raw:?}: {e}"),
+        })?;
+    }
+    c.interval = parse_seconds("ARCHIVER_INTERVAL_SECONDS", &args.interval_seconds)?;
+    c.lease = parse_seconds("ARCHIVER_LEASE_SECONDS", &args.lease_seconds)?;
+    c.retry = parse_seconds("ARCHIVER_RETRY_SECONDS", &args.retry_seconds)?;
+    c.scan_limit = number("ARCHIVER_SCAN_LIMIT", &args.scan_limit)?;
+    c.format = args.format.parse::<PayloadFormat>().map_err(|_| ArchiverError::Config {
+        setting: "ARCHIVER_FORMAT",
+        reason: format!("{:?} is not parquet or json", args.format),
+    })?;
+    c.gc_delay = parse_seconds("ARCHIVER_GC_DELAY_SECONDS", &args.gc_delay_seconds)?;
+    c.cleanup_delay = parse_seconds("ARCHIVER_CLEANUP_DELAY_SECONDS", &args.cleanup_delay_seconds)?;
+    c.concurrency = number("ARCHIVER_CONCURRENCY", &args.concurrency)?;
+    c.cleanup_batch_rows = number("ARCHIVER_CLEANUP_BATCH_ROWS", &args.cleanup_batch_rows)?;
+    c.snapshot_page_rows = number("ARCHIVER_SNAPSHOT_PAGE_ROWS", &args.snapshot_page_rows)?;
+    c.upload_deadline = parse_seconds("ARCHIVER_UPLOAD_DEADLINE_SECONDS", &args.upload_deadline_seconds)?;
+    c.validate()?;
+    Ok(c)
+}
+
+async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
+    let config = build_config(&args)?;
+    let metrics_addr: Option<SocketAddr> = match &args.metrics_addr {
+        Some(a) => Some(a.parse().map_err(|_| ArchiverError::Config {
+            setting: "--metrics-addr",
+            reason: format!("{a:?} is not a socket address like 127.0.0.1:9187"),
+        })?),
+        None => None,
+    };
+    let (db_url, archive_url) = defaults::resolve_urls(args.database_url.as_deref(), args.archive_url.as_deref())?;
+    if args.database_url.is_none() {
+        eprintln!("pulpitum-archiver: using the embedded store at {db_url} and the archive at {archive_url}");
+    }
+    let store = pulpitum::store::open(&db_url).await?;
+    store.migrate().await?;
+    let mut archive = ArchiveStore::from_url(&archive_url)?;
+    if let Some(layer) = fault_layer_from_env()? {
+        archive = archive.with_faults(layer);
+    }
+    let archive = Arc::new(archive);
+    let runner = Runner::new(store.clone(), archive.clone(), config.clone())?;
+    let _metrics_task = match metrics_addr {
+        Some(addr) => {
+            let (bound, task) = pulpitum::archiver::metrics::serve(addr, runner.metrics()).await?;
+            tracing::info!(%bound, "serving metrics");
+            Some(task)
+        }
+        None => None,
+    };
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            eprintln!("pulpitum-archiver: stopping after the buckets in progress (signal again to abort)");
+            shutdown.cancel();
+            wait_for_signal().await;
+            std::process::exit(130);
+        });
+    }
+    if !args.once {
+        runner.run(shutdown).await?;
+        return Ok(true);
+    }
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = ProgressBar::new(0);
+        b.set_style(ProgressStyle::with_template("{spinner} {pos}/{len} buckets {wide_bar} {elapsed}").expect("valid template"));
+        b
+    });
+    let report = runner
+        .run_cycle(&shutdown, &|done, total| {
+            if let Some(b) = &bar {
+                b.set_length(total as u64);
+                b.set_position(done as u64);
+            }
+        })
+        .await?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let mut ok = report.failed == 0;
+    eprintln!(
+        "pulpitum-archiver: discovered {}, archived {}, cleaned {}, deferred {}, skipped {}, failed {}",
+        report.discovered, report.archived, report.cleaned, report.deferred, report.skipped, report.failed
+    );
+    for e in &report.errors {
+        eprintln!("  {e}");
+    }
+    if !args.no_gc {
+        match collect_garbage(&*store, &archive, config.gc_delay, &runner.metrics()).await {
+            Ok(gc) => eprintln!("pulpitum-archiver: GC listed {}, deleted {}, kept {} referenced and {} young", gc.listed, gc.deleted, gc.referenced, gc.young),
+            Err(e) => {
+                eprintln!("pulpitum-archiver: GC failed: {e}");
+                ok = false;
+            }
+        }
+    }
+    Ok(ok)
+}
+
+/// Chaos-test hook: `PULPITUM_FAULT_RATE` (0..1) fails that share of every object-store
+/// operation, seeded by `PULPITUM_FAULT_SEED`; `PULPITUM_FAULT_STATS_FILE` receives the
+/// injected counts every 200 ms (a SIGKILLed process cannot report at exit). Only compiled
+/// with the `failpoints` feature.
+#[cfg(feature = "failpoints")]
+fn fault_layer_from_env() -> Result<Option<pulpitum::archive::faults::FaultLayer>, ArchiverError> {
+    use pulpitum::archive::faults::{FaultLayer, FaultOp, FaultPlan};
+    let Ok(raw) = std::env::var("PULPITUM_FAULT_RATE") else {
+        return Ok(None);
+    };
+    let rate: f64 = raw.parse().ok().filter(|r| (0.0..=1.0).contains(r)).ok_or(ArchiverError::Config {
+        setting: "PULPITUM_FAULT_RATE",
+        reason: format!("{raw:?} is not a fraction between 0 and 1"),
+    })?;
+    let seed = std::env::var("PULPITUM_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut plan = FaultPlan::new(seed);
+    for op in [FaultOp::Write, FaultOp::Read, FaultOp::Stat, FaultOp::List, FaultOp::Delete] {
+        plan = plan.fail_ratio(op, rate);
+    }
+    let layer = FaultLayer::new(plan);
+    eprintln!("pulpitum-archiver: failing {rate} of object-store calls (seed {seed})");
+    if let Ok(path) = std::env::var("PULPITUM_FAULT_STATS_FILE") {
+        let layer = layer.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                let s = layer.stats();
+                let calls: u64 = s.calls.iter().sum();
+                let _ = std::fs::write(&path, format!("{calls} {}\n", s.failures));
+            }
+        });
+    }
+    Ok(Some(layer))
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn fault_layer_from_env() -> Result<Option<pulpitum::archive::faults::FaultLayer>, ArchiverError> {
+    Ok(None)
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PULPITUM_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("pulpitum-archiver: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

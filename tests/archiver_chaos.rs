@@ -1,0 +1,289 @@
+//! Chaos: several archiver processes against the real PostgreSQL and S3 while writers keep
+//! appending, archivers are killed with SIGKILL and restarted, a share of object-store calls
+//! fail by injection, and the archivers' database connections are dropped. At the end every
+//! eligible bucket must be archived and cleaned, every acknowledged row read back exactly
+//! once, no unacknowledged row present, and GC must leave no orphan.
+
+mod archiver_support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use archiver_support::*;
+use pulpitum::model::{BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::store::{AppendOutcome, BucketFilter, BucketState, StoreError, TableDefinition};
+use rand::Rng;
+
+const CHANNELS: u8 = 4;
+const DAYS: i64 = 60;
+const WORKERS: usize = 3;
+const CHAOS_SECONDS: u64 = 45;
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+type Key = (Vec<u8>, i64, Vec<u8>);
+
+fn key(r: &Record) -> Key {
+    (r.partition_key.as_bytes().to_vec(), r.event_time.as_micros(), r.sort_key.as_bytes().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn archivers_survive_kills_faults_and_dropped_connections() {
+    let chaos_seconds = env_num("PULPITUM_CHAOS_SECONDS", CHAOS_SECONDS);
+    let db = fresh_database("chaos").await;
+    let archive_url = fresh_archive_url("chaos");
+    let (store, archive) = open(&db, &archive_url).await;
+    let table = TableId::new("chat").unwrap();
+    let strategy = BucketStrategy::CalendarDayUtc;
+    store
+        .register_table(&TableDefinition::new(table.clone(), strategy, "chat"))
+        .await
+        .unwrap();
+
+    // Seed every eligible bucket (2021) so it exists, plus keep writing during the chaos.
+    let start = EventTime::parse_rfc3339("2021-01-01T00:00:00Z").unwrap().as_micros();
+    let day_us = 86_400_000_000i64;
+    let acked: Arc<std::sync::Mutex<HashMap<Key, Vec<u8>>>> = Arc::default();
+    let unknown: Arc<std::sync::Mutex<HashMap<Key, Vec<u8>>>> = Arc::default();
+    let rejected: Arc<std::sync::Mutex<Vec<Key>>> = Arc::default();
+    let seq = Arc::new(AtomicU64::new(0));
+    let make = |c: u8, t: i64, n: u64| Record {
+        partition_key: PartitionKey::new(vec![c]).unwrap(),
+        event_time: EventTime::from_micros(t).unwrap(),
+        sort_key: SortKey::new(n.to_be_bytes().to_vec()).unwrap(),
+        value: format!("m{n}").into_bytes(),
+    };
+    for c in 1..=CHANNELS {
+        let records: Vec<Record> = (0..DAYS)
+            .flat_map(|d| (0..5).map(move |i| (d, i)))
+            .map(|(d, i)| make(c, start + d * day_us + i * 1_000_000, seq.fetch_add(1, Ordering::Relaxed)))
+            .collect();
+        store.append_batch(&table, &records).await.unwrap();
+        let mut a = acked.lock().unwrap();
+        for r in records {
+            a.insert(key(&r), r.value.clone());
+        }
+    }
+    let eligible: BTreeSet<BucketId> = store
+        .list_buckets(&table, &BucketFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(eligible.len(), CHANNELS as usize * DAYS as usize);
+
+    // Writers: into eligible (soon fenced) buckets and into a current, never-eligible one.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let (store, table, acked, unknown, rejected, seq, stop) =
+            (store.clone(), table.clone(), acked.clone(), unknown.clone(), rejected.clone(), seq.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let now_us = EventTime::from_datetime(chrono::Utc::now().with_nanosecond_zero()).unwrap().as_micros();
+            while !stop.load(Ordering::Relaxed) {
+                let (c, t) = {
+                    let mut rng = rand::rng();
+                    let c = rng.random_range(1..=CHANNELS);
+                    let t = if w % 2 == 0 {
+                        start + rng.random_range(0..DAYS) * day_us + rng.random_range(0..day_us / 1_000_000) * 1_000_000
+                    } else {
+                        now_us - rng.random_range(0..3_600) * 1_000_000
+                    };
+                    (c, t)
+                };
+                let r = make(c, t, seq.fetch_add(1, Ordering::Relaxed));
+                match store.append(&table, &r).await {
+                    Ok(AppendOutcome::Inserted) => {
+                        acked.lock().unwrap().insert(key(&r), r.value.clone());
+                    }
+                    Ok(AppendOutcome::AlreadyPresent) => panic!("fresh key reported present"),
+                    Err(StoreError::Fenced { .. }) => rejected.lock().unwrap().push(key(&r)),
+                    Err(_) => {
+                        unknown.lock().unwrap().insert(key(&r), r.value.clone());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+
+    // Archivers with injected faults, killed and restarted at random.
+    let stats_dir = tempfile::tempdir().unwrap();
+    let incarnation = AtomicU64::new(0);
+    let spawn_worker = || {
+        let mut c = archiver(&db, &archive_url);
+        let stats_file = stats_dir.path().join(format!("faults-{}", incarnation.fetch_add(1, Ordering::Relaxed)));
+        c.args([
+            "--eligible-before",
+            "2022-01-01T00:00:00Z",
+            "--interval-seconds",
+            "0.3",
+            "--lease-seconds",
+            "2",
+            "--retry-seconds",
+            "0.2",
+            "--cleanup-delay-seconds",
+            "0.2",
+            "--scan-limit",
+            "16",
+            "--gc-delay-seconds",
+            "0",
+            "--upload-deadline-seconds",
+            "20",
+        ])
+        .env("PULPITUM_FAULT_RATE", "0.15")
+        .env("PULPITUM_FAULT_SEED", rand::random::<u32>().to_string())
+        .env("PULPITUM_FAULT_STATS_FILE", &stats_file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        c.spawn().expect("spawn archiver")
+    };
+    let mut workers: Vec<_> = (0..WORKERS).map(|_| spawn_worker()).collect();
+    let (admin, conn) = tokio_postgres::connect(&pg_base_url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let mut kills = 0u32;
+    let mut dropped_connections = 0u64;
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(chaos_seconds) {
+        let pause = rand::rng().random_range(800..2_500);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        let victim = rand::rng().random_range(0..WORKERS);
+        let _ = workers[victim].start_kill(); // SIGKILL
+        let _ = workers[victim].wait().await;
+        kills += 1;
+        workers[victim] = spawn_worker();
+        if rand::rng().random_bool(0.5) {
+            let n = admin
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&"pulpitum-archiver"],
+                )
+                .await
+                .unwrap();
+            dropped_connections += n;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    for w in &mut workers {
+        let _ = w.start_kill();
+        let _ = w.wait().await;
+    }
+
+    // Object-store calls and injected failures, as last reported by every incarnation.
+    let (mut store_calls, mut injected) = (0u64, 0u64);
+    for entry in std::fs::read_dir(stats_dir.path()).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+        let mut it = text.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+        store_calls += it.next().unwrap_or(0);
+        injected += it.next().unwrap_or(0);
+    }
+
+    let mut archived_during_chaos = 0;
+    for b in &eligible {
+        if matches!(store.bucket(b).await.unwrap().unwrap().state, BucketState::Archived { .. }) {
+            archived_during_chaos += 1;
+        }
+    }
+
+    // Settle: fault-free archivers until no work is left.
+    let mut settle_rounds = 0;
+    loop {
+        settle_rounds += 1;
+        let out = archiver(&db, &archive_url)
+            .args([
+                "--once",
+                "--eligible-before",
+                "2022-01-01T00:00:00Z",
+                "--lease-seconds",
+                "2",
+                "--retry-seconds",
+                "0",
+                "--cleanup-delay-seconds",
+                "0",
+                "--scan-limit",
+                "1000",
+                "--gc-delay-seconds",
+                "0",
+                "--upload-deadline-seconds",
+                "20",
+            ])
+            .output()
+            .await
+            .unwrap();
+        let all_done = {
+            let mut done = true;
+            for b in &eligible {
+                if !matches!(store.bucket(b).await.unwrap().unwrap().state, BucketState::Archived { hot_deleted: true, .. }) {
+                    done = false;
+                }
+            }
+            done
+        };
+        if all_done && out.status.success() {
+            break;
+        }
+        assert!(settle_rounds < 20, "not settled: {}", String::from_utf8_lossy(&out.stderr));
+        tokio::time::sleep(Duration::from_millis(2_100)).await; // let dead workers' leases expire
+    }
+
+    // Read everything back through the routes.
+    let mut seen: BTreeMap<Key, Vec<u8>> = BTreeMap::new();
+    let mut duplicates = 0u64;
+    let all_buckets = store.list_buckets(&table, &BucketFilter::default()).await.unwrap();
+    for meta in &all_buckets {
+        for r in read_bucket(&*store, &archive, &meta.id).await {
+            if seen.insert(key(&r), r.value.clone()).is_some() {
+                duplicates += 1;
+            }
+        }
+    }
+    let acked = acked.lock().unwrap().clone();
+    let unknown = unknown.lock().unwrap().clone();
+    let rejected = rejected.lock().unwrap().clone();
+    let lost = acked.iter().filter(|(k, v)| seen.get(*k) != Some(*v)).count();
+    let phantom = seen.keys().filter(|k| !acked.contains_key(*k) && !unknown.contains_key(*k)).count();
+    let resurrected = rejected.iter().filter(|k| seen.contains_key(*k)).count();
+    let refs: Vec<String> = store.referenced_object_keys().await.unwrap();
+    let dirs: BTreeSet<&str> = refs.iter().map(|k| k.rsplit_once('/').unwrap().0).collect();
+    let objects = archive.list_objects().await.unwrap();
+    let orphans = objects.iter().filter(|o| !dirs.contains(o.key.rsplit_once('/').unwrap().0)).count();
+    let anomalies = lost + phantom + resurrected + duplicates as usize + orphans;
+    eprintln!(
+        "chaos: buckets {} (eligible {}), rows acknowledged {}, rejected by fence {}, outcome unknown {}, \
+         workers {WORKERS}, kills {kills}, dropped connections {dropped_connections}, \
+         object-store calls {store_calls} with {injected} injected failures, \
+         published during the chaos {archived_during_chaos}, settle rounds {settle_rounds}, objects {}, anomalies {anomalies} \
+         (lost {lost}, phantom {phantom}, resurrected {resurrected}, duplicates {duplicates}, orphans {orphans})",
+        all_buckets.len(),
+        eligible.len(),
+        acked.len(),
+        rejected.len(),
+        unknown.len(),
+        objects.len(),
+    );
+    assert!(kills >= 3, "too few kills to mean anything");
+    assert!(
+        injected * 10 >= store_calls && injected > 0,
+        "fewer than 10% of object-store calls failed ({injected} of {store_calls})"
+    );
+    assert_eq!(anomalies, 0);
+}
+
+trait NanoZero {
+    fn with_nanosecond_zero(self) -> Self;
+}
+
+impl NanoZero for chrono::DateTime<chrono::Utc> {
+    fn with_nanosecond_zero(self) -> Self {
+        use chrono::Timelike;
+        self.with_nanosecond(0).unwrap()
+    }
+}
