@@ -19,7 +19,8 @@ use pulpitum::store::{HotStore, TableDefinition};
 use tokio_util::sync::CancellationToken;
 
 fn pg_url() -> String {
-    std::env::var("PULPITUM_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("PULPITUM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 fn archive_url(label: &str) -> (String, Option<tempfile::TempDir>) {
@@ -37,12 +38,29 @@ fn archive_url(label: &str) -> (String, Option<tempfile::TempDir>) {
             std::env::set_var(k, v);
         }
     }
-    (format!("s3://pulpitum-test/bench_{label}_{:08x}", rand::random::<u32>()), None)
+    (
+        format!(
+            "s3://pulpitum-test/bench_{label}_{:08x}",
+            rand::random::<u32>()
+        ),
+        None,
+    )
 }
 
-async fn setup(label: &str) -> (Arc<PgStore>, Arc<ArchiveStore>, String, Option<tempfile::TempDir>) {
+async fn setup(
+    label: &str,
+) -> (
+    Arc<PgStore>,
+    Arc<ArchiveStore>,
+    String,
+    Option<tempfile::TempDir>,
+) {
     let schema = format!("bench_{label}_{:08x}", rand::random::<u32>());
-    let store = Arc::new(PgStore::connect_with_schema(&pg_url(), &schema).await.expect("PostgreSQL"));
+    let store = Arc::new(
+        PgStore::connect_with_schema(&pg_url(), &schema)
+            .await
+            .expect("PostgreSQL"),
+    );
     store.migrate().await.unwrap();
     let (url, dir) = archive_url(label);
     let archive = Arc::new(ArchiveStore::from_url(&url).unwrap());
@@ -60,16 +78,25 @@ fn config() -> ArchiverConfig {
 }
 
 async fn load(store: &PgStore, table: &TableId, channels: u64, rows_per: u64, day_spread: bool) {
-    let base = EventTime::parse_rfc3339("2021-01-01T00:00:00Z").unwrap().as_micros();
+    let base = EventTime::parse_rfc3339("2021-01-01T00:00:00Z")
+        .unwrap()
+        .as_micros();
     for c in 0..channels {
         let mut batch = Vec::with_capacity(5_000);
         for i in 0..rows_per {
-            let t = if day_spread { base + (i as i64 % 365) * 86_400_000_000 + i as i64 } else { base + i as i64 * 1_000 };
+            let t = if day_spread {
+                base + (i as i64 % 365) * 86_400_000_000 + i as i64
+            } else {
+                base + i as i64 * 1_000
+            };
             batch.push(Record {
                 partition_key: PartitionKey::new((c + 1).to_be_bytes().to_vec()).unwrap(),
                 event_time: EventTime::from_micros(t).unwrap(),
                 sort_key: SortKey::new(i.to_be_bytes().to_vec()).unwrap(),
-                value: format!("message {i} in channel {c}: the quick brown fox jumps over the lazy dog").into_bytes(),
+                value: format!(
+                    "message {i} in channel {c}: the quick brown fox jumps over the lazy dog"
+                )
+                .into_bytes(),
             });
             if batch.len() == 5_000 {
                 store.append_batch(table, &batch).await.unwrap();
@@ -100,7 +127,10 @@ async fn copy_out(store: &PgStore) -> (u64, Duration) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         if tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls).await.is_err() {
             eprintln!("archiver bench: PostgreSQL unreachable at {}; skipped", pg_url());

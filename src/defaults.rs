@@ -26,11 +26,20 @@ pub enum DefaultsError {
 
 /// The database and archive URLs to use: the given ones, or the embedded default under
 /// `./pulpitum-data` (created if missing).
-pub fn resolve_urls(database_url: Option<&str>, archive_url: Option<&str>) -> Result<(String, String), DefaultsError> {
+pub fn resolve_urls(
+    database_url: Option<&str>,
+    archive_url: Option<&str>,
+) -> Result<(String, String), DefaultsError> {
     match (database_url, archive_url) {
         (Some(d), Some(a)) => Ok((d.to_string(), a.to_string())),
-        (Some(_), None) => Err(DefaultsError::HalfConfigured("the database URL", "the archive URL")),
-        (None, Some(_)) => Err(DefaultsError::HalfConfigured("the archive URL", "the database URL")),
+        (Some(_), None) => Err(DefaultsError::HalfConfigured(
+            "the database URL",
+            "the archive URL",
+        )),
+        (None, Some(_)) => Err(DefaultsError::HalfConfigured(
+            "the archive URL",
+            "the database URL",
+        )),
         (None, None) => embedded_urls(Path::new(DATA_DIR)),
     }
 }
@@ -67,7 +76,10 @@ mod tests {
         assert_eq!((d.as_str(), a.as_str()), ("postgres://x", "s3://b/p"));
         let dir = tempfile::tempdir().unwrap();
         let (d, a) = embedded_urls(dir.path()).unwrap();
-        assert!(d.starts_with("sqlite:///") && d.ends_with("hot.sqlite3"), "{d}");
+        assert!(
+            d.starts_with("sqlite:///") && d.ends_with("hot.sqlite3"),
+            "{d}"
+        );
         assert!(a.starts_with("file:///") && a.ends_with("/archive"), "{a}");
     }
 }

@@ -31,7 +31,9 @@ pub fn hit(name: &str) {
         }
         static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         // A stop fires once per process, so a resumed worker runs on past it.
-        if armed.strip_suffix(":stop") == Some(name) && !STOPPED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if armed.strip_suffix(":stop") == Some(name)
+            && !STOPPED.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
             eprintln!("pulpitum: fail point {name} reached, stopping");
             // Freeze like a long GC pause or a suspended VM; a test sends SIGCONT.
             let _ = std::process::Command::new("kill")

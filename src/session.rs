@@ -35,8 +35,6 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::archive::{ArchiveError, ArchiveStore};
 use crate::provider::factory::FORMAT_NAME;
 use crate::provider::{ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits};
-use crate::store::embedded::SqliteStore;
-use crate::store::postgres::PgStore;
 use crate::store::{HotStore, StoreError};
 use crate::table::{RouteCacheConfig, DEFAULT_PAGE_ROWS};
 
@@ -71,9 +69,6 @@ impl Default for SessionOptions {
 /// Every way building a session can fail.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    /// The database URL is not one this build understands.
-    #[error("unsupported database URL {0:?} (expected postgres://, postgresql://, sqlite://PATH, sqlite::memory: or a file path)")]
-    UnsupportedDatabaseUrl(String),
     /// The hot store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -125,28 +120,11 @@ pub async fn session(
     Ok(ctx)
 }
 
-/// Opens the hot store named by a URL: `postgres://` / `postgresql://` (CockroachDB or
-/// PostgreSQL), `sqlite://PATH` or a plain file path (embedded), `sqlite::memory:`.
+/// Opens the hot store named by a URL (see [`crate::store::open`]): `postgres://` /
+/// `postgresql://` (CockroachDB or PostgreSQL), `sqlite://PATH`, `sqlite:PATH` or a plain
+/// file path (embedded), `sqlite::memory:`.
 pub async fn open_store(database_url: &str) -> Result<Arc<dyn HotStore>, SessionError> {
-    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-        return open_postgres(database_url).await;
-    }
-    if database_url == "sqlite::memory:" {
-        return Ok(Arc::new(SqliteStore::open_in_memory()?));
-    }
-    let path = database_url
-        .strip_prefix("sqlite://")
-        .unwrap_or(database_url);
-    if path.is_empty() || path.contains("://") {
-        return Err(SessionError::UnsupportedDatabaseUrl(
-            database_url.to_string(),
-        ));
-    }
-    Ok(Arc::new(SqliteStore::open(path)?))
-}
-
-async fn open_postgres(url: &str) -> Result<Arc<dyn HotStore>, SessionError> {
-    Ok(Arc::new(PgStore::connect(url).await?))
+    Ok(crate::store::open(database_url).await?)
 }
 
 /// Builds a session from a database URL and an archive URL with default options.

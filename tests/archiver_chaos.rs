@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use archiver_support::*;
-use pulpitum::model::{BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::model::{
+    BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
+};
 use pulpitum::store::{AppendOutcome, BucketFilter, BucketState, StoreError, TableDefinition};
 use rand::Rng;
 
@@ -22,13 +24,20 @@ const WORKERS: usize = 3;
 const CHAOS_SECONDS: u64 = 45;
 
 fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 type Key = (Vec<u8>, i64, Vec<u8>);
 
 fn key(r: &Record) -> Key {
-    (r.partition_key.as_bytes().to_vec(), r.event_time.as_micros(), r.sort_key.as_bytes().to_vec())
+    (
+        r.partition_key.as_bytes().to_vec(),
+        r.event_time.as_micros(),
+        r.sort_key.as_bytes().to_vec(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -45,7 +54,9 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         .unwrap();
 
     // Seed every eligible bucket (2021) so it exists, plus keep writing during the chaos.
-    let start = EventTime::parse_rfc3339("2021-01-01T00:00:00Z").unwrap().as_micros();
+    let start = EventTime::parse_rfc3339("2021-01-01T00:00:00Z")
+        .unwrap()
+        .as_micros();
     let day_us = 86_400_000_000i64;
     let acked: Arc<std::sync::Mutex<HashMap<Key, Vec<u8>>>> = Arc::default();
     let unknown: Arc<std::sync::Mutex<HashMap<Key, Vec<u8>>>> = Arc::default();
@@ -60,7 +71,13 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     for c in 1..=CHANNELS {
         let records: Vec<Record> = (0..DAYS)
             .flat_map(|d| (0..5).map(move |i| (d, i)))
-            .map(|(d, i)| make(c, start + d * day_us + i * 1_000_000, seq.fetch_add(1, Ordering::Relaxed)))
+            .map(|(d, i)| {
+                make(
+                    c,
+                    start + d * day_us + i * 1_000_000,
+                    seq.fetch_add(1, Ordering::Relaxed),
+                )
+            })
             .collect();
         store.append_batch(&table, &records).await.unwrap();
         let mut a = acked.lock().unwrap();
@@ -81,16 +98,27 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     let stop = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 0..4 {
-        let (store, table, acked, unknown, rejected, seq, stop) =
-            (store.clone(), table.clone(), acked.clone(), unknown.clone(), rejected.clone(), seq.clone(), stop.clone());
+        let (store, table, acked, unknown, rejected, seq, stop) = (
+            store.clone(),
+            table.clone(),
+            acked.clone(),
+            unknown.clone(),
+            rejected.clone(),
+            seq.clone(),
+            stop.clone(),
+        );
         writers.push(tokio::spawn(async move {
-            let now_us = EventTime::from_datetime(chrono::Utc::now().with_nanosecond_zero()).unwrap().as_micros();
+            let now_us = EventTime::from_datetime(chrono::Utc::now().with_nanosecond_zero())
+                .unwrap()
+                .as_micros();
             while !stop.load(Ordering::Relaxed) {
                 let (c, t) = {
                     let mut rng = rand::rng();
                     let c = rng.random_range(1..=CHANNELS);
                     let t = if w % 2 == 0 {
-                        start + rng.random_range(0..DAYS) * day_us + rng.random_range(0..day_us / 1_000_000) * 1_000_000
+                        start
+                            + rng.random_range(0..DAYS) * day_us
+                            + rng.random_range(0..day_us / 1_000_000) * 1_000_000
                     } else {
                         now_us - rng.random_range(0..3_600) * 1_000_000
                     };
@@ -117,7 +145,10 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     let incarnation = AtomicU64::new(0);
     let spawn_worker = || {
         let mut c = archiver(&db, &archive_url);
-        let stats_file = stats_dir.path().join(format!("faults-{}", incarnation.fetch_add(1, Ordering::Relaxed)));
+        let stats_file = stats_dir.path().join(format!(
+            "faults-{}",
+            incarnation.fetch_add(1, Ordering::Relaxed)
+        ));
         c.args([
             "--eligible-before",
             "2022-01-01T00:00:00Z",
@@ -144,7 +175,9 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         c.spawn().expect("spawn archiver")
     };
     let mut workers: Vec<_> = (0..WORKERS).map(|_| spawn_worker()).collect();
-    let (admin, conn) = tokio_postgres::connect(&pg_base_url(), tokio_postgres::NoTls).await.unwrap();
+    let (admin, conn) = tokio_postgres::connect(&pg_base_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(conn);
     let mut kills = 0u32;
     let mut dropped_connections = 0u64;
@@ -181,14 +214,19 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     let (mut store_calls, mut injected) = (0u64, 0u64);
     for entry in std::fs::read_dir(stats_dir.path()).unwrap() {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
-        let mut it = text.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+        let mut it = text
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0));
         store_calls += it.next().unwrap_or(0);
         injected += it.next().unwrap_or(0);
     }
 
     let mut archived_during_chaos = 0;
     for b in &eligible {
-        if matches!(store.bucket(b).await.unwrap().unwrap().state, BucketState::Archived { .. }) {
+        if matches!(
+            store.bucket(b).await.unwrap().unwrap().state,
+            BucketState::Archived { .. }
+        ) {
             archived_during_chaos += 1;
         }
     }
@@ -221,7 +259,13 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         let all_done = {
             let mut done = true;
             for b in &eligible {
-                if !matches!(store.bucket(b).await.unwrap().unwrap().state, BucketState::Archived { hot_deleted: true, .. }) {
+                if !matches!(
+                    store.bucket(b).await.unwrap().unwrap().state,
+                    BucketState::Archived {
+                        hot_deleted: true,
+                        ..
+                    }
+                ) {
                     done = false;
                 }
             }
@@ -230,14 +274,21 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         if all_done && out.status.success() {
             break;
         }
-        assert!(settle_rounds < 20, "not settled: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            settle_rounds < 20,
+            "not settled: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         tokio::time::sleep(Duration::from_millis(2_100)).await; // let dead workers' leases expire
     }
 
     // Read everything back through the routes.
     let mut seen: BTreeMap<Key, Vec<u8>> = BTreeMap::new();
     let mut duplicates = 0u64;
-    let all_buckets = store.list_buckets(&table, &BucketFilter::default()).await.unwrap();
+    let all_buckets = store
+        .list_buckets(&table, &BucketFilter::default())
+        .await
+        .unwrap();
     for meta in &all_buckets {
         for r in read_bucket(&*store, &archive, &meta.id).await {
             if seen.insert(key(&r), r.value.clone()).is_some() {
@@ -248,13 +299,22 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     let acked = acked.lock().unwrap().clone();
     let unknown = unknown.lock().unwrap().clone();
     let rejected = rejected.lock().unwrap().clone();
-    let lost = acked.iter().filter(|(k, v)| seen.get(*k) != Some(*v)).count();
-    let phantom = seen.keys().filter(|k| !acked.contains_key(*k) && !unknown.contains_key(*k)).count();
+    let lost = acked
+        .iter()
+        .filter(|(k, v)| seen.get(*k) != Some(*v))
+        .count();
+    let phantom = seen
+        .keys()
+        .filter(|k| !acked.contains_key(*k) && !unknown.contains_key(*k))
+        .count();
     let resurrected = rejected.iter().filter(|k| seen.contains_key(*k)).count();
     let refs: Vec<String> = store.referenced_object_keys().await.unwrap();
     let dirs: BTreeSet<&str> = refs.iter().map(|k| k.rsplit_once('/').unwrap().0).collect();
     let objects = archive.list_objects().await.unwrap();
-    let orphans = objects.iter().filter(|o| !dirs.contains(o.key.rsplit_once('/').unwrap().0)).count();
+    let orphans = objects
+        .iter()
+        .filter(|o| !dirs.contains(o.key.rsplit_once('/').unwrap().0))
+        .count();
     let anomalies = lost + phantom + resurrected + duplicates as usize + orphans;
     eprintln!(
         "chaos: buckets {} (eligible {}), rows acknowledged {}, rejected by fence {}, outcome unknown {}, \

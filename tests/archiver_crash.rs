@@ -13,7 +13,9 @@ use std::time::Duration;
 use archiver_support::*;
 use pulpitum::archive::ArchiveStore;
 use pulpitum::failpoint;
-use pulpitum::model::{BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::model::{
+    BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
+};
 use pulpitum::store::{BucketState, HotStore, TableDefinition};
 
 const ROWS_PER_BUCKET: usize = 250;
@@ -41,7 +43,9 @@ async fn fixture(label: &str) -> Fixture {
     let mut expected: BTreeMap<BucketId, Vec<Record>> = BTreeMap::new();
     let days = ["2021-03-01", "2021-03-02", "2021-03-03"];
     for (c, day) in days.iter().enumerate() {
-        let base = EventTime::parse_rfc3339(&format!("{day}T00:00:00Z")).unwrap().as_micros();
+        let base = EventTime::parse_rfc3339(&format!("{day}T00:00:00Z"))
+            .unwrap()
+            .as_micros();
         let records: Vec<Record> = (0..ROWS_PER_BUCKET)
             .map(|i| Record {
                 partition_key: PartitionKey::new(vec![c as u8 + 1]).unwrap(),
@@ -86,7 +90,13 @@ async fn check_everything_archived(f: &Fixture) {
     for (bucket, rows) in &f.expected {
         let meta = f.store.bucket(bucket).await.unwrap().unwrap();
         assert!(
-            matches!(meta.state, BucketState::Archived { hot_deleted: true, .. }),
+            matches!(
+                meta.state,
+                BucketState::Archived {
+                    hot_deleted: true,
+                    ..
+                }
+            ),
             "{bucket} ended as {:?}",
             meta.state
         );
@@ -105,7 +115,10 @@ async fn check_everything_archived(f: &Fixture) {
 async fn check_readable_exactly_once(f: &Fixture) {
     for (bucket, rows) in &f.expected {
         let got = read_bucket(&*f.store, &f.archive, bucket).await;
-        assert_eq!(&got, rows, "rows of {bucket} not readable exactly once mid-protocol");
+        assert_eq!(
+            &got, rows,
+            "rows of {bucket} not readable exactly once mid-protocol"
+        );
     }
 }
 
@@ -118,12 +131,18 @@ async fn a_second_worker_finishes_after_a_crash_at_every_step() {
             .status()
             .await
             .unwrap();
-        assert!(!status.success(), "the first worker should have crashed at {point}");
+        assert!(
+            !status.success(),
+            "the first worker should have crashed at {point}"
+        );
         // Between the crash and the recovery, reads still see every row exactly once.
         check_readable_exactly_once(&f).await;
         // Let the dead worker's lease expire, then recover.
         tokio::time::sleep(Duration::from_millis(1_200)).await;
-        let out = configured(archiver(&f.db, &f.archive_url)).output().await.unwrap();
+        let out = configured(archiver(&f.db, &f.archive_url))
+            .output()
+            .await
+            .unwrap();
         assert!(
             out.status.success(),
             "recovery after {point} failed: {}",
@@ -136,7 +155,9 @@ async fn a_second_worker_finishes_after_a_crash_at_every_step() {
 
 fn process_state(pid: u32) -> char {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()).unwrap_or('?')
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
 }
 
 async fn wait_until_stopped(pid: u32) {
@@ -150,7 +171,10 @@ async fn wait_until_stopped(pid: u32) {
 }
 
 fn signal(pid: u32, sig: &str) {
-    std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+    std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -166,28 +190,45 @@ async fn a_worker_paused_past_its_lease_cannot_publish() {
     // Frozen with a verified upload in hand; its lease (1 s) runs out.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     // A second worker takes over and finishes everything.
-    let out = configured(archiver(&f.db, &f.archive_url)).output().await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let routes_before: Vec<_> = futures::future::join_all(f.expected.keys().map(|b| f.store.bucket(b)))
+    let out = configured(archiver(&f.db, &f.archive_url))
+        .output()
         .await
-        .into_iter()
-        .map(|m| m.unwrap().unwrap().state)
-        .collect();
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let routes_before: Vec<_> =
+        futures::future::join_all(f.expected.keys().map(|b| f.store.bucket(b)))
+            .await
+            .into_iter()
+            .map(|m| m.unwrap().unwrap().state)
+            .collect();
     signal(pid, "-CONT");
     let status = paused.wait().await.unwrap();
-    assert!(!status.success(), "the stale worker must report its lost lease");
-    let routes_after: Vec<_> = futures::future::join_all(f.expected.keys().map(|b| f.store.bucket(b)))
-        .await
-        .into_iter()
-        .map(|m| m.unwrap().unwrap().state)
-        .collect();
-    assert_eq!(routes_before, routes_after, "the stale worker changed a route");
+    assert!(
+        !status.success(),
+        "the stale worker must report its lost lease"
+    );
+    let routes_after: Vec<_> =
+        futures::future::join_all(f.expected.keys().map(|b| f.store.bucket(b)))
+            .await
+            .into_iter()
+            .map(|m| m.unwrap().unwrap().state)
+            .collect();
+    assert_eq!(
+        routes_before, routes_after,
+        "the stale worker changed a route"
+    );
     check_everything_archived(&f).await;
 }
 
 /// Hot rows of one bucket as physically stored, whatever the route says.
 async fn hot_row_count(db: &str, bucket: &BucketId) -> i64 {
-    let (client, conn) = tokio_postgres::connect(db, tokio_postgres::NoTls).await.unwrap();
+    let (client, conn) = tokio_postgres::connect(db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(conn);
     client
         .query_one(
@@ -203,7 +244,13 @@ async fn hot_row_count(db: &str, bucket: &BucketId) -> i64 {
 async fn a_worker_paused_past_its_lease_cannot_delete_hot_rows() {
     let f = fixture("pausedel").await;
     let mut paused = configured(archiver(&f.db, &f.archive_url))
-        .args(["--concurrency", "1", "--no-gc", "--cleanup-batch-rows", "100"])
+        .args([
+            "--concurrency",
+            "1",
+            "--no-gc",
+            "--cleanup-batch-rows",
+            "100",
+        ])
         .env("PULPITUM_FAILPOINT", "mid_cleanup:stop")
         .spawn()
         .unwrap();
@@ -215,17 +262,27 @@ async fn a_worker_paused_past_its_lease_cannot_delete_hot_rows() {
     // Others may be published and waiting for cleanup; one is half cleaned.
     let mut stalled = Vec::new();
     for b in f.expected.keys() {
-        if let Some(BucketState::Archived { hot_deleted: false, .. }) = f.store.bucket(b).await.unwrap().map(|m| m.state) {
+        if let Some(BucketState::Archived {
+            hot_deleted: false, ..
+        }) = f.store.bucket(b).await.unwrap().map(|m| m.state)
+        {
             if hot_row_count(&f.db, b).await == (ROWS_PER_BUCKET - 100) as i64 {
                 stalled.push(b.clone());
             }
         }
     }
-    assert_eq!(stalled.len(), 1, "exactly one bucket was mid-cleanup at the pause");
+    assert_eq!(
+        stalled.len(),
+        1,
+        "exactly one bucket was mid-cleanup at the pause"
+    );
     let before = hot_row_count(&f.db, &stalled[0]).await;
     signal(pid, "-CONT");
     let status = paused.wait().await.unwrap();
-    assert!(!status.success(), "the stale worker must report its lost lease");
+    assert!(
+        !status.success(),
+        "the stale worker must report its lost lease"
+    );
     assert_eq!(
         hot_row_count(&f.db, &stalled[0]).await,
         before,
@@ -233,7 +290,14 @@ async fn a_worker_paused_past_its_lease_cannot_delete_hot_rows() {
     );
     // Reads were served by the archive all along; a fresh worker finishes the cleanup.
     check_readable_exactly_once(&f).await;
-    let out = configured(archiver(&f.db, &f.archive_url)).output().await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = configured(archiver(&f.db, &f.archive_url))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     check_everything_archived(&f).await;
 }

@@ -9,11 +9,15 @@ use archiver_support::*;
 use futures::stream;
 use pulpitum::archive::{ArchiveError, PayloadFormat};
 use pulpitum::archiver::{collect_garbage, ArchiverMetrics};
-use pulpitum::model::{BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::model::{
+    BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
+};
 use pulpitum::store::TableDefinition;
 
 fn records(c: u8, day: &str, n: usize) -> Vec<Record> {
-    let base = EventTime::parse_rfc3339(&format!("{day}T00:00:00Z")).unwrap().as_micros();
+    let base = EventTime::parse_rfc3339(&format!("{day}T00:00:00Z"))
+        .unwrap()
+        .as_micros();
     (0..n)
         .map(|i| Record {
             partition_key: PartitionKey::new(vec![c]).unwrap(),
@@ -31,7 +35,10 @@ async fn gc_deletes_only_old_unreferenced_generations() {
     let (store, archive) = open(&db, &archive_url).await;
     let table = TableId::new("chat").unwrap();
     let strategy = BucketStrategy::CalendarDayUtc;
-    store.register_table(&TableDefinition::new(table.clone(), strategy, "chat")).await.unwrap();
+    store
+        .register_table(&TableDefinition::new(table.clone(), strategy, "chat"))
+        .await
+        .unwrap();
 
     // Bucket A: published at generation 2; generation 1 was an abandoned attempt (orphan).
     let a = records(1, "2021-05-01", 10);
@@ -40,12 +47,24 @@ async fn gc_deletes_only_old_unreferenced_generations() {
     let lease = Duration::from_secs(30);
     let abandoned = store.claim(&bucket_a, lease).await.unwrap().unwrap();
     let page = stream::iter(vec![Ok::<_, ArchiveError>(a.clone())]);
-    archive.write_bucket(&bucket_a, abandoned.generation, PayloadFormat::Json, page).await.unwrap();
-    store.defer_archive(&abandoned, Duration::ZERO).await.unwrap();
+    archive
+        .write_bucket(&bucket_a, abandoned.generation, PayloadFormat::Json, page)
+        .await
+        .unwrap();
+    store
+        .defer_archive(&abandoned, Duration::ZERO)
+        .await
+        .unwrap();
     let claim = store.claim(&bucket_a, lease).await.unwrap().unwrap();
     let page = stream::iter(vec![Ok::<_, ArchiveError>(a.clone())]);
-    let written = archive.write_bucket(&bucket_a, claim.generation, PayloadFormat::Parquet, page).await.unwrap();
-    store.publish_archive(&claim, &written.manifest_key).await.unwrap();
+    let written = archive
+        .write_bucket(&bucket_a, claim.generation, PayloadFormat::Parquet, page)
+        .await
+        .unwrap();
+    store
+        .publish_archive(&claim, &written.manifest_key)
+        .await
+        .unwrap();
 
     // Bucket B: an in-flight claim whose upload is done but not yet published.
     let b = records(2, "2021-05-02", 10);
@@ -53,24 +72,73 @@ async fn gc_deletes_only_old_unreferenced_generations() {
     let bucket_b = BucketId::of_record(&table, strategy, &b[0]);
     let in_flight = store.claim(&bucket_b, lease).await.unwrap().unwrap();
     let page = stream::iter(vec![Ok::<_, ArchiveError>(b.clone())]);
-    archive.write_bucket(&bucket_b, in_flight.generation, PayloadFormat::Parquet, page).await.unwrap();
+    archive
+        .write_bucket(
+            &bucket_b,
+            in_flight.generation,
+            PayloadFormat::Parquet,
+            page,
+        )
+        .await
+        .unwrap();
 
     tokio::time::sleep(Duration::from_millis(2_500)).await;
 
     // A young orphan: a stray object in a generation nobody holds, written just now.
-    let young_key = format!("{}/v4/chat/03/day:2021-05-03/g7/payload.json", archive.prefix());
-    archive.operator().write(&young_key, b"stray".to_vec()).await.unwrap();
+    let young_key = format!(
+        "{}/v4/chat/03/day:2021-05-03/g7/payload.json",
+        archive.prefix()
+    );
+    archive
+        .operator()
+        .write(&young_key, b"stray".to_vec())
+        .await
+        .unwrap();
 
     let metrics = ArchiverMetrics::default();
-    let report = collect_garbage(&*store, &archive, Duration::from_secs(2), &metrics).await.unwrap();
-    let left: Vec<String> = archive.list_objects().await.unwrap().into_iter().map(|o| o.key).collect();
+    let report = collect_garbage(&*store, &archive, Duration::from_secs(2), &metrics)
+        .await
+        .unwrap();
+    let left: Vec<String> = archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
 
-    let dir = |bucket: &BucketId, g: i64| archive.manifest_key(bucket, g).rsplit_once('/').unwrap().0.to_string();
-    let in_dir = |d: &str| left.iter().filter(|k| k.starts_with(&format!("{d}/"))).count();
-    assert_eq!(in_dir(&dir(&bucket_a, abandoned.generation)), 0, "the old orphan generation survived: {left:?}");
-    assert_eq!(in_dir(&dir(&bucket_a, claim.generation)), 2, "a referenced generation was touched: {left:?}");
-    assert_eq!(in_dir(&dir(&bucket_b, in_flight.generation)), 2, "an in-flight generation was deleted: {left:?}");
-    assert!(left.contains(&young_key), "a young orphan was deleted: {left:?}");
+    let dir = |bucket: &BucketId, g: i64| {
+        archive
+            .manifest_key(bucket, g)
+            .rsplit_once('/')
+            .unwrap()
+            .0
+            .to_string()
+    };
+    let in_dir = |d: &str| {
+        left.iter()
+            .filter(|k| k.starts_with(&format!("{d}/")))
+            .count()
+    };
+    assert_eq!(
+        in_dir(&dir(&bucket_a, abandoned.generation)),
+        0,
+        "the old orphan generation survived: {left:?}"
+    );
+    assert_eq!(
+        in_dir(&dir(&bucket_a, claim.generation)),
+        2,
+        "a referenced generation was touched: {left:?}"
+    );
+    assert_eq!(
+        in_dir(&dir(&bucket_b, in_flight.generation)),
+        2,
+        "an in-flight generation was deleted: {left:?}"
+    );
+    assert!(
+        left.contains(&young_key),
+        "a young orphan was deleted: {left:?}"
+    );
     assert_eq!(report.deleted, 2, "{report:?}");
     assert_eq!(metrics.gc_deletions.get(), 2);
 

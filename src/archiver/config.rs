@@ -14,7 +14,10 @@ use crate::model::EventTime;
 use super::ArchiverError;
 
 /// Environment variables of the v2/year-specific archiver that v4 refuses to honour.
-pub const OBSOLETE_SETTINGS: &[&str] = &["ARCHIVER_KEEP_HOT_BUCKETS", "ARCHIVER_ELIGIBLE_THROUGH_YEAR"];
+pub const OBSOLETE_SETTINGS: &[&str] = &[
+    "ARCHIVER_KEEP_HOT_BUCKETS",
+    "ARCHIVER_ELIGIBLE_THROUGH_YEAR",
+];
 
 /// How one archiver process behaves.
 #[derive(Debug, Clone)]
@@ -70,7 +73,8 @@ impl ArchiverConfig {
 
     /// Checks the relations between settings.
     pub fn validate(&self) -> Result<(), ArchiverError> {
-        let bad = |setting: &'static str, reason: String| Err(ArchiverError::Config { setting, reason });
+        let bad =
+            |setting: &'static str, reason: String| Err(ArchiverError::Config { setting, reason });
         if self.lease < Duration::from_millis(300) {
             return bad("ARCHIVER_LEASE_SECONDS", "must be at least 0.3 s".into());
         }
@@ -103,7 +107,10 @@ impl ArchiverConfig {
 /// January 1 of the previous UTC year.
 pub fn default_eligible_before() -> EventTime {
     let y = Utc::now().year() - 1;
-    let dt = Utc.with_ymd_and_hms(y, 1, 1, 0, 0, 0).single().expect("valid date");
+    let dt = Utc
+        .with_ymd_and_hms(y, 1, 1, 0, 0, 0)
+        .single()
+        .expect("valid date");
     EventTime::from_datetime(dt).expect("inside supported range")
 }
 
@@ -156,7 +163,10 @@ mod tests {
             .to_string()
             .contains("ARCHIVER_LEASE_SECONDS"));
         assert!(parse_seconds("X", "-1").is_err());
-        assert_eq!(parse_seconds("X", "1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(
+            parse_seconds("X", "1.5").unwrap(),
+            Duration::from_millis(1500)
+        );
         let mut c = ArchiverConfig::with_defaults();
         assert!(c.validate().is_ok());
         c.lease = Duration::from_millis(10);

@@ -50,9 +50,14 @@ pub async fn collect_garbage(
         .map(|k| generation_dir(k).to_string())
         .collect();
     for table in store.tables().await? {
-        for meta in store.list_buckets(&table.table_id, &BucketFilter::default()).await? {
+        for meta in store
+            .list_buckets(&table.table_id, &BucketFilter::default())
+            .await?
+        {
             if meta.state == BucketState::Archiving {
-                protected.insert(generation_dir(&archive.manifest_key(&meta.id, meta.generation)).to_string());
+                protected.insert(
+                    generation_dir(&archive.manifest_key(&meta.id, meta.generation)).to_string(),
+                );
             }
         }
     }
@@ -66,9 +71,11 @@ pub async fn collect_garbage(
             report.referenced += 1;
             continue;
         }
-        let old_enough = obj
-            .last_modified
-            .is_some_and(|m| now.signed_duration_since(m).to_std().is_ok_and(|age| age >= delay));
+        let old_enough = obj.last_modified.is_some_and(|m| {
+            now.signed_duration_since(m)
+                .to_std()
+                .is_ok_and(|age| age >= delay)
+        });
         if !old_enough {
             report.young += 1;
             continue;
@@ -87,11 +94,17 @@ mod tests {
 
     #[test]
     fn objects_are_grouped_by_generation_directory() {
-        assert_eq!(generation_dir("p/v4/t/01/day:2024-01-01/g3/manifest.json"), "p/v4/t/01/day:2024-01-01/g3");
+        assert_eq!(
+            generation_dir("p/v4/t/01/day:2024-01-01/g3/manifest.json"),
+            "p/v4/t/01/day:2024-01-01/g3"
+        );
         assert_eq!(
             generation_dir("p/v4/t/01/day:2024-01-01/g3/payload.parquet"),
             generation_dir("p/v4/t/01/day:2024-01-01/g3/manifest.json")
         );
-        assert_ne!(generation_dir("a/g3/manifest.json"), generation_dir("a/g31/manifest.json"));
+        assert_ne!(
+            generation_dir("a/g3/manifest.json"),
+            generation_dir("a/g31/manifest.json")
+        );
     }
 }

@@ -43,15 +43,60 @@ impl ArchiverMetrics {
         let c = |r: &mut Registry, name: &str, help: &str, m: &Counter| {
             r.register(name, help, m.clone());
         };
-        c(&mut registry, "buckets_archived", "Buckets published to the archive", &self.buckets_archived);
-        c(&mut registry, "buckets_cleaned", "Buckets whose hot rows were deleted", &self.buckets_cleaned);
-        c(&mut registry, "buckets_deferred", "Buckets returned to Hot for a later retry", &self.buckets_deferred);
-        c(&mut registry, "buckets_failed", "Bucket attempts that ended in an error", &self.buckets_failed);
-        c(&mut registry, "rows_archived", "Rows written to archives", &self.rows_archived);
-        c(&mut registry, "bytes_archived", "Payload bytes written to archives", &self.bytes_archived);
-        c(&mut registry, "rows_deleted", "Hot rows deleted after publication", &self.rows_deleted);
-        c(&mut registry, "lease_losses", "Claims lost while working", &self.lease_losses);
-        c(&mut registry, "gc_deletions", "Orphaned archive objects deleted", &self.gc_deletions);
+        c(
+            &mut registry,
+            "buckets_archived",
+            "Buckets published to the archive",
+            &self.buckets_archived,
+        );
+        c(
+            &mut registry,
+            "buckets_cleaned",
+            "Buckets whose hot rows were deleted",
+            &self.buckets_cleaned,
+        );
+        c(
+            &mut registry,
+            "buckets_deferred",
+            "Buckets returned to Hot for a later retry",
+            &self.buckets_deferred,
+        );
+        c(
+            &mut registry,
+            "buckets_failed",
+            "Bucket attempts that ended in an error",
+            &self.buckets_failed,
+        );
+        c(
+            &mut registry,
+            "rows_archived",
+            "Rows written to archives",
+            &self.rows_archived,
+        );
+        c(
+            &mut registry,
+            "bytes_archived",
+            "Payload bytes written to archives",
+            &self.bytes_archived,
+        );
+        c(
+            &mut registry,
+            "rows_deleted",
+            "Hot rows deleted after publication",
+            &self.rows_deleted,
+        );
+        c(
+            &mut registry,
+            "lease_losses",
+            "Claims lost while working",
+            &self.lease_losses,
+        );
+        c(
+            &mut registry,
+            "gc_deletions",
+            "Orphaned archive objects deleted",
+            &self.gc_deletions,
+        );
         let mut out = String::new();
         encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
@@ -75,7 +120,9 @@ pub async fn serve(
             tokio::spawn(async move {
                 // Read (and ignore) the request head; every path answers with the metrics.
                 let mut buf = [0u8; 2048];
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), sock.read(&mut buf)).await;
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(2), sock.read(&mut buf))
+                        .await;
                 let body = metrics.render();
                 let head = format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -99,14 +146,24 @@ mod tests {
         let m = Arc::new(ArchiverMetrics::default());
         m.buckets_archived.inc_by(3);
         m.gc_deletions.inc();
-        let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), m.clone()).await.unwrap();
+        let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), m.clone())
+            .await
+            .unwrap();
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        assert!(out.contains("pulpitum_archiver_buckets_archived_total 3"), "{out}");
-        assert!(out.contains("pulpitum_archiver_gc_deletions_total 1"), "{out}");
+        assert!(
+            out.contains("pulpitum_archiver_buckets_archived_total 3"),
+            "{out}"
+        );
+        assert!(
+            out.contains("pulpitum_archiver_gc_deletions_total 1"),
+            "{out}"
+        );
         task.abort();
     }
 }

@@ -33,9 +33,9 @@ pub enum ArchiverError {
     /// The hot store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The archive failed.
+    /// The archive failed (boxed: the OpenDAL error inside is large).
     #[error(transparent)]
-    Archive(#[from] ArchiveError),
+    Archive(Box<ArchiveError>),
     /// A store operation exceeded its deadline.
     #[error("{operation} exceeded its deadline")]
     Deadline {
@@ -52,4 +52,10 @@ pub enum ArchiverError {
         /// The last error seen.
         detail: String,
     },
+}
+
+impl From<ArchiveError> for ArchiverError {
+    fn from(e: ArchiveError) -> Self {
+        Self::Archive(Box::new(e))
+    }
 }

@@ -143,7 +143,11 @@ impl Runner {
         progress: &(dyn Fn(usize, usize) + Sync),
     ) -> Result<CycleReport, ArchiverError> {
         let items = self
-            .op("discover", self.store.discover(self.config.eligible_before, self.config.scan_limit))
+            .op(
+                "discover",
+                self.store
+                    .discover(self.config.eligible_before, self.config.scan_limit),
+            )
             .await?;
         let total = items.len();
         let mut report = CycleReport {
@@ -179,7 +183,9 @@ impl Runner {
                 Ok(BucketOutcome::Deferred { reason }) => {
                     report.deferred += 1;
                     report.failed += 1;
-                    report.errors.push(format!("{}: deferred: {reason}", item.bucket));
+                    report
+                        .errors
+                        .push(format!("{}: deferred: {reason}", item.bucket));
                 }
                 Ok(BucketOutcome::LeaseLost) => {
                     report.failed += 1;
@@ -213,7 +219,14 @@ impl Runner {
                 Err(e) => warn!(error = %e, "cycle failed; retrying after the interval"),
             }
             if last_gc.is_none_or(|t| t.elapsed() >= gc_every) {
-                match super::gc::collect_garbage(&*self.store, &self.archive, self.config.gc_delay, &self.metrics).await {
+                match super::gc::collect_garbage(
+                    &*self.store,
+                    &self.archive,
+                    self.config.gc_delay,
+                    &self.metrics,
+                )
+                .await
+                {
                     Ok(r) => info!(listed = r.listed, deleted = r.deleted, "orphan GC finished"),
                     Err(e) => warn!(error = %e, "orphan GC failed"),
                 }
@@ -229,13 +242,20 @@ impl Runner {
     }
 
     /// Runs one work item to its end.
-    pub async fn process(&self, item: &WorkItem, permits: &Semaphore) -> Result<BucketOutcome, ArchiverError> {
+    pub async fn process(
+        &self,
+        item: &WorkItem,
+        permits: &Semaphore,
+    ) -> Result<BucketOutcome, ArchiverError> {
         let span = info_span!("bucket", bucket = %item.bucket, kind = ?item.kind);
         async {
             let permit = permits.acquire().await.expect("semaphore never closed");
             let outcome = match item.kind {
                 WorkKind::Eligible | WorkKind::ExpiredClaim => {
-                    let Some(claim) = self.op("claim", self.store.claim(&item.bucket, self.config.lease)).await? else {
+                    let Some(claim) = self
+                        .op("claim", self.store.claim(&item.bucket, self.config.lease))
+                        .await?
+                    else {
                         debug!("not claimable (owned elsewhere or no longer eligible)");
                         return Ok(BucketOutcome::Skipped);
                     };
@@ -277,7 +297,9 @@ impl Runner {
             self.config.op_deadline,
             store_error.clone(),
         );
-        let upload = self.archive.write_bucket(&claim.bucket, claim.generation, self.config.format, pages);
+        let upload =
+            self.archive
+                .write_bucket(&claim.bucket, claim.generation, self.config.format, pages);
         let written = tokio::select! {
             biased;
             _ = keeper.lost.cancelled() => return Ok(BucketOutcome::LeaseLost),
@@ -304,8 +326,12 @@ impl Runner {
         }
         failpoint::hit("after_publish");
         self.metrics.buckets_archived.inc();
-        self.metrics.rows_archived.inc_by(written.manifest.row_count);
-        self.metrics.bytes_archived.inc_by(written.manifest.byte_length);
+        self.metrics
+            .rows_archived
+            .inc_by(written.manifest.row_count);
+        self.metrics
+            .bytes_archived
+            .inc_by(written.manifest.byte_length);
         info!(key = %written.manifest_key, "published");
         // Publication released the claim; cleanup is a separate, freshly claimed step.
         drop(keeper);
@@ -330,15 +356,24 @@ impl Runner {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
             }
-            match tokio::time::timeout(self.config.op_deadline, self.store.publish_archive(claim, manifest_key)).await {
+            match tokio::time::timeout(
+                self.config.op_deadline,
+                self.store.publish_archive(claim, manifest_key),
+            )
+            .await
+            {
                 Ok(Ok(())) => return Ok(true),
                 Ok(Err(e)) => last_error = Some(e.to_string()),
                 Err(_) => last_error = Some("publish deadline passed".into()),
             }
             // The commit may have happened even though we saw an error: ask the authority.
-            match tokio::time::timeout(self.config.op_deadline, self.store.bucket(&claim.bucket)).await {
+            match tokio::time::timeout(self.config.op_deadline, self.store.bucket(&claim.bucket))
+                .await
+            {
                 Ok(Ok(Some(meta))) => match meta.state {
-                    BucketState::Archived { object_key, .. } if object_key == manifest_key => return Ok(true),
+                    BucketState::Archived { object_key, .. } if object_key == manifest_key => {
+                        return Ok(true)
+                    }
                     BucketState::Archiving
                         if meta.generation == claim.generation
                             && meta.owner_token.as_deref() == Some(claim.token.as_str()) =>
@@ -361,7 +396,11 @@ impl Runner {
 
     /// Waits out the cleanup delay (without holding a concurrency slot or a lease), claims
     /// the cleanup, then deletes the hot rows in small transactions under that claim.
-    async fn finish_cleanup(&self, bucket: &BucketId, permits: &Semaphore) -> Result<Cleanup, ArchiverError> {
+    async fn finish_cleanup(
+        &self,
+        bucket: &BucketId,
+        permits: &Semaphore,
+    ) -> Result<Cleanup, ArchiverError> {
         let meta = self.op("bucket", self.store.bucket(bucket)).await?;
         let Some(published_at) = meta.and_then(|m| m.published_at) else {
             return Ok(Cleanup::NotOurs);
@@ -370,11 +409,20 @@ impl Runner {
         let ready_at = published_at.as_micros() + self.config.cleanup_delay.as_micros() as i64;
         let wait = ready_at - now.as_micros();
         if wait > 0 {
-            debug!(wait_ms = wait / 1000, "waiting for readers' route-cache bound");
+            debug!(
+                wait_ms = wait / 1000,
+                "waiting for readers' route-cache bound"
+            );
             tokio::time::sleep(Duration::from_micros(wait as u64 + 1_000)).await;
         }
         let _permit = permits.acquire().await.expect("semaphore never closed");
-        let Some(claim) = self.op("claim_cleanup", self.store.claim_cleanup(bucket, self.config.lease)).await? else {
+        let Some(claim) = self
+            .op(
+                "claim_cleanup",
+                self.store.claim_cleanup(bucket, self.config.lease),
+            )
+            .await?
+        else {
             debug!("cleanup owned elsewhere or already done");
             return Ok(Cleanup::NotOurs);
         };
@@ -386,7 +434,11 @@ impl Runner {
             if keeper.lost.is_cancelled() {
                 return Ok(Cleanup::LeaseLost);
             }
-            let step = self.store.cleanup_step(&claim, self.config.cleanup_batch_rows, self.config.cleanup_delay);
+            let step = self.store.cleanup_step(
+                &claim,
+                self.config.cleanup_batch_rows,
+                self.config.cleanup_delay,
+            );
             match tokio::time::timeout(self.config.op_deadline, step).await {
                 Ok(Ok((n, finished))) => {
                     deleted += n;
@@ -414,7 +466,12 @@ impl Runner {
 
     async fn defer(&self, claim: &Claim, reason: String) -> Result<BucketOutcome, ArchiverError> {
         warn!(%reason, "deferring bucket");
-        match tokio::time::timeout(self.config.op_deadline, self.store.defer_archive(claim, self.config.retry)).await {
+        match tokio::time::timeout(
+            self.config.op_deadline,
+            self.store.defer_archive(claim, self.config.retry),
+        )
+        .await
+        {
             Ok(Ok(())) => {}
             // Not deferred: the lease expiry makes the bucket claimable again anyway.
             Ok(Err(e)) => warn!(error = %e, "defer failed; the lease will expire instead"),
@@ -443,7 +500,9 @@ impl Runner {
                         current = c;
                         valid_until = sent + lease;
                     }
-                    Ok(Err(StoreError::StaleClaim { .. } | StoreError::InvalidTransition { .. })) => {
+                    Ok(Err(
+                        StoreError::StaleClaim { .. } | StoreError::InvalidTransition { .. },
+                    )) => {
                         signal.cancel();
                         return;
                     }
@@ -494,14 +553,21 @@ fn snapshot_pages(
                     // The first page has been handed to the writer: we are mid-upload.
                     failpoint::hit("mid_upload");
                 }
-                let page = match tokio::time::timeout(deadline, store.snapshot_page(&claim, after.as_ref(), page_rows)).await {
+                let page = match tokio::time::timeout(
+                    deadline,
+                    store.snapshot_page(&claim, after.as_ref(), page_rows),
+                )
+                .await
+                {
                     Ok(Ok(p)) => p,
                     Ok(Err(e)) => {
                         let msg = e.to_string();
                         *error_slot.lock().await = Some(e);
                         return Err(ArchiveError::Source(msg));
                     }
-                    Err(_) => return Err(ArchiveError::Source("snapshot page deadline passed".into())),
+                    Err(_) => {
+                        return Err(ArchiveError::Source("snapshot page deadline passed".into()))
+                    }
                 };
                 if page_no == 0 {
                     failpoint::hit("mid_snapshot");
@@ -518,9 +584,15 @@ fn snapshot_pages(
 }
 
 /// Whether `bucket` is fully archived: published with its hot rows deleted.
-pub async fn is_fully_archived(store: &dyn HotStore, bucket: &BucketId) -> Result<bool, StoreError> {
+pub async fn is_fully_archived(
+    store: &dyn HotStore,
+    bucket: &BucketId,
+) -> Result<bool, StoreError> {
     Ok(matches!(
         store.bucket(bucket).await?.map(|m| m.state),
-        Some(BucketState::Archived { hot_deleted: true, .. })
+        Some(BucketState::Archived {
+            hot_deleted: true,
+            ..
+        })
     ))
 }

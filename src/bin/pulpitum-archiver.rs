@@ -18,7 +18,11 @@ use pulpitum::defaults;
 use pulpitum::model::EventTime;
 
 #[derive(Parser, Debug)]
-#[command(name = "pulpitum-archiver", version, about = "Archives eligible Pulpitum buckets to object storage")]
+#[command(
+    name = "pulpitum-archiver",
+    version,
+    about = "Archives eligible Pulpitum buckets to object storage"
+)]
 struct Args {
     /// Hot store URL (postgres://... or sqlite:PATH). Default: the embedded store in ./pulpitum-data.
     #[arg(long, env = "PULPITUM_DATABASE_URL")]
@@ -93,16 +97,25 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
     c.lease = parse_seconds("ARCHIVER_LEASE_SECONDS", &args.lease_seconds)?;
     c.retry = parse_seconds("ARCHIVER_RETRY_SECONDS", &args.retry_seconds)?;
     c.scan_limit = number("ARCHIVER_SCAN_LIMIT", &args.scan_limit)?;
-    c.format = args.format.parse::<PayloadFormat>().map_err(|_| ArchiverError::Config {
-        setting: "ARCHIVER_FORMAT",
-        reason: format!("{:?} is not parquet or json", args.format),
-    })?;
+    c.format = args
+        .format
+        .parse::<PayloadFormat>()
+        .map_err(|_| ArchiverError::Config {
+            setting: "ARCHIVER_FORMAT",
+            reason: format!("{:?} is not parquet or json", args.format),
+        })?;
     c.gc_delay = parse_seconds("ARCHIVER_GC_DELAY_SECONDS", &args.gc_delay_seconds)?;
-    c.cleanup_delay = parse_seconds("ARCHIVER_CLEANUP_DELAY_SECONDS", &args.cleanup_delay_seconds)?;
+    c.cleanup_delay = parse_seconds(
+        "ARCHIVER_CLEANUP_DELAY_SECONDS",
+        &args.cleanup_delay_seconds,
+    )?;
     c.concurrency = number("ARCHIVER_CONCURRENCY", &args.concurrency)?;
     c.cleanup_batch_rows = number("ARCHIVER_CLEANUP_BATCH_ROWS", &args.cleanup_batch_rows)?;
     c.snapshot_page_rows = number("ARCHIVER_SNAPSHOT_PAGE_ROWS", &args.snapshot_page_rows)?;
-    c.upload_deadline = parse_seconds("ARCHIVER_UPLOAD_DEADLINE_SECONDS", &args.upload_deadline_seconds)?;
+    c.upload_deadline = parse_seconds(
+        "ARCHIVER_UPLOAD_DEADLINE_SECONDS",
+        &args.upload_deadline_seconds,
+    )?;
     c.validate()?;
     Ok(c)
 }
@@ -116,7 +129,8 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         })?),
         None => None,
     };
-    let (db_url, archive_url) = defaults::resolve_urls(args.database_url.as_deref(), args.archive_url.as_deref())?;
+    let (db_url, archive_url) =
+        defaults::resolve_urls(args.database_url.as_deref(), args.archive_url.as_deref())?;
     if args.database_url.is_none() {
         eprintln!("pulpitum-archiver: using the embedded store at {db_url} and the archive at {archive_url}");
     }
@@ -141,7 +155,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
-            eprintln!("pulpitum-archiver: stopping after the buckets in progress (signal again to abort)");
+            eprintln!(
+                "pulpitum-archiver: stopping after the buckets in progress (signal again to abort)"
+            );
             shutdown.cancel();
             wait_for_signal().await;
             std::process::exit(130);
@@ -153,7 +169,10 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     }
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(0);
-        b.set_style(ProgressStyle::with_template("{spinner} {pos}/{len} buckets {wide_bar} {elapsed}").expect("valid template"));
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {pos}/{len} buckets {wide_bar} {elapsed}")
+                .expect("valid template"),
+        );
         b
     });
     let report = runner
@@ -177,7 +196,10 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     }
     if !args.no_gc {
         match collect_garbage(&*store, &archive, config.gc_delay, &runner.metrics()).await {
-            Ok(gc) => eprintln!("pulpitum-archiver: GC listed {}, deleted {}, kept {} referenced and {} young", gc.listed, gc.deleted, gc.referenced, gc.young),
+            Ok(gc) => eprintln!(
+                "pulpitum-archiver: GC listed {}, deleted {}, kept {} referenced and {} young",
+                gc.listed, gc.deleted, gc.referenced, gc.young
+            ),
             Err(e) => {
                 eprintln!("pulpitum-archiver: GC failed: {e}");
                 ok = false;
@@ -197,13 +219,26 @@ fn fault_layer_from_env() -> Result<Option<pulpitum::archive::faults::FaultLayer
     let Ok(raw) = std::env::var("PULPITUM_FAULT_RATE") else {
         return Ok(None);
     };
-    let rate: f64 = raw.parse().ok().filter(|r| (0.0..=1.0).contains(r)).ok_or(ArchiverError::Config {
-        setting: "PULPITUM_FAULT_RATE",
-        reason: format!("{raw:?} is not a fraction between 0 and 1"),
-    })?;
-    let seed = std::env::var("PULPITUM_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let rate: f64 =
+        raw.parse()
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+            .ok_or(ArchiverError::Config {
+                setting: "PULPITUM_FAULT_RATE",
+                reason: format!("{raw:?} is not a fraction between 0 and 1"),
+            })?;
+    let seed = std::env::var("PULPITUM_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let mut plan = FaultPlan::new(seed);
-    for op in [FaultOp::Write, FaultOp::Read, FaultOp::Stat, FaultOp::List, FaultOp::Delete] {
+    for op in [
+        FaultOp::Write,
+        FaultOp::Read,
+        FaultOp::Stat,
+        FaultOp::List,
+        FaultOp::Delete,
+    ] {
         plan = plan.fail_ratio(op, rate);
     }
     let layer = FaultLayer::new(plan);
@@ -244,7 +279,10 @@ async fn wait_for_signal() {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PULPITUM_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PULPITUM_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();

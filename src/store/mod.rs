@@ -433,11 +433,13 @@ pub fn bucket_for_append(
 }
 
 /// Opens the hot store a URL names: `postgres://` / `postgresql://` (CockroachDB or
-/// PostgreSQL), `sqlite://PATH` or `sqlite:PATH` (the embedded store; created if absent) or
-/// `sqlite::memory:`. Anything else is [`StoreError::Config`].
+/// PostgreSQL), `sqlite://PATH`, `sqlite:PATH` or a plain file path (the embedded store;
+/// created if absent) or `sqlite::memory:`. Any other scheme is [`StoreError::Config`].
 pub async fn open(database_url: &str) -> StoreResult<std::sync::Arc<dyn HotStore>> {
     if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-        return Ok(std::sync::Arc::new(postgres::PgStore::connect(database_url).await?));
+        return Ok(std::sync::Arc::new(
+            postgres::PgStore::connect(database_url).await?,
+        ));
     }
     if database_url == "sqlite::memory:" {
         return Ok(std::sync::Arc::new(embedded::SqliteStore::open_in_memory()?));
@@ -445,6 +447,7 @@ pub async fn open(database_url: &str) -> StoreResult<std::sync::Arc<dyn HotStore
     let path = database_url
         .strip_prefix("sqlite://")
         .or_else(|| database_url.strip_prefix("sqlite:"))
+        .or_else(|| (!database_url.contains("://")).then_some(database_url))
         .filter(|p| !p.is_empty())
         .ok_or_else(|| {
             StoreError::Config(format!(

@@ -11,7 +11,8 @@ use pulpitum::store::{HotPage, HotStore, PageRequest};
 
 /// Base URL of the test database.
 pub fn pg_base_url() -> String {
-    std::env::var("PULPITUM_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("PULPITUM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// S3 settings for radosgw started by `scripts/s3-up.sh`.
@@ -28,19 +29,28 @@ pub fn s3_bucket() -> String {
 }
 
 fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}_{:08x}", std::process::id(), rand::random::<u32>())
+    format!(
+        "{prefix}_{}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
 }
 
 /// A fresh schema; returns a database URL whose connections use it.
 pub async fn fresh_database(label: &str) -> String {
     let schema = unique(&format!("arch_{label}"));
-    let (client, conn) = tokio_postgres::connect(&pg_base_url(), tokio_postgres::NoTls).await.expect("PostgreSQL reachable");
+    let (client, conn) = tokio_postgres::connect(&pg_base_url(), tokio_postgres::NoTls)
+        .await
+        .expect("PostgreSQL reachable");
     tokio::spawn(conn);
     client
         .batch_execute(&format!("CREATE SCHEMA {schema}"))
         .await
         .expect("create schema");
-    format!("{}?options=-c%20search_path%3D{schema}&application_name=pulpitum-test", pg_base_url())
+    format!(
+        "{}?options=-c%20search_path%3D{schema}&application_name=pulpitum-test",
+        pg_base_url()
+    )
 }
 
 /// A fresh S3 prefix URL (and sets the S3 variables for this process).
@@ -65,12 +75,18 @@ pub async fn open(db_url: &str, archive_url: &str) -> (Arc<dyn HotStore>, Arc<Ar
 /// The archiver binary with both URLs and the S3 variables set.
 pub fn archiver(db_url: &str, archive_url: &str) -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"));
-    c.env("PULPITUM_DATABASE_URL", db_url.replace("application_name=pulpitum-test", "application_name=pulpitum-archiver"))
-        .env("PULPITUM_ARCHIVE_URL", archive_url)
-        .env("PULPITUM_LOG", "warn")
-        .env_remove("PULPITUM_FAILPOINT")
-        .env_remove("PULPITUM_FAULT_RATE")
-        .kill_on_drop(true);
+    c.env(
+        "PULPITUM_DATABASE_URL",
+        db_url.replace(
+            "application_name=pulpitum-test",
+            "application_name=pulpitum-archiver",
+        ),
+    )
+    .env("PULPITUM_ARCHIVE_URL", archive_url)
+    .env("PULPITUM_LOG", "warn")
+    .env_remove("PULPITUM_FAILPOINT")
+    .env_remove("PULPITUM_FAULT_RATE")
+    .kill_on_drop(true);
     for (k, v) in S3_ENV {
         c.env(k, std::env::var(k).unwrap_or_else(|_| v.to_string()));
     }
@@ -79,7 +95,11 @@ pub fn archiver(db_url: &str, archive_url: &str) -> tokio::process::Command {
 
 /// Every row of a bucket, read through the route the store names at each page (hot pages
 /// by keyset, or the whole verified archive).
-pub async fn read_bucket(store: &dyn HotStore, archive: &ArchiveStore, bucket: &BucketId) -> Vec<Record> {
+pub async fn read_bucket(
+    store: &dyn HotStore,
+    archive: &ArchiveStore,
+    bucket: &BucketId,
+) -> Vec<Record> {
     let mut out: Vec<Record> = Vec::new();
     let mut bounds = ScanBounds::all();
     loop {
@@ -97,7 +117,10 @@ pub async fn read_bucket(store: &dyn HotStore, archive: &ArchiveStore, bucket: &
                 out.extend(rows);
             }
             HotPage::Archived { object_key } => {
-                let manifest = archive.read_manifest(&object_key, bucket).await.expect("manifest");
+                let manifest = archive
+                    .read_manifest(&object_key, bucket)
+                    .await
+                    .expect("manifest");
                 let all = archive.read_all(&manifest).await.expect("archive rows");
                 out.extend(all.into_iter().filter(|r| bounds.matches(r)));
                 return out;
