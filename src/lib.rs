@@ -10,6 +10,7 @@
 pub mod archive;
 pub mod archiver;
 pub mod defaults;
+pub mod demo;
 pub mod failpoint;
 pub mod model;
 pub mod provider;

@@ -54,6 +54,16 @@ struct Cli {
 enum Command {
     /// The interactive shell (what `pulpitum` runs without a subcommand).
     Shell,
+    /// Load a synthetic chat history (about a million messages over two years), archive
+    /// everything older than 90 days with the real archiver, then open the shell.
+    Demo {
+        /// A few thousand messages instead of a million (for CI and a quick look).
+        #[arg(long)]
+        small: bool,
+        /// Print the example queries and exit instead of opening the shell.
+        #[arg(long)]
+        no_shell: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -305,23 +315,96 @@ fn scan(text: &str) -> (Vec<Item>, bool) {
     (items, ended)
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
-    let database_url = cli
-        .database_url
-        .clone()
-        .ok_or("no database: pass --database-url or set PULPITUM_DATABASE_URL")?;
-    let archive_url = cli
-        .archive_url
-        .clone()
-        .ok_or("no archive: pass --archive-url or set PULPITUM_ARCHIVE_URL")?;
-    let opts = pulpitum::session::SessionOptions {
+/// The URLs to use: the given ones or the embedded default (announced on stderr).
+fn urls(cli: &Cli) -> Result<(String, String), String> {
+    let (db, archive) =
+        pulpitum::defaults::resolve_urls(cli.database_url.as_deref(), cli.archive_url.as_deref())
+            .map_err(|e| e.to_string())?;
+    if cli.database_url.is_none() {
+        eprintln!(
+            "pulpitum: no --database-url given; keeping data in ./{} (embedded SQLite hot store, local archive)",
+            pulpitum::defaults::DATA_DIR
+        );
+    }
+    Ok((db, archive))
+}
+
+fn session_options(cli: &Cli) -> pulpitum::session::SessionOptions {
+    pulpitum::session::SessionOptions {
         limits: pulpitum::provider::QueryLimits {
             max_rows: cli.max_rows,
             max_bytes: cli.max_bytes,
             max_duration: cli.max_duration_ms.map(std::time::Duration::from_millis),
         },
         ..Default::default()
+    }
+}
+
+async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use pulpitum::demo::{self, DemoScale};
+    let (database_url, archive_url) = urls(&cli)?;
+    let store = pulpitum::store::open(&database_url).await.map_err(|e| e.to_string())?;
+    let archive = std::sync::Arc::new(
+        pulpitum::archive::ArchiveStore::from_url(&archive_url).map_err(|e| e.to_string())?,
+    );
+    let scale = if small { DemoScale::SMALL } else { DemoScale::FULL };
+    let tty = std::io::stderr().is_terminal();
+    let bar = ProgressBar::hidden();
+    if tty {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template("{msg:>10} {wide_bar} {pos}/{len} {elapsed}")
+                .expect("valid template"),
+        );
+    }
+    let phase = std::sync::Mutex::new("");
+    let report = demo::load_and_archive(store.clone(), archive.clone(), scale, &|name, done, total| {
+        let mut current = phase.lock().expect("progress lock");
+        if *current != name {
+            *current = name;
+            bar.reset();
+            bar.set_message(match name {
+                "load" => "loading",
+                _ => "archiving",
+            });
+        }
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    println!(
+        "Loaded {} messages since {}; archived {} buckets ({} rows) that ended by {}.",
+        report.loaded, report.first_day, report.archived_buckets, report.archived_rows, report.cutoff
+    );
+    let ctx = pulpitum::session::session(store, archive, session_options(&cli))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut shell = Shell {
+        ctx,
+        format: cli.format,
+        timing: false,
     };
+    println!("\nTry these (the shell keeps history; \\d lists tables, \\q quits):\n");
+    let examples = demo::example_queries(&report);
+    for (what, sql) in &examples {
+        println!("-- {what}\n{sql}\n");
+    }
+    if let Some((_, explain)) = examples.iter().find(|(_, sql)| sql.starts_with("EXPLAIN")) {
+        println!("{explain}");
+        shell.run_statement(explain).await?;
+    }
+    if no_shell || !std::io::stdin().is_terminal() {
+        return Ok(());
+    }
+    shell.interactive().await
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let (database_url, archive_url) = urls(&cli)?;
+    let opts = session_options(&cli);
     let ctx = pulpitum::session::connect_with(&database_url, &archive_url, opts)
         .await
         .map_err(|e| e.to_string())?;
@@ -367,14 +450,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match cli.command {
-        None | Some(Command::Shell) => match rt.block_on(run(cli)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("Error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+    let result = match cli.command {
+        None | Some(Command::Shell) => rt.block_on(run(cli)),
+        Some(Command::Demo { small, no_shell }) => rt.block_on(demo(cli, small, no_shell)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
