@@ -21,8 +21,8 @@ use std::time::Instant;
 use futures::{Stream, StreamExt};
 use parquet::arrow::AsyncArrowWriter;
 use pulpitum::archive::{
-    envelope_schema, records_to_batch, writer_properties, ArchiveError, ArchiveScan,
-    ArchiveStore, PayloadFormat, ROW_GROUP_ROWS,
+    envelope_schema, records_to_batch, writer_properties, ArchiveError, ArchiveScan, ArchiveStore,
+    PayloadFormat, ROW_GROUP_ROWS,
 };
 use pulpitum::model::{BucketId, BucketKey, EventTime, PartitionKey, Record, SortKey, TableId};
 
@@ -89,7 +89,8 @@ fn bucket() -> BucketId {
 fn record(b: &BucketId, i: usize) -> Record {
     let start = b.bucket_key.start().as_micros();
     let mut x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut value = format!("user{} says: message number {i} in the channel; ", x % 1000).into_bytes();
+    let mut value =
+        format!("user{} says: message number {i} in the channel; ", x % 1000).into_bytes();
     for _ in 0..(20 + i % 60) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -107,13 +108,14 @@ fn record(b: &BucketId, i: usize) -> Record {
 /// The bucket as a stream of pages generated on the fly (nothing held beyond one page).
 fn pages(rows: usize) -> impl Stream<Item = Result<Vec<Record>, ArchiveError>> + Send {
     let b = bucket();
-    futures::stream::iter((0..rows).step_by(PAGE)).map(move |s| {
-        Ok((s..(s + PAGE).min(rows)).map(|i| record(&b, i)).collect())
-    })
+    futures::stream::iter((0..rows).step_by(PAGE))
+        .map(move |s| Ok((s..(s + PAGE).min(rows)).map(|i| record(&b, i)).collect()))
 }
 
 async fn baseline(store: &ArchiveStore, rows: usize, path: &str) -> (f64, u64) {
-    let os = Arc::new(object_store_opendal::OpendalStore::new(store.operator().clone()));
+    let os = Arc::new(object_store_opendal::OpendalStore::new(
+        store.operator().clone(),
+    ));
     let t = Instant::now();
     let w = object_store::buffered::BufWriter::new(os, object_store::path::Path::from(path));
     let mut writer = AsyncArrowWriter::try_new(
@@ -144,13 +146,26 @@ async fn archive(store: &ArchiveStore, rows: usize, generation: i64) -> (f64, u6
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let rows: usize = std::env::var("PULPITUM_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    let big: usize = std::env::var("PULPITUM_BENCH_BIG_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(5_000_000);
+    let rows: usize = std::env::var("PULPITUM_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let big: usize = std::env::var("PULPITUM_BENCH_BIG_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000_000);
     let dir = tempfile::tempdir().unwrap();
     let url = std::env::var("PULPITUM_BENCH_URL")
         .unwrap_or_else(|_| format!("file://{}", dir.path().display()));
     let store = ArchiveStore::from_url(&url).unwrap();
-    println!("archive benchmark: store {url}, profile {}", if cfg!(debug_assertions) { "debug-assertions on" } else { "optimized" });
+    println!(
+        "archive benchmark: store {url}, profile {}",
+        if cfg!(debug_assertions) {
+            "debug-assertions on"
+        } else {
+            "optimized"
+        }
+    );
 
     // 1. Throughput, best of two alternating rounds.
     let (mut best_b, mut best_a) = (f64::MAX, f64::MAX);
@@ -158,7 +173,9 @@ async fn main() {
     for round in 0..2 {
         let (sb, lb) = baseline(&store, rows, &format!("baseline/r{round}.parquet")).await;
         let (sa, la) = archive(&store, rows, round).await;
-        println!("  round {round}: baseline {sb:.2} s ({lb} bytes), archive {sa:.2} s ({la} bytes)");
+        println!(
+            "  round {round}: baseline {sb:.2} s ({lb} bytes), archive {sa:.2} s ({la} bytes)"
+        );
         if sb < best_b {
             (best_b, len_b) = (sb, lb);
         }
@@ -172,7 +189,10 @@ async fn main() {
     println!("{rows} rows, payload {:.1} MB", len_a as f64 / 1e6);
     println!("  parquet straight to store: {rb:>12.0} rows/s {mbb:>8.1} MB/s");
     println!("  archive write+verify:      {ra:>12.0} rows/s {mba:>8.1} MB/s");
-    println!("  ratio archive/baseline:    {:.2}x (target >= 0.8x)", ra / rb);
+    println!(
+        "  ratio archive/baseline:    {:.2}x (target >= 0.8x)",
+        ra / rb
+    );
 
     // 2. Peak heap for a large bucket.
     let base = reset_peak();
@@ -190,7 +210,10 @@ async fn main() {
     );
     let base = reset_peak();
     let t = Instant::now();
-    let mut s = store.scan(&w.manifest, &ArchiveScan::default()).await.unwrap();
+    let mut s = store
+        .scan(&w.manifest, &ArchiveScan::default())
+        .await
+        .unwrap();
     let mut n = 0usize;
     while let Some(b) = s.next().await {
         n += b.unwrap().num_rows();
