@@ -13,6 +13,10 @@
 //! `PULPITUM_BENCH_BIG_ROWS` (5000000), `PULPITUM_BENCH_URL` (a `file://` temp dir; an
 //! `s3://` URL uses the AWS variables, see `ArchiveStore::from_url`).
 
+// The page stream's error type is `ArchiveError`, as `write_bucket` requires; its size is the
+// archive module's documented choice (it keeps the OpenDAL error whole for retry decisions).
+#![allow(clippy::result_large_err)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -10,6 +10,9 @@ use pulpitum::store::{BucketFilter, BucketState, HotStore, TableDefinition};
 
 const NOWHERE: &str = "postgres://nobody@127.0.0.1:1/none";
 
+/// Extra flags, extra environment, and the setting the error must name.
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
 fn archiver(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"));
     c.args(args)
@@ -35,7 +38,7 @@ fn bad_settings_are_refused_by_name_before_any_work() {
         "--archive-url",
         "file:///tmp/none",
     ];
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    let cases: &[Case] = &[
         (
             &[],
             &[("ARCHIVER_KEEP_HOT_BUCKETS", "3")],
