@@ -19,7 +19,9 @@ fi
 psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
   || psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test"
 
-bash scripts/s3-up.sh
+# A half-started cluster (a daemon of an earlier run still exiting) is torn down and started
+# again once; s3-up.sh stops leftovers under its state folder before it starts.
+bash scripts/s3-up.sh || { echo "test.sh: S3 did not start; retrying once"; sleep 3; bash scripts/s3-up.sh; }
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --features failpoints -- -D warnings
