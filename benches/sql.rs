@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::datasource::file_format::options::ParquetReadOptions;
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use pulpitum::archive::{ArchiveStore, FaultLayer, FaultPlan, PayloadFormat};
 use pulpitum::archiver::{ArchiverConfig, Runner};
 use pulpitum::model::{
@@ -281,7 +281,14 @@ async fn aggregate_bench(store: &Arc<PgStore>, day0: i64) -> (Duration, Duration
     let buckets = (AGG_CHANNELS * AGG_DAYS) as usize;
     assert_eq!(archived, buckets, "every bucket of `agg` is archived");
 
-    let listing = SessionContext::new();
+    // The payloads sit several directories deep (`v4/agg/<key>/<bucket>/g<n>/`); DataFusion
+    // lists only the top directory unless told otherwise.
+    let mut config = SessionConfig::new();
+    config
+        .options_mut()
+        .execution
+        .listing_table_ignore_subdirectory = false;
+    let listing = SessionContext::new_with_config(config);
     listing
         .register_parquet(
             "envelope",
