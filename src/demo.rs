@@ -91,15 +91,49 @@ pub struct DemoReport {
 pub type Progress<'a> = &'a (dyn Fn(&'static str, u64, u64) + Sync);
 
 const WORDS: &[&str] = &[
-    "deploy", "rollback", "coffee", "standup", "latency", "pager", "ticket", "merge", "review",
-    "lunch", "incident", "dashboard", "query", "index", "bucket", "archive", "release", "build",
-    "flaky", "test", "migration", "schema", "shipping", "friday", "weekend", "retro", "design",
-    "budget", "customer", "feature", "bug", "cache", "cluster", "node", "replica", "lease",
+    "deploy",
+    "rollback",
+    "coffee",
+    "standup",
+    "latency",
+    "pager",
+    "ticket",
+    "merge",
+    "review",
+    "lunch",
+    "incident",
+    "dashboard",
+    "query",
+    "index",
+    "bucket",
+    "archive",
+    "release",
+    "build",
+    "flaky",
+    "test",
+    "migration",
+    "schema",
+    "shipping",
+    "friday",
+    "weekend",
+    "retro",
+    "design",
+    "budget",
+    "customer",
+    "feature",
+    "bug",
+    "cache",
+    "cluster",
+    "node",
+    "replica",
+    "lease",
 ];
 
 fn message(rng: &mut StdRng, user: u32) -> String {
     let n = rng.random_range(3..12);
-    let words: Vec<&str> = (0..n).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect();
+    let words: Vec<&str> = (0..n)
+        .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+        .collect();
     format!("user{user}: {}", words.join(" "))
 }
 
@@ -113,18 +147,25 @@ pub async fn load_and_archive(
 ) -> Result<DemoReport, DemoError> {
     store.migrate().await?;
     let table = TableId::new(TABLE)?;
-    let def = TableDefinition::new(table.clone(), BucketStrategy::CalendarDayUtc, Surface::Chat.as_str());
+    let def = TableDefinition::new(
+        table.clone(),
+        BucketStrategy::CalendarDayUtc,
+        Surface::Chat.as_str(),
+    );
     let stored = store.register_table(&def).await.map_err(|e| match e {
         StoreError::TableConflict { .. } => DemoError::Conflict,
         e => e.into(),
     })?;
-    if stored.strategy != BucketStrategy::CalendarDayUtc || stored.surface != Surface::Chat.as_str() {
+    if stored.strategy != BucketStrategy::CalendarDayUtc || stored.surface != Surface::Chat.as_str()
+    {
         return Err(DemoError::Conflict);
     }
     let today = Utc::now().date_naive();
     let first_day = today - ChronoDuration::days(i64::from(scale.days) - 1);
     let cutoff_day = today - ChronoDuration::days(ARCHIVE_AFTER_DAYS);
-    let cutoff = EventTime::from_datetime(Utc.from_utc_datetime(&cutoff_day.and_hms_opt(0, 0, 0).expect("midnight")))?;
+    let cutoff = EventTime::from_datetime(
+        Utc.from_utc_datetime(&cutoff_day.and_hms_opt(0, 0, 0).expect("midnight")),
+    )?;
     let mut report = DemoReport {
         loaded: 0,
         archived_buckets: 0,
@@ -152,7 +193,9 @@ pub async fn load_and_archive(
     let never = CancellationToken::new();
     loop {
         let cycle = runner
-            .run_cycle(&never, &|done, total| progress("archive", done as u64, total as u64))
+            .run_cycle(&never, &|done, total| {
+                progress("archive", done as u64, total as u64)
+            })
             .await?;
         report.archived_buckets += cycle.archived as u64;
         if cycle.discovered == 0 || cycle.archived + cycle.cleaned == 0 {
@@ -182,7 +225,8 @@ async fn load(
     let now = Utc::now();
     for channel in 1..=i64::from(scale.channels) {
         // Busier and quieter channels, with quieter weekends.
-        let rate = f64::from(scale.messages_per_day) * (0.5 + channel as f64 / f64::from(scale.channels));
+        let rate =
+            f64::from(scale.messages_per_day) * (0.5 + channel as f64 / f64::from(scale.channels));
         let mut next_id: i64 = channel * 1_000_000_000;
         let mut day = first_day;
         while day <= today {
@@ -190,7 +234,9 @@ async fn load(
             let mean = if weekend { rate * 0.4 } else { rate * 1.15 };
             let n = rng.random_range((mean * 0.6) as u32..=(mean * 1.4).max(1.0) as u32);
             let start = Utc.from_utc_datetime(&day.and_hms_opt(0, 0, 0).expect("midnight"));
-            let mut offsets: Vec<i64> = (0..n).map(|_| rng.random_range(0..86_400_000_000i64)).collect();
+            let mut offsets: Vec<i64> = (0..n)
+                .map(|_| rng.random_range(0..86_400_000_000i64))
+                .collect();
             offsets.sort_unstable();
             let mut batch = Vec::with_capacity(offsets.len());
             for off in offsets {
@@ -252,24 +298,32 @@ mod tests {
 
     #[tokio::test]
     async fn small_demo_archives_old_buckets_and_keeps_recent_ones_hot() {
-        let store: Arc<dyn HotStore> = Arc::new(crate::store::embedded::SqliteStore::open_in_memory().unwrap());
+        let store: Arc<dyn HotStore> =
+            Arc::new(crate::store::embedded::SqliteStore::open_in_memory().unwrap());
         let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
         let scale = DemoScale {
             channels: 2,
             days: 100,
             messages_per_day: 4,
         };
-        let report = load_and_archive(store.clone(), archive.clone(), scale, &|_, _, _| {}).await.unwrap();
+        let report = load_and_archive(store.clone(), archive.clone(), scale, &|_, _, _| {})
+            .await
+            .unwrap();
         assert!(report.loaded > 0);
         let buckets = store
-            .list_buckets(&TableId::new(TABLE).unwrap(), &crate::store::BucketFilter::default())
+            .list_buckets(
+                &TableId::new(TABLE).unwrap(),
+                &crate::store::BucketFilter::default(),
+            )
             .await
             .unwrap();
         let (mut archived, mut hot) = (0, 0);
         for b in &buckets {
             let old = b.id.bucket_key.end() <= report.cutoff;
             match &b.state {
-                crate::store::BucketState::Archived { hot_deleted: true, .. } => {
+                crate::store::BucketState::Archived {
+                    hot_deleted: true, ..
+                } => {
                     assert!(old, "{} archived although recent", b.id);
                     archived += 1;
                 }
@@ -283,7 +337,9 @@ mod tests {
         assert_eq!(archived as u64, report.archived_buckets);
         assert!(archived > 0 && hot > 0);
         // A second run loads nothing and archives nothing new.
-        let again = load_and_archive(store, archive, scale, &|_, _, _| {}).await.unwrap();
+        let again = load_and_archive(store, archive, scale, &|_, _, _| {})
+            .await
+            .unwrap();
         assert_eq!((again.loaded, again.archived_buckets), (0, 0));
     }
 }

@@ -420,6 +420,14 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
                 matches!(e, ArchiveError::ChecksumMismatch { .. }),
                 "{ctx}: {e}"
             );
+            if format == PayloadFormat::Json {
+                // A streamed JSON read checks the whole-object digest too.
+                let e = scan_all(s, &m2, &ArchiveScan::default()).await.unwrap_err();
+                assert!(
+                    matches!(e, ArchiveError::ChecksumMismatch { .. }),
+                    "{ctx}: {e}"
+                );
+            }
             let wrong_block = edited_manifest(&good_manifest, |o| {
                 o.insert("block_sha256".into(), serde_json::json!(["1".repeat(64)]));
             });
@@ -1065,5 +1073,38 @@ async fn datafusion_reads_the_payload() {
                 .format("%Y-%m-%dT%H:%M:%S")
                 .to_string()
         ));
+    }
+}
+
+/// A payload larger than one upload chunk (8 MiB) goes up as a multipart upload on S3 and is
+/// verified like any other.
+#[tokio::test]
+async fn a_payload_larger_than_one_upload_chunk_round_trips() {
+    for be in backends("multipart").await {
+        if be.name == "fs" {
+            continue;
+        }
+        let b = bucket("2024-12-01", 1);
+        let rs: Vec<Record> = records(&b, 60_000, 0)
+            .into_iter()
+            .map(|mut r| {
+                r.value.resize(80, 7);
+                r
+            })
+            .collect();
+        let w = be
+            .store
+            .write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 8192))
+            .await
+            .unwrap();
+        assert!(
+            w.manifest.byte_length > 9 << 20,
+            "{}",
+            w.manifest.byte_length
+        );
+        assert_eq!(
+            be.store.read_all(&w.manifest).await.unwrap().len(),
+            rs.len()
+        );
     }
 }

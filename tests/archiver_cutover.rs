@@ -18,7 +18,11 @@ use pulpitum::store::{BucketFilter, BucketState};
 use tokio_util::sync::CancellationToken;
 
 fn first_i64(b: &[datafusion::arrow::record_batch::RecordBatch], col: usize) -> i64 {
-    let a = b[0].column(col).as_any().downcast_ref::<Int64Array>().unwrap();
+    let a = b[0]
+        .column(col)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
     assert!(!a.is_null(0));
     a.value(0)
 }
@@ -40,7 +44,9 @@ async fn sql_during_real_archiving_sees_every_row_once() {
         .await
         .unwrap();
     let table = TableId::new("chat").unwrap();
-    let base = EventTime::parse_rfc3339("2021-06-01T00:00:00Z").unwrap().as_micros();
+    let base = EventTime::parse_rfc3339("2021-06-01T00:00:00Z")
+        .unwrap()
+        .as_micros();
     let mut records = Vec::new();
     let mut id_sum = 0i64;
     for ch in 1..=3i64 {
@@ -74,8 +80,19 @@ async fn sql_during_real_archiving_sees_every_row_once() {
         let (store, table, done) = (store.clone(), table.clone(), done.clone());
         tokio::spawn(async move {
             loop {
-                let all = store.list_buckets(&table, &BucketFilter::default()).await.unwrap();
-                if all.iter().all(|m| matches!(m.state, BucketState::Archived { hot_deleted: true, .. })) {
+                let all = store
+                    .list_buckets(&table, &BucketFilter::default())
+                    .await
+                    .unwrap();
+                if all.iter().all(|m| {
+                    matches!(
+                        m.state,
+                        BucketState::Archived {
+                            hot_deleted: true,
+                            ..
+                        }
+                    )
+                }) {
                     done.store(true, Ordering::SeqCst);
                     return;
                 }
@@ -87,8 +104,18 @@ async fn sql_during_real_archiving_sees_every_row_once() {
     let mut rounds = 0;
     while !done.load(Ordering::SeqCst) || rounds < 2 {
         rounds += 1;
-        let b = ctx.sql("SELECT count(*), sum(id) FROM chat").await.unwrap().collect().await.unwrap();
-        assert_eq!((first_i64(&b, 0), first_i64(&b, 1)), (1200, id_sum), "round {rounds}");
+        let b = ctx
+            .sql("SELECT count(*), sum(id) FROM chat")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(
+            (first_i64(&b, 0), first_i64(&b, 1)),
+            (1200, id_sum),
+            "round {rounds}"
+        );
         let b = ctx
             .sql("SELECT id FROM chat WHERE channel_id = 2 ORDER BY timestamp, id")
             .await
@@ -98,14 +125,28 @@ async fn sql_during_real_archiving_sees_every_row_once() {
             .unwrap();
         let ids: Vec<i64> = b
             .iter()
-            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
             .collect();
-        assert_eq!(ids, (0..400).map(|i| 200_000 + i).collect::<Vec<_>>(), "round {rounds}");
+        assert_eq!(
+            ids,
+            (0..400).map(|i| 200_000 + i).collect::<Vec<_>>(),
+            "round {rounds}"
+        );
         assert!(rounds < 2_000, "archiving never finished");
     }
     watcher.await.unwrap();
     shutdown.cancel();
     worker.await.unwrap().unwrap();
-    assert!(rounds > 3, "the queries must overlap the cutovers ({rounds} rounds)");
+    assert!(
+        rounds > 3,
+        "the queries must overlap the cutovers ({rounds} rounds)"
+    );
     eprintln!("cutover race: {rounds} query rounds while 120 buckets were archived");
 }

@@ -20,12 +20,20 @@ fn pulpitum(dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
 }
 
 fn single_number(csv: &str) -> u64 {
-    let line = csv.lines().nth(1).unwrap_or_else(|| panic!("no value in {csv:?}"));
-    line.trim().parse().unwrap_or_else(|_| panic!("not a number: {line:?}"))
+    let line = csv
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no value in {csv:?}"));
+    line.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number: {line:?}"))
 }
 
 fn number_after(text: &str, before: &str, after: &str) -> u64 {
-    let start = text.find(before).unwrap_or_else(|| panic!("{before:?} not in {text}")) + before.len();
+    let start = text
+        .find(before)
+        .unwrap_or_else(|| panic!("{before:?} not in {text}"))
+        + before.len();
     let rest = &text[start..];
     rest[..rest.find(after).unwrap()].trim().parse().unwrap()
 }
@@ -35,7 +43,10 @@ fn demo_runs_on_the_embedded_default_and_both_tiers_answer() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, out, err) = pulpitum(dir.path(), &["demo", "--small", "--no-shell"]);
     assert!(ok, "demo failed: {err}");
-    assert!(err.contains("keeping data in ./pulpitum-data"), "the default is not announced: {err}");
+    assert!(
+        err.contains("keeping data in ./pulpitum-data"),
+        "the default is not announced: {err}"
+    );
     assert!(dir.path().join("pulpitum-data/hot.sqlite3").exists());
     let loaded = number_after(&out, "Loaded ", " messages");
     let archived_rows = number_after(&out, "buckets (", " rows)");
@@ -59,9 +70,16 @@ fn demo_runs_on_the_embedded_default_and_both_tiers_answer() {
         single_number(&out)
     };
     let total = count("SELECT count(*) FROM chat");
-    let cold = count(&format!("SELECT count(*) FROM chat WHERE timestamp < '{cutoff}'"));
-    let hot_rows = count(&format!("SELECT count(*) FROM chat WHERE timestamp >= '{cutoff}'"));
-    assert_eq!(total, loaded, "every loaded message is visible exactly once");
+    let cold = count(&format!(
+        "SELECT count(*) FROM chat WHERE timestamp < '{cutoff}'"
+    ));
+    let hot_rows = count(&format!(
+        "SELECT count(*) FROM chat WHERE timestamp >= '{cutoff}'"
+    ));
+    assert_eq!(
+        total, loaded,
+        "every loaded message is visible exactly once"
+    );
     assert_eq!(cold, archived_rows, "archived rows answer from the archive");
     assert_eq!(cold + hot_rows, total);
     let per_channel = count("SELECT count(DISTINCT channel_id) FROM chat");

@@ -10,8 +10,9 @@
 //! UTC with exactly six fractional digits. Reads are whole-object reads verified block by
 //! block against the manifest before a line of the block is decoded, so no row ever comes
 //! from unverified bytes; a cut-off object is caught by its stored length before the first
-//! row. The legacy shape (a JSON array of records, see `docs/archive-format.md`) is parsed
-//! whole and is meant for the small payloads the 0.1 writer produced.
+//! row, and the whole-object SHA-256 and the row count are checked when the object ends. The
+//! legacy shape (a JSON array of records, see `docs/archive-format.md`) is parsed whole and is
+//! meant for the small payloads the 0.1 writer produced.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::integrity::{check_stored_length, RowCheck, VerifiedReader};
 use super::parquet::records_to_batch;
@@ -230,6 +232,7 @@ struct JsonScan {
     header_seen: bool,
     legacy: Option<bool>,
     rows: u64,
+    whole: Sha256,
     last: Option<(i64, Vec<u8>)>,
     matched: Vec<Record>,
     out: VecDeque<RecordBatch>,
@@ -247,7 +250,9 @@ impl JsonScan {
         let start = self.next_block * bs;
         let end = (start + bs).min(self.manifest.byte_length);
         self.next_block += 1;
-        self.reader.read(start..end).await
+        let block = self.reader.read(start..end).await?;
+        self.whole.update(&block);
+        Ok(block)
     }
 
     fn take_record(&mut self, r: Record) -> Result<(), ArchiveError> {
@@ -334,6 +339,16 @@ impl JsonScan {
     }
 
     fn finish(&mut self) -> Result<(), ArchiveError> {
+        // Every block matched its digest; the whole-object digest must match as well (it
+        // differs only when the manifest's own fields disagree).
+        let actual = hex::encode(std::mem::take(&mut self.whole).finalize());
+        if actual != self.manifest.sha256 {
+            return Err(ArchiveError::ChecksumMismatch {
+                key: self.key.clone(),
+                expected: self.manifest.sha256.clone(),
+                actual,
+            });
+        }
         if !self.carry.is_empty() {
             return Err(unterminated(&self.key));
         }
@@ -402,6 +417,7 @@ pub(crate) async fn scan(
         header_seen: false,
         legacy: None,
         rows: 0,
+        whole: Sha256::new(),
         last: None,
         matched: Vec::new(),
         out: VecDeque::new(),

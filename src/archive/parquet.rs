@@ -684,11 +684,27 @@ pub(crate) async fn scan(
     req: ArchiveScan,
     metrics: Arc<ArchiveScanMetrics>,
 ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
+    scan_with(op, manifest, req, metrics, false).await
+}
+
+/// [`scan`]; `just_verified` skips the block digests (the writer's own check, right after it
+/// compared every stored block with what it uploaded).
+pub(crate) async fn scan_with(
+    op: opendal::Operator,
+    manifest: Manifest,
+    req: ArchiveScan,
+    metrics: Arc<ArchiveScanMetrics>,
+    just_verified: bool,
+) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
     let key = manifest.payload_key.clone();
     check_stored_length(&op, &manifest, &metrics).await?;
     let manifest = Arc::new(manifest);
+    let mut inner = VerifiedReader::new(op, manifest.clone(), metrics.clone());
+    if just_verified {
+        inner = inner.just_verified();
+    }
     let mut reader = VerifiedParquetReader {
-        inner: Arc::new(VerifiedReader::new(op, manifest.clone(), metrics.clone())),
+        inner: Arc::new(inner),
     };
     let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
     let meta = ArrowReaderMetadata::load_async(&mut reader, options)

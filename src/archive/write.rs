@@ -41,6 +41,7 @@ struct RowStats {
 /// fixed-size chunks so that the encoded bytes do not depend on the caller's paging.
 struct Rechunker<'a> {
     bucket: &'a BucketId,
+    bounds_us: (i64, i64),
     last: Option<(EventTime, Vec<u8>)>,
     buf: Vec<Record>,
     stats: RowStats,
@@ -48,8 +49,10 @@ struct Rechunker<'a> {
 
 impl<'a> Rechunker<'a> {
     fn new(bucket: &'a BucketId) -> Self {
+        let (start, end) = bucket.bucket_key.bounds();
         Self {
             bucket,
+            bounds_us: (start.as_micros(), end.as_micros()),
             last: None,
             buf: Vec::with_capacity(ENCODE_BATCH_ROWS),
             stats: RowStats::default(),
@@ -70,7 +73,8 @@ impl<'a> Rechunker<'a> {
             if r.partition_key != self.bucket.partition_key {
                 return Err(self.invalid(format!("record of partition {}", r.partition_key)));
             }
-            if !self.bucket.bucket_key.contains(r.event_time) {
+            let t = r.event_time.as_micros();
+            if t < self.bounds_us.0 || t >= self.bounds_us.1 {
                 return Err(
                     self.invalid(format!("record at {} is outside the bucket", r.event_time))
                 );
@@ -83,7 +87,14 @@ impl<'a> Rechunker<'a> {
                     )));
                 }
             }
-            self.last = Some((r.event_time, r.sort_key.as_bytes().to_vec()));
+            match &mut self.last {
+                Some((lt, lk)) => {
+                    *lt = r.event_time;
+                    lk.clear();
+                    lk.extend_from_slice(r.sort_key.as_bytes());
+                }
+                None => self.last = Some((r.event_time, r.sort_key.as_bytes().to_vec())),
+            }
             self.stats.rows += 1;
             self.stats.min.get_or_insert(r.event_time);
             self.stats.max = Some(r.event_time);
@@ -265,8 +276,10 @@ where
     crate::failpoint::hit("after_upload");
 
     // Read back the whole payload and compare every block with what was encoded.
+    // Equal length and equal block digests mean equal bytes, so the stored object's whole
+    // SHA-256 is the one computed on upload; hashing it a second time would prove nothing.
     let stored = digest_stored(op, &payload_key, store.block_size()).await?;
-    if stored != written {
+    if stored.len != written.len || stored.blocks != written.blocks {
         if existed || lost_race {
             return Err(ArchiveError::AlreadyExistsDifferent { key: payload_key });
         }
@@ -277,10 +290,17 @@ where
                 actual: stored.len,
             });
         }
+        let (i, (expected, actual)) = written
+            .blocks
+            .iter()
+            .zip(stored.blocks.iter())
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .expect("equal lengths and different digests differ in some block");
         return Err(ArchiveError::ChecksumMismatch {
-            key: payload_key,
-            expected: written.sha256,
-            actual: stored.sha256,
+            key: format!("{payload_key} (block {i})"),
+            expected: expected.clone(),
+            actual: actual.clone(),
         });
     }
 
@@ -387,7 +407,9 @@ async fn verify_decoded(op: &opendal::Operator, manifest: &Manifest) -> Result<(
     };
     let metrics = Arc::new(ArchiveScanMetrics::default());
     let mut stream = match manifest.format {
-        PayloadFormat::Parquet => parquet::scan(op.clone(), manifest.clone(), req, metrics).await?,
+        PayloadFormat::Parquet => {
+            parquet::scan_with(op.clone(), manifest.clone(), req, metrics, true).await?
+        }
         PayloadFormat::Json => json::scan(op.clone(), manifest.clone(), req, metrics).await?,
     };
     let mut rows = 0u64;

@@ -288,6 +288,7 @@ impl Runner {
         permit: tokio::sync::SemaphorePermit<'_>,
         permits: &Semaphore,
     ) -> Result<BucketOutcome, ArchiverError> {
+        let started = Instant::now();
         let keeper = self.keep_lease(claim.clone());
         let store_error: Arc<Mutex<Option<StoreError>>> = Arc::new(Mutex::new(None));
         let pages = snapshot_pages(
@@ -317,7 +318,12 @@ impl Runner {
             },
         };
         failpoint::hit("after_verify");
-        info!(key = %written.manifest_key, rows = written.manifest.row_count, "uploaded and verified");
+        info!(
+            key = %written.manifest_key,
+            rows = written.manifest.row_count,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "snapshotted, uploaded and verified"
+        );
         if keeper.lost.is_cancelled() {
             return Ok(BucketOutcome::LeaseLost);
         }
@@ -332,7 +338,7 @@ impl Runner {
         self.metrics
             .bytes_archived
             .inc_by(written.manifest.byte_length);
-        info!(key = %written.manifest_key, "published");
+        info!(key = %written.manifest_key, elapsed_ms = started.elapsed().as_millis() as u64, "published");
         // Publication released the claim; cleanup is a separate, freshly claimed step.
         drop(keeper);
         drop(permit);
@@ -428,6 +434,7 @@ impl Runner {
         };
         debug!(generation = claim.generation, "claimed cleanup");
         let keeper = self.keep_lease(claim.clone());
+        let started = Instant::now();
         let mut deleted = 0u64;
         let mut steps = 0u32;
         loop {
@@ -449,7 +456,11 @@ impl Runner {
                     }
                     if finished {
                         self.metrics.buckets_cleaned.inc();
-                        info!(rows_deleted = deleted, "hot rows deleted");
+                        info!(
+                            rows_deleted = deleted,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "hot rows deleted"
+                        );
                         return Ok(Cleanup::Done(deleted));
                     }
                 }
@@ -529,9 +540,10 @@ impl Runner {
     }
 }
 
-/// The fenced snapshot as a stream of pages for the archive writer. A store error is kept
-/// in `error_slot` (the writer only sees that the source failed) so the runner can tell a
-/// lost claim from a transient failure.
+/// The fenced snapshot as a stream of pages for the archive writer. The next page is
+/// fetched while the writer encodes the current one, so the database and the encoder work
+/// at the same time. A store error is kept in `error_slot` (the writer only sees that its
+/// source failed) so the runner can tell a lost claim from a transient failure.
 fn snapshot_pages(
     store: Arc<dyn HotStore>,
     claim: Claim,
@@ -539,48 +551,69 @@ fn snapshot_pages(
     deadline: Duration,
     error_slot: Arc<Mutex<Option<StoreError>>>,
 ) -> impl futures::Stream<Item = Result<Vec<Record>, ArchiveError>> + Send + 'static {
-    stream::try_unfold(
-        (None::<ClusteringKey>, 0u64, false),
-        move |(after, page_no, finished)| {
-            let store = store.clone();
-            let claim = claim.clone();
-            let error_slot = error_slot.clone();
-            async move {
-                if finished {
-                    return Ok(None);
-                }
-                if page_no == 1 {
-                    // The first page has been handed to the writer: we are mid-upload.
-                    failpoint::hit("mid_upload");
-                }
-                let page = match tokio::time::timeout(
+    type Fetch = tokio::task::JoinHandle<Result<Vec<Record>, StoreError>>;
+    let fetch = {
+        let (store, claim) = (store.clone(), claim.clone());
+        move |after: Option<ClusteringKey>| -> Fetch {
+            let (store, claim) = (store.clone(), claim.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(
                     deadline,
                     store.snapshot_page(&claim, after.as_ref(), page_rows),
                 )
                 .await
                 {
-                    Ok(Ok(p)) => p,
-                    Ok(Err(e)) => {
-                        let msg = e.to_string();
-                        *error_slot.lock().await = Some(e);
-                        return Err(ArchiveError::Source(msg));
-                    }
-                    Err(_) => {
-                        return Err(ArchiveError::Source("snapshot page deadline passed".into()))
-                    }
-                };
-                if page_no == 0 {
-                    failpoint::hit("mid_snapshot");
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Backend {
+                        operation: "snapshot",
+                        detail: "snapshot page deadline passed".into(),
+                    }),
                 }
-                if page.is_empty() {
-                    return Ok(None);
-                }
-                let last = page.last().map(Record::clustering_key);
-                let finished = page.len() < page_rows;
-                Ok(Some((page, (last, page_no + 1, finished))))
+            })
+        }
+    };
+    /// Aborts a prefetch nobody will read (the writer stopped or the work was dropped).
+    struct Pending(Option<Fetch>);
+    impl Drop for Pending {
+        fn drop(&mut self) {
+            if let Some(h) = self.0.take() {
+                h.abort();
             }
-        },
-    )
+        }
+    }
+    let first = Pending(Some(fetch(None)));
+    stream::try_unfold((first, 0u64), move |(mut pending, page_no)| {
+        let error_slot = error_slot.clone();
+        let fetch = fetch.clone();
+        async move {
+            let Some(handle) = pending.0.take() else {
+                return Ok(None);
+            };
+            if page_no == 1 {
+                // The first page has been handed to the writer: we are mid-upload.
+                failpoint::hit("mid_upload");
+            }
+            let page = match handle.await {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => {
+                    let msg = e.to_string();
+                    *error_slot.lock().await = Some(e);
+                    return Err(ArchiveError::Source(msg));
+                }
+                Err(e) => return Err(ArchiveError::Source(format!("snapshot task failed: {e}"))),
+            };
+            if page_no == 0 {
+                failpoint::hit("mid_snapshot");
+            }
+            if page.is_empty() {
+                return Ok(None);
+            }
+            if page.len() >= page_rows {
+                pending.0 = Some(fetch(page.last().map(Record::clustering_key)));
+            }
+            Ok(Some((page, (pending, page_no + 1))))
+        }
+    })
 }
 
 /// Whether `bucket` is fully archived: published with its hot rows deleted.

@@ -344,11 +344,17 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
     use indicatif::{ProgressBar, ProgressStyle};
     use pulpitum::demo::{self, DemoScale};
     let (database_url, archive_url) = urls(&cli)?;
-    let store = pulpitum::store::open(&database_url).await.map_err(|e| e.to_string())?;
+    let store = pulpitum::store::open(&database_url)
+        .await
+        .map_err(|e| e.to_string())?;
     let archive = std::sync::Arc::new(
         pulpitum::archive::ArchiveStore::from_url(&archive_url).map_err(|e| e.to_string())?,
     );
-    let scale = if small { DemoScale::SMALL } else { DemoScale::FULL };
+    let scale = if small {
+        DemoScale::SMALL
+    } else {
+        DemoScale::FULL
+    };
     let tty = std::io::stderr().is_terminal();
     let bar = ProgressBar::hidden();
     if tty {
@@ -359,25 +365,34 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
         );
     }
     let phase = std::sync::Mutex::new("");
-    let report = demo::load_and_archive(store.clone(), archive.clone(), scale, &|name, done, total| {
-        let mut current = phase.lock().expect("progress lock");
-        if *current != name {
-            *current = name;
-            bar.reset();
-            bar.set_message(match name {
-                "load" => "loading",
-                _ => "archiving",
-            });
-        }
-        bar.set_length(total);
-        bar.set_position(done);
-    })
+    let report = demo::load_and_archive(
+        store.clone(),
+        archive.clone(),
+        scale,
+        &|name, done, total| {
+            let mut current = phase.lock().expect("progress lock");
+            if *current != name {
+                *current = name;
+                bar.reset();
+                bar.set_message(match name {
+                    "load" => "loading",
+                    _ => "archiving",
+                });
+            }
+            bar.set_length(total);
+            bar.set_position(done);
+        },
+    )
     .await
     .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     println!(
         "Loaded {} messages since {}; archived {} buckets ({} rows) that ended by {}.",
-        report.loaded, report.first_day, report.archived_buckets, report.archived_rows, report.cutoff
+        report.loaded,
+        report.first_day,
+        report.archived_buckets,
+        report.archived_rows,
+        report.cutoff
     );
     let ctx = pulpitum::session::session(store, archive, session_options(&cli))
         .await

@@ -171,6 +171,10 @@ impl PgStore {
             .url
             .parse()
             .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))?;
+        // A server that drops packets must not hang the caller forever.
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(10));
+        }
         if let Some(schema) = &config.schema {
             validate_schema_name(schema)?;
             create_schema(&pg, schema).await?;
