@@ -10,7 +10,7 @@
 //!    same `payload.parquet` files.
 //!
 //! Run: `cargo bench --profile dev-bench --bench sql` (the hot-path crates optimised; about
-//! two minutes), or `cargo bench --bench sql` for a full release build.
+//! a minute once built), or `cargo bench --bench sql` for a full release build.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
