@@ -4,15 +4,21 @@
 //! 1. the latest 50 messages of a channel from a hot bucket, through SQL (planning included)
 //!    against a direct tokio-postgres prepared query of the same rows;
 //! 2. the same page from an archived (Parquet) bucket, and its object-store requests;
-//! 3. planning time of a one-day query on a table with 10,000 buckets.
+//! 3. planning time of a one-day query on a table with 10,000 buckets;
+//! 4. an aggregate over 180 archived Parquet buckets (archived by the real
+//!    [`Runner`] into a `file://` archive) against DataFusion's own `ListingTable` over the
+//!    same `payload.parquet` files.
 //!
-//! Run: `cargo bench --bench sql` (release) or `cargo bench --profile dev --bench sql` for a
-//! quick look (DataFusion is far slower unoptimised, so only release ratios count).
+//! Run: `cargo bench --profile dev-bench --bench sql` (the hot-path crates optimised; about
+//! a minute once built), or `cargo bench --bench sql` for a full release build.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use datafusion::datasource::file_format::options::ParquetReadOptions;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use pulpitum::archive::{ArchiveStore, FaultLayer, FaultPlan, PayloadFormat};
+use pulpitum::archiver::{ArchiverConfig, Runner};
 use pulpitum::model::{
     BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
 };
@@ -20,6 +26,7 @@ use pulpitum::provider::surface::encode_i64;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
 use pulpitum::store::HotStore;
+use tokio_util::sync::CancellationToken;
 
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const DAY: i64 = 86_400_000_000;
@@ -169,6 +176,8 @@ async fn main() {
         .map(|(a, b)| (b - a) as f64 / runs)
         .collect();
 
+    let (agg_p50, agg_listing_p50, agg_buckets) = aggregate_bench(&store, day0).await;
+
     // 10,000 buckets: 10 channels x 1,000 days, one message each.
     ctx.sql("CREATE EXTERNAL TABLE big STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc')")
         .await
@@ -202,5 +211,176 @@ async fn main() {
         sql_p50.as_secs_f64() / pg_p50.as_secs_f64());
     println!("latest 50 from an archived bucket: p50 {arc_p50:?} p99 {arc_p99:?}; object-store calls per query [write, read, stat, list, delete] = {per_query:?}");
     println!("planning a one-day query on a table with 10,000 buckets: p50 {plan_p50:?} p99 {plan_p99:?}");
+    println!("aggregate over {agg_buckets} archived Parquet buckets: Pulpitum p50 {agg_p50:?}; DataFusion ListingTable over the same files p50 {agg_listing_p50:?}; ratio p50 {:.2}x",
+        agg_p50.as_secs_f64() / agg_listing_p50.as_secs_f64());
     store.drop_schema().await.unwrap();
+}
+
+/// Channels, days and rows per bucket of the aggregate benchmark.
+const AGG_CHANNELS: i64 = 3;
+const AGG_DAYS: i64 = 60;
+const AGG_ROWS: i64 = 2_000;
+
+/// Archives `AGG_CHANNELS x AGG_DAYS` buckets of table `agg` into a `file://` archive through
+/// the real archiver, then times the same aggregate through Pulpitum and through a plain
+/// DataFusion `ListingTable` over the archive's `payload.parquet` files. Returns both p50s
+/// and the number of buckets.
+async fn aggregate_bench(store: &Arc<PgStore>, day0: i64) -> (Duration, Duration, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let archive =
+        Arc::new(ArchiveStore::from_url(&format!("file://{}", dir.path().display())).unwrap());
+    let ctx = session(
+        store.clone() as Arc<dyn HotStore>,
+        archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
+    ctx.sql("CREATE EXTERNAL TABLE agg STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc')")
+        .await
+        .unwrap();
+    let table = TableId::new("agg").unwrap();
+    // Days day0-100 .. day0-41: all end before the cutoff below, while the other tables'
+    // buckets (day0 and the `big` table, loaded later) are left alone.
+    let first = day0 - 100 * DAY;
+    let mut id = 0i64;
+    for day in 0..AGG_DAYS {
+        for ch in 0..AGG_CHANNELS {
+            let recs: Vec<Record> = (0..AGG_ROWS)
+                .map(|i| {
+                    id += 1;
+                    record(10 + ch, first + day * DAY + i * 40_000_000, id)
+                })
+                .collect();
+            for c in recs.chunks(1000) {
+                store.append_batch(&table, c).await.unwrap();
+            }
+        }
+    }
+    let mut config = ArchiverConfig::with_defaults();
+    config.eligible_before = EventTime::from_micros(day0 - 40 * DAY).unwrap();
+    config.cleanup_delay = Duration::ZERO;
+    config.format = PayloadFormat::Parquet;
+    config.scan_limit = 10_000;
+    config.concurrency = 4;
+    let runner = Runner::new(store.clone() as Arc<dyn HotStore>, archive, config).unwrap();
+    let never = CancellationToken::new();
+    let mut archived = 0;
+    loop {
+        let cycle = runner.run_cycle(&never, &|_, _| {}).await.unwrap();
+        assert!(
+            cycle.errors.is_empty(),
+            "archiving failed: {:?}",
+            cycle.errors
+        );
+        archived += cycle.archived;
+        if cycle.discovered == 0 || cycle.archived + cycle.cleaned == 0 {
+            break;
+        }
+    }
+    let buckets = (AGG_CHANNELS * AGG_DAYS) as usize;
+    assert_eq!(archived, buckets, "every bucket of `agg` is archived");
+
+    // The payloads sit several directories deep (`v4/agg/<key>/<bucket>/g<n>/`); DataFusion
+    // lists only the top directory unless told otherwise.
+    let mut config = SessionConfig::new();
+    config
+        .options_mut()
+        .execution
+        .listing_table_ignore_subdirectory = false;
+    let listing = SessionContext::new_with_config(config);
+    listing
+        .register_parquet(
+            "envelope",
+            &format!("{}/", dir.path().display()),
+            ParquetReadOptions::default().file_extension("payload.parquet"),
+        )
+        .await
+        .unwrap();
+    let expect = |b: &[datafusion::arrow::record_batch::RecordBatch]| {
+        assert_eq!(
+            b.iter().map(|b| b.num_rows()).sum::<usize>(),
+            AGG_CHANNELS as usize
+        );
+    };
+    let n = 15;
+    let pulpitum_sql =
+        "SELECT channel_id, count(*), sum(length(content)) FROM agg GROUP BY channel_id";
+    let (p50, _) = time_it(n, || async {
+        expect(
+            &ctx.sql(pulpitum_sql)
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap(),
+        );
+    })
+    .await;
+    // The same work on the envelope: the key stays binary, the value is decoded as UTF-8
+    // (validated, as Pulpitum's `content` is) before its length is taken.
+    let listing_sql = "SELECT partition_key, count(*), sum(length(CAST(value AS VARCHAR))) \
+                       FROM envelope GROUP BY partition_key";
+    let (listing_p50, _) = time_it(n, || async {
+        expect(
+            &listing
+                .sql(listing_sql)
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap(),
+        );
+    })
+    .await;
+    // Both must agree on the totals, or the ratio compares different work.
+    let total = |b: Vec<datafusion::arrow::record_batch::RecordBatch>| -> (i64, i64) {
+        let mut out = (0, 0);
+        for b in &b {
+            let c = datafusion::arrow::compute::cast(
+                b.column(1),
+                &datafusion::arrow::datatypes::DataType::Int64,
+            )
+            .unwrap();
+            let s = datafusion::arrow::compute::cast(
+                b.column(2),
+                &datafusion::arrow::datatypes::DataType::Int64,
+            )
+            .unwrap();
+            let c = c
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                .unwrap();
+            let s = s
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                .unwrap();
+            out.0 += c.iter().flatten().sum::<i64>();
+            out.1 += s.iter().flatten().sum::<i64>();
+        }
+        out
+    };
+    let a = total(
+        ctx.sql(pulpitum_sql)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap(),
+    );
+    let b = total(
+        listing
+            .sql(listing_sql)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        a, b,
+        "Pulpitum and the ListingTable aggregate the same rows"
+    );
+    assert_eq!(a.0, AGG_CHANNELS * AGG_DAYS * AGG_ROWS);
+    (p50, listing_p50, buckets)
 }
