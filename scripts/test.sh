@@ -25,4 +25,4 @@ bash scripts/s3-up.sh || { echo "test.sh: S3 did not start; retrying once"; slee
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --features failpoints -- -D warnings
-cargo test --features failpoints "$@"
+cargo test --features failpoints --no-fail-fast "$@"

@@ -60,7 +60,14 @@ fn s3_store(prefix: &str) -> ArchiveStore {
         .access_key_id(&env_or("AWS_ACCESS_KEY_ID", "AKTEST"))
         .secret_access_key(&env_or("AWS_SECRET_ACCESS_KEY", "SKTESTSECRET"))
         .disable_config_load();
-    ArchiveStore::from_operator(opendal::Operator::new(b).unwrap(), prefix)
+    // The same retry layer as `ArchiveStore::from_url`: radosgw under load sometimes closes
+    // a connection mid-response, a transient error production code retries too.
+    let op = opendal::Operator::new(b).unwrap().layer(
+        opendal::layers::RetryLayer::new()
+            .with_jitter()
+            .with_max_times(4),
+    );
+    ArchiveStore::from_operator(op, prefix)
 }
 
 async fn backends(test: &str) -> Vec<Backend> {
