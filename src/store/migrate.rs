@@ -3,8 +3,8 @@
 //! The numbered files in `sql/` are embedded at build time. Each holds exactly one
 //! idempotent DDL statement (`CREATE ... IF NOT EXISTS`), so several processes may start
 //! at once without a lock (CockroachDB has no advisory locks): every process runs every
-//! missing statement, the losers of PostgreSQL's catalog races (23505, 42P07) or of a
-//! serialization conflict (40001) simply run it again and find the object present, and the
+//! missing statement, the losers of PostgreSQL's catalog races (23505, 42P07, and 42710 for
+//! a table's row type) or of a serialization conflict (40001) simply run it again and find the object present, and the
 //! version is recorded with `INSERT .. ON CONFLICT DO NOTHING`. The ledger keeps a SHA-256
 //! of each file: an applied migration whose file has since been edited, or an applied
 //! version this build does not know, stops the runner with [`StoreError::Migration`]
@@ -65,7 +65,7 @@ pub const MIGRATIONS: &[Migration] = &[
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object, or conflict
 /// while recording it; re-running the idempotent statement resolves them.
-const RACE_CODES: [&str; 3] = ["23505", "42P07", "40001"];
+const RACE_CODES: [&str; 4] = ["23505", "42P07", "42710", "40001"];
 
 /// How often a racing DDL statement is re-run before giving up.
 const DDL_ATTEMPTS: u32 = 20;

@@ -76,13 +76,30 @@ async fn scripts_formats_and_exit_codes() {
     assert!(err.contains("missing"), "{err}");
     assert!(!out.contains("Int64(2)") && !out.contains("| 2 "), "{out}");
 
-    // Without a database URL the error says how to give one.
+    // Without URLs the shell uses the embedded default in the working folder and says so;
+    // half a configuration is refused.
+    let here = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .current_dir(here.path())
         .args(["-c", "SELECT 1"])
         .env_remove("PULPITUM_DATABASE_URL")
+        .env_remove("PULPITUM_ARCHIVE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("./pulpitum-data"));
+    assert!(here.path().join("pulpitum-data/hot.sqlite3").exists());
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .current_dir(here.path())
+        .args(["--database-url", &url, "-c", "SELECT 1"])
+        .env_remove("PULPITUM_ARCHIVE_URL")
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("PULPITUM_DATABASE_URL"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("go together"));
     env.cleanup().await;
 }
