@@ -122,6 +122,20 @@ async fn check_readable_exactly_once(f: &Fixture) {
     }
 }
 
+/// A fault-free worker finishes whatever is left; then every invariant is checked.
+async fn recover(f: &Fixture, after: &str) {
+    let out = configured(archiver(&f.db, &f.archive_url))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "recovery after {after} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_everything_archived(f).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_worker_finishes_after_a_crash_at_every_step() {
     for point in failpoint::ALL {
@@ -139,16 +153,7 @@ async fn a_second_worker_finishes_after_a_crash_at_every_step() {
         check_readable_exactly_once(&f).await;
         // Let the dead worker's lease expire, then recover.
         tokio::time::sleep(Duration::from_millis(1_200)).await;
-        let out = configured(archiver(&f.db, &f.archive_url))
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "recovery after {point} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        check_everything_archived(&f).await;
+        recover(&f, point).await;
         eprintln!("fail point {point}: recovered");
     }
 }
@@ -290,14 +295,5 @@ async fn a_worker_paused_past_its_lease_cannot_delete_hot_rows() {
     );
     // Reads were served by the archive all along; a fresh worker finishes the cleanup.
     check_readable_exactly_once(&f).await;
-    let out = configured(archiver(&f.db, &f.archive_url))
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    check_everything_archived(&f).await;
+    recover(&f, "the stale worker").await;
 }
