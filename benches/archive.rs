@@ -13,6 +13,8 @@
 //! `PULPITUM_BENCH_BIG_ROWS` (5000000), `PULPITUM_BENCH_URL` (a `file://` temp dir; an
 //! `s3://` URL uses the AWS variables, see `ArchiveStore::from_url`).
 
+#![allow(clippy::result_large_err)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
