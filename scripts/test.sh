@@ -2,7 +2,7 @@
 # Runs every test on a fresh machine: checks (and if needed starts) PostgreSQL, installs and
 # starts a throwaway S3 server (Ceph radosgw), then formats, lints and tests the crate.
 #   bash scripts/test.sh            # everything
-#   bash scripts/test.sh --lib      # extra arguments go to `cargo test`
+#   bash scripts/test.sh --lib      # extra arguments go to `cargo test` (before its `--`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,4 +25,6 @@ bash scripts/s3-up.sh || { echo "test.sh: S3 did not start; retrying once"; slee
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --features failpoints -- -D warnings
-cargo test --features failpoints --no-fail-fast "$@"
+cargo test --features failpoints --no-fail-fast "$@" -- --skip archivers_survive_kills_faults_and_dropped_connections
+# The chaos test prints its figures (buckets, rows, kills, faults, anomalies): let them show.
+cargo test --features failpoints --test archiver_chaos -- --nocapture
