@@ -160,9 +160,24 @@ impl SqliteStore {
             Ok(c)
         };
         let writer = open("open")?;
-        let mode: String = writer
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(|e| backend("open", e))?;
+        // Switching a fresh file to WAL takes an exclusive lock, and SQLite answers BUSY at
+        // once (without its busy handler) while another process is doing the same: retry
+        // within the busy timeout rather than fail a concurrent start.
+        let started = std::time::Instant::now();
+        let mode: String = loop {
+            match writer.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)) {
+                Ok(m) => break m,
+                Err(rusqlite::Error::SqliteFailure(f, _))
+                    if f.code == rusqlite::ErrorCode::DatabaseBusy
+                        && started.elapsed() < BUSY_TIMEOUT =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(
+                        5 + rand::random::<u64>() % 20,
+                    ));
+                }
+                Err(e) => return Err(backend("open", e)),
+            }
+        };
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Config(format!(
                 "{} cannot use WAL journaling (got {mode}); is it on a network file system?",
