@@ -5,6 +5,7 @@
 //! blocked by a waiting call, and bad input. Each test uses a fresh SQLite file in its own
 //! temporary directory, so tests run in parallel.
 
+#[macro_use]
 mod conformance;
 
 /// The shared suite, one test per case, each on a fresh file-backed store.
@@ -28,29 +29,7 @@ mod suite {
         };
     }
 
-    conformance_cases!(
-        migrate_is_idempotent,
-        register_table_is_immutable,
-        append_to_unknown_table_is_refused,
-        append_creates_hot_bucket,
-        duplicate_appends,
-        writable_bucket_guard,
-        batch_is_all_or_nothing,
-        full_lifecycle,
-        defer_archive_sets_retry_time,
-        expired_lease_is_rejected,
-        stale_token_and_generation_are_rejected,
-        wrong_state_transitions_are_rejected,
-        cleanup_lease_expires,
-        renew_extends_the_lease,
-        fence_under_concurrency,
-        racing_claimers,
-        read_page_matches_reference,
-        read_page_missing_and_empty,
-        list_buckets_filters,
-        discover_orders_and_limits,
-        bad_input_is_typed_and_writes_nothing,
-    );
+    every_case!(conformance_cases);
 }
 
 use std::collections::BTreeSet;

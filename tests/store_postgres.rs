@@ -3,6 +3,7 @@
 //! the tests run in parallel. Server: `PULPITUM_TEST_PG_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`.
 
+#[macro_use]
 mod conformance;
 
 use std::sync::Arc;
@@ -46,29 +47,7 @@ macro_rules! conformance_cases {
     };
 }
 
-conformance_cases!(
-    migrate_is_idempotent,
-    register_table_is_immutable,
-    append_to_unknown_table_is_refused,
-    append_creates_hot_bucket,
-    duplicate_appends,
-    writable_bucket_guard,
-    batch_is_all_or_nothing,
-    full_lifecycle,
-    defer_archive_sets_retry_time,
-    expired_lease_is_rejected,
-    stale_token_and_generation_are_rejected,
-    wrong_state_transitions_are_rejected,
-    cleanup_lease_expires,
-    renew_extends_the_lease,
-    fence_under_concurrency,
-    racing_claimers,
-    read_page_matches_reference,
-    read_page_missing_and_empty,
-    list_buckets_filters,
-    discover_orders_and_limits,
-    bad_input_is_typed_and_writes_nothing,
-);
+every_case!(conformance_cases);
 
 async fn ledger(store: &PgStore) -> Vec<(i32, String)> {
     let client = store.raw_client().await.unwrap();

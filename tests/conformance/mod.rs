@@ -10,6 +10,36 @@
 
 #![allow(dead_code)]
 
+/// Invokes `$runner!` with every case of the suite. Each store's test file defines its runner
+/// (how to build a fresh store) and calls this once, so a case added here runs on both stores.
+macro_rules! every_case {
+    ($runner:ident) => {
+        $runner!(
+            migrate_is_idempotent,
+            register_table_is_immutable,
+            append_to_unknown_table_is_refused,
+            append_creates_hot_bucket,
+            duplicate_appends,
+            writable_bucket_guard,
+            batch_is_all_or_nothing,
+            full_lifecycle,
+            defer_archive_sets_retry_time,
+            expired_lease_is_rejected,
+            stale_token_and_generation_are_rejected,
+            wrong_state_transitions_are_rejected,
+            cleanup_lease_expires,
+            renew_extends_the_lease,
+            fence_under_concurrency,
+            racing_claimers,
+            read_page_matches_reference,
+            read_page_missing_and_empty,
+            list_buckets_filters,
+            discover_orders_and_limits,
+            bad_input_is_typed_and_writes_nothing,
+        );
+    };
+}
+
 use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
