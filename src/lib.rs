@@ -13,6 +13,7 @@ pub mod defaults;
 pub mod demo;
 pub mod failpoint;
 pub mod model;
+pub mod prepared;
 pub mod provider;
 pub mod session;
 pub mod store;

@@ -16,14 +16,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::record_batch::RecordBatch;
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 
 use crate::archive::{records_to_batch, ArchiveError, ArchiveScan, ArchiveStore, Manifest};
 use crate::model::Record;
-use crate::model::{BucketId, ScanBounds};
+use crate::model::{BucketId, PartitionKey, ScanBounds};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::store::{
-    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, HotPage, HotStore, PageRequest,
-    StoreError, TableDefinition,
+    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, HotPage, HotStore,
+    PageRequest, StoreError, TableDefinition,
 };
 
 /// How long an archived route may be served from the cache before it is re-read from the
@@ -100,6 +101,8 @@ pub struct BucketChunk {
     pub tier: Tier,
     /// Hot-store statements (pages) this chunk cost; 0 for archive batches.
     pub pages: u64,
+    /// Whether this is the first chunk of its bucket (for per-bucket counts).
+    pub first_of_bucket: bool,
     /// Envelope rows (`partition_key`, `event_time`, `sort_key`, `value` if requested).
     pub batch: RecordBatch,
 }
@@ -322,6 +325,127 @@ impl DurableTable {
         known_archived: Option<String>,
         req: BucketScan,
     ) -> BoxStream<'static, Result<BucketChunk, TableError>> {
+        self.scan_bucket_from(bucket, known_archived, req, true)
+    }
+
+    /// Streams one partition's matching rows across all its buckets in scan order, listing
+    /// the buckets at call time: one [`HotStore::read_head`] statement returns the listing
+    /// and the first bucket's route and first page together, so a "latest N" page that one
+    /// hot bucket answers costs one round trip. Later buckets are read one after another
+    /// as with [`scan_bucket`](Self::scan_bucket) (archived routes from the listing are used
+    /// directly; Hot and Archiving ones are re-read with each page), and reading stops once
+    /// `req.limit` rows have been produced.
+    pub fn scan_key(
+        &self,
+        partition: PartitionKey,
+        req: BucketScan,
+    ) -> BoxStream<'static, Result<BucketChunk, TableError>> {
+        let table = self.clone();
+        let Some((from, to)) = req.bounds.time_interval() else {
+            return stream::empty().boxed();
+        };
+        let remaining = Arc::new(AtomicUsize::new(req.limit.unwrap_or(usize::MAX)));
+        let rem = remaining.clone();
+        stream::once(async move {
+            let limit = rem.load(Ordering::SeqCst);
+            let page = PageRequest {
+                bounds: req.bounds.clone(),
+                descending: req.descending,
+                limit: req.page_rows.min(limit).max(1),
+                include_value: req.include_value,
+            };
+            let table_id = table.definition().table_id.clone();
+            let head = table
+                .inner
+                .store
+                .read_head(&table_id, &partition, Some(from), Some(to), &page)
+                .await?;
+            let mut metas = head.buckets;
+            if req.descending {
+                metas.reverse();
+            }
+            let mut metas = metas.into_iter();
+            // The first bucket in scan order, as the head statement read it.
+            let first: BoxStream<'static, Result<BucketChunk, TableError>> =
+                match (metas.next(), head.first) {
+                    (None, _) | (Some(_), HotPage::Missing) => stream::empty().boxed(),
+                    (Some(m), HotPage::Archived { object_key }) => {
+                        table.scan_bucket(m.id, Some(object_key), req.clone())
+                    }
+                    (Some(m), HotPage::Hot { rows, .. }) => {
+                        let full = rows.len() >= page.limit;
+                        let batch = records_to_batch(&rows, req.include_value).map_err(|e| {
+                            TableError::Archive {
+                                bucket: m.id.clone(),
+                                source: Box::new(e),
+                            }
+                        })?;
+                        let chunk = BucketChunk {
+                            tier: Tier::Hot,
+                            pages: 1,
+                            first_of_bucket: true,
+                            batch,
+                        };
+                        let head = stream::once(async move { Ok(chunk) });
+                        match rows.last() {
+                            Some(last) if full && limit > rows.len() => {
+                                let bounds = if req.descending {
+                                    req.bounds.with_before(last.clustering_key())
+                                } else {
+                                    req.bounds.with_after(last.clustering_key())
+                                };
+                                let rest = BucketScan {
+                                    bounds,
+                                    limit: req.limit.map(|_| limit - rows.len()),
+                                    ..req.clone()
+                                };
+                                head.chain(table.scan_bucket_from(m.id, None, rest, false))
+                                    .boxed()
+                            }
+                            _ => head.boxed(),
+                        }
+                    }
+                };
+            let rem2 = rem.clone();
+            let bounds = req.bounds.clone();
+            let later = stream::iter(metas.filter(move |m| bounds.may_overlap(&m.id.bucket_key)))
+                .map(move |m| {
+                    let left = rem2.load(Ordering::SeqCst);
+                    if left == 0 {
+                        return stream::empty().boxed();
+                    }
+                    let route = match m.state {
+                        BucketState::Archived { object_key, .. } => Some(object_key),
+                        BucketState::Hot | BucketState::Archiving => None,
+                    };
+                    let req = BucketScan {
+                        limit: (left != usize::MAX).then_some(left),
+                        ..req.clone()
+                    };
+                    table.scan_bucket(m.id, route, req)
+                })
+                .flatten();
+            Ok::<_, TableError>(first.chain(later))
+        })
+        .try_flatten()
+        .inspect(move |item| {
+            if let Ok(chunk) = item {
+                let n = chunk.batch.num_rows();
+                let _ = remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
+                    (r != usize::MAX).then(|| r.saturating_sub(n))
+                });
+            }
+        })
+        .boxed()
+    }
+
+    fn scan_bucket_from(
+        &self,
+        bucket: BucketId,
+        known_archived: Option<String>,
+        req: BucketScan,
+        first_of_bucket: bool,
+    ) -> BoxStream<'static, Result<BucketChunk, TableError>> {
         let table = self.clone();
         let route = known_archived.or_else(|| table.cached_route(&bucket));
         enum St {
@@ -331,8 +455,8 @@ impl DurableTable {
             Done,
         }
         let remaining = req.limit.unwrap_or(usize::MAX);
-        let init = (St::Start(route), remaining);
-        stream::unfold(init, move |(mut st, mut remaining)| {
+        let init = (St::Start(route), remaining, first_of_bucket);
+        stream::unfold(init, move |(mut st, mut remaining, mut first_of_bucket)| {
             let table = table.clone();
             let bucket = bucket.clone();
             let req = req.clone();
@@ -349,7 +473,7 @@ impl DurableTable {
                                 .await
                             {
                                 Ok(s) => st = St::Archive(s),
-                                Err(e) => return Some((Err(e), (St::Done, 0))),
+                                Err(e) => return Some((Err(e), (St::Done, 0, false))),
                             }
                         }
                         St::Start(None) => st = St::Hot(req.bounds.clone()),
@@ -362,7 +486,7 @@ impl DurableTable {
                             };
                             let res = table.inner.store.read_page(&bucket, &page).await;
                             match res {
-                                Err(e) => return Some((Err(e.into()), (St::Done, 0))),
+                                Err(e) => return Some((Err(e.into()), (St::Done, 0, false))),
                                 Ok(HotPage::Missing) => return None,
                                 Ok(HotPage::Archived { object_key }) => {
                                     match table
@@ -370,7 +494,7 @@ impl DurableTable {
                                         .await
                                     {
                                         Ok(s) => st = St::Archive(s),
-                                        Err(e) => return Some((Err(e), (St::Done, 0))),
+                                        Err(e) => return Some((Err(e), (St::Done, 0, false))),
                                     }
                                 }
                                 Ok(HotPage::Hot { rows, .. }) => {
@@ -389,7 +513,7 @@ impl DurableTable {
                                                     bucket,
                                                     source: Box::new(source),
                                                 }),
-                                                (St::Done, 0),
+                                                (St::Done, 0, false),
                                             ))
                                         }
                                     };
@@ -398,9 +522,10 @@ impl DurableTable {
                                     let chunk = BucketChunk {
                                         tier: Tier::Hot,
                                         pages: 1,
+                                        first_of_bucket: std::mem::take(&mut first_of_bucket),
                                         batch,
                                     };
-                                    return Some((Ok(chunk), (next_state, remaining)));
+                                    return Some((Ok(chunk), (next_state, remaining, first_of_bucket)));
                                 }
                             }
                         }
@@ -412,7 +537,7 @@ impl DurableTable {
                                         bucket,
                                         source: Box::new(source),
                                     }),
-                                    (St::Done, 0),
+                                    (St::Done, 0, false),
                                 ))
                             }
                             Some(Ok(batch)) => {
@@ -429,9 +554,10 @@ impl DurableTable {
                                 let chunk = BucketChunk {
                                     tier: Tier::Archived,
                                     pages: 0,
+                                    first_of_bucket: std::mem::take(&mut first_of_bucket),
                                     batch,
                                 };
-                                return Some((Ok(chunk), (St::Archive(s), remaining)));
+                                return Some((Ok(chunk), (St::Archive(s), remaining, first_of_bucket)));
                             }
                         },
                     }

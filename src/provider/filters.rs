@@ -46,12 +46,53 @@ enum TimeBound {
 }
 
 /// Classifies one filter for `TableProvider::supports_filters_pushdown`.
+///
+/// A filter with parameters (`channel_id = $1` in a prepared query) is classified by its
+/// shape: each placeholder is replaced by a representable value of its inferred type. The
+/// real value arrives before the scan is planned; one that cannot be applied exactly then
+/// fails the query ([`PushedFilters::try_from_exprs`]) instead of being dropped.
 pub fn classify(surface: Surface, expr: &Expr) -> TableProviderFilterPushDown {
-    if piece(surface, expr).is_some() {
+    let accepted = match with_probe_values(expr) {
+        Some(probe) => piece(surface, &probe).is_some(),
+        None => false,
+    };
+    if accepted {
         TableProviderFilterPushDown::Exact
     } else {
         TableProviderFilterPushDown::Unsupported
     }
+}
+
+/// `expr` with every placeholder replaced by a representable literal of its type; `None`
+/// when a placeholder's type is unknown.
+fn with_probe_values(expr: &Expr) -> Option<Expr> {
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::common::tree_node::{Transformed, TreeNode};
+    use datafusion::logical_expr::expr::Placeholder;
+    let mut unknown = false;
+    let out = expr
+        .clone()
+        .transform(|e| {
+            let Expr::Placeholder(Placeholder { field, .. }) = &e else {
+                return Ok(Transformed::no(e));
+            };
+            let probe = field.as_ref().and_then(|f| match f.data_type() {
+                DataType::Binary => Some(ScalarValue::Binary(Some(vec![0]))),
+                DataType::LargeBinary => Some(ScalarValue::LargeBinary(Some(vec![0]))),
+                DataType::BinaryView => Some(ScalarValue::BinaryView(Some(vec![0]))),
+                other => ScalarValue::new_zero(other).ok(),
+            });
+            match probe {
+                Some(v) => Ok(Transformed::yes(Expr::Literal(v, None))),
+                None => {
+                    unknown = true;
+                    Ok(Transformed::no(e))
+                }
+            }
+        })
+        .ok()?
+        .data;
+    (!unknown).then_some(out)
 }
 
 fn column_role(surface: Surface, e: &Expr) -> Option<Role> {
@@ -331,6 +372,20 @@ pub struct PushedFilters {
 }
 
 impl PushedFilters {
+    /// Combines filters that were all classified `Exact`, failing on one that cannot be
+    /// applied exactly: a parameter whose bound value the stores cannot represent (an
+    /// empty raw key, a sub-microsecond time) or a placeholder left unbound. Dropping such a
+    /// filter would return rows it excludes.
+    pub fn try_from_exprs(
+        surface: Surface,
+        filters: &[Expr],
+    ) -> Result<Self, super::ProviderError> {
+        if let Some(bad) = filters.iter().find(|f| piece(surface, f).is_none()) {
+            return Err(super::ProviderError::UnappliableFilter(bad.to_string()));
+        }
+        Ok(Self::from_exprs(surface, filters))
+    }
+
     /// Combines the filters that [`classify`] accepted; others are ignored (DataFusion
     /// evaluates them above the scan).
     pub fn from_exprs(surface: Surface, filters: &[Expr]) -> Self {

@@ -58,6 +58,9 @@ pub enum ProviderError {
     /// A stored row that does not fit the table's surface.
     #[error("stored row does not fit the surface: {0}")]
     CorruptRow(String),
+    /// A pushed filter whose (bound parameter) value cannot be applied exactly by the scan.
+    #[error("filter {0} cannot be applied exactly: a parameter value outside what the table can store, or an unbound parameter")]
+    UnappliableFilter(String),
     /// A per-query limit was reached; the query is stopped.
     #[error("query limit exceeded: {0}")]
     LimitExceeded(String),
@@ -72,7 +75,9 @@ pub enum ProviderError {
 impl From<ProviderError> for DataFusionError {
     fn from(e: ProviderError) -> Self {
         match e {
-            ProviderError::InvalidDefinition(_) | ProviderError::UnknownSurface(_) => {
+            ProviderError::InvalidDefinition(_)
+            | ProviderError::UnknownSurface(_)
+            | ProviderError::UnappliableFilter(_) => {
                 DataFusionError::Plan(e.to_string())
             }
             ProviderError::Arrow(a) => DataFusionError::ArrowError(Box::new(a), None),
@@ -108,6 +113,21 @@ impl Default for ProviderOptions {
             page_rows: DEFAULT_PAGE_ROWS,
         }
     }
+}
+
+/// When scans learn their buckets, as a `SessionConfig` extension
+/// (`config.set_extension(Arc::new(ScanPlanning { list_at_execution: true }))`).
+///
+/// By default a scan lists its buckets while it is planned, so `EXPLAIN` can show bucket
+/// counts per tier and a key's buckets can be split across cores. With
+/// `list_at_execution`, a scan whose filters name its channels (`=` or `IN`) lists each
+/// channel's buckets when it runs, in the same statement as the first page: the plan costs
+/// no I/O and a "latest N" page one round trip. Prepared queries
+/// ([`crate::session::PreparedQuery`]) use it; `EXPLAIN` then shows `buckets=at execution`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanPlanning {
+    /// List buckets when the scan runs instead of when it is planned.
+    pub list_at_execution: bool,
 }
 
 /// One Pulpitum table as a DataFusion table.
@@ -147,12 +167,26 @@ impl PulpitumTable {
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
         limit: Option<usize>,
+        list_at_execution: bool,
     ) -> Result<ScanSpec, ProviderError> {
-        let pushed = PushedFilters::from_exprs(self.surface, filters);
+        let pushed = PushedFilters::try_from_exprs(self.surface, filters)?;
         let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..4).collect());
         let mut counts = BucketCounts::default();
         let mut by_key: BTreeMap<PartitionKey, KeyBuckets> = BTreeMap::new();
-        if !pushed.empty {
+        // With the partitions named by the filters, the listing can wait for execution,
+        // where each key's listing travels with its first page (one statement).
+        let deferred = list_at_execution && !pushed.empty && pushed.partitions.is_some();
+        if deferred {
+            for pk in pushed.partitions.iter().flatten() {
+                by_key.insert(
+                    pk.clone(),
+                    KeyBuckets {
+                        partition_key: pk.clone(),
+                        buckets: Vec::new(),
+                    },
+                );
+            }
+        } else if !pushed.empty {
             let interval = pushed.bounds.time_interval();
             let filter = BucketFilter {
                 partitions: pushed
@@ -209,6 +243,7 @@ impl PulpitumTable {
             keys,
             target_partitions: target_partitions.max(1),
             counts,
+            deferred,
             limit,
             descending: false,
             page_rows: self.options.page_rows,
@@ -242,7 +277,13 @@ impl TableProvider for PulpitumTable {
         limit: Option<usize>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let target = state.config().target_partitions();
-        let spec = self.plan_scan(target, projection, filters, limit).await?;
+        let defer = state
+            .config()
+            .get_extension::<ScanPlanning>()
+            .is_some_and(|p| p.list_at_execution);
+        let spec = self
+            .plan_scan(target, projection, filters, limit, defer)
+            .await?;
         Ok(Arc::new(PulpitumScanExec::try_new(spec)?))
     }
 

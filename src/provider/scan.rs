@@ -79,6 +79,9 @@ pub struct ScanSpec {
     pub target_partitions: usize,
     /// What the listing saw.
     pub counts: BucketCounts,
+    /// Buckets are listed when the scan runs, per key, with the first page
+    /// ([`crate::provider::ScanPlanning`]); `keys` then hold no buckets.
+    pub deferred: bool,
     /// Rows per partition the scan may stop after.
     pub limit: Option<usize>,
     /// Newest first.
@@ -237,11 +240,15 @@ impl DisplayAs for PulpitumScanExec {
         match t {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "table={}", s.table.definition().table_id)?;
-                writeln!(
-                    f,
-                    "buckets=hot:{} archiving:{} archived:{} pruned:{}",
-                    c.hot, c.archiving, c.archived, c.pruned
-                )?;
+                if s.deferred {
+                    writeln!(f, "buckets=at execution")?;
+                } else {
+                    writeln!(
+                        f,
+                        "buckets=hot:{} archiving:{} archived:{} pruned:{}",
+                        c.hot, c.archiving, c.archived, c.pruned
+                    )?;
+                }
                 write!(
                     f,
                     "limit={}",
@@ -249,18 +256,23 @@ impl DisplayAs for PulpitumScanExec {
                 )
             }
             _ => {
+                let buckets = if s.deferred {
+                    "at execution".to_string()
+                } else {
+                    format!(
+                        "hot={}, archiving={}, archived={}, pruned={}",
+                        c.hot, c.archiving, c.archived, c.pruned
+                    )
+                };
                 write!(
                     f,
-                    "PulpitumScanExec: table={}, projection=[{}], filters={}, partitions={}, keys={}, buckets=[hot={}, archiving={}, archived={}, pruned={}], order={}, limit={}",
+                    "PulpitumScanExec: table={}, projection=[{}], filters={}, partitions={}, keys={}, buckets=[{}], order={}, limit={}",
                     s.table.definition().table_id,
                     cols.join(", "),
                     s.pushed.describe(s.surface),
                     self.groups.len(),
                     keys,
-                    c.hot,
-                    c.archiving,
-                    c.archived,
-                    c.pruned,
+                    buckets,
                     if s.descending { "desc" } else { "asc" },
                     s.limit.map_or("none".to_string(), |l| l.to_string()),
                 )?;
@@ -423,12 +435,19 @@ impl ExecutionPlan for PulpitumScanExec {
         let started = *shared.started.get_or_init(Instant::now);
         let remaining = Arc::new(AtomicUsize::new(spec.limit.unwrap_or(usize::MAX)));
 
-        let mut buckets: Vec<(BucketId, Option<String>)> = Vec::new();
+        // What this partition reads, in order: whole keys (listed now) or planned buckets.
+        enum Unit {
+            Key(PartitionKey),
+            Bucket(BucketId, Option<String>),
+        }
+        let mut units: Vec<Unit> = Vec::new();
         for kb in group {
-            if spec.descending {
-                buckets.extend(kb.buckets.into_iter().rev());
+            if spec.deferred {
+                units.push(Unit::Key(kb.partition_key));
+            } else if spec.descending {
+                units.extend(kb.buckets.into_iter().rev().map(|(b, a)| Unit::Bucket(b, a)));
             } else {
-                buckets.extend(kb.buckets);
+                units.extend(kb.buckets.into_iter().map(|(b, a)| Unit::Bucket(b, a)));
             }
         }
         let table = spec.table.clone();
@@ -443,25 +462,23 @@ impl ExecutionPlan for PulpitumScanExec {
             page_rows: spec.page_rows,
             limit: None,
         };
-        let chunks = stream::iter(buckets)
-            .map(move |(id, archived)| {
+        let chunks = stream::iter(units)
+            .map(move |unit| {
                 let left = rem.load(AtomicOrdering::SeqCst);
                 let req = BucketScan {
                     limit: (left != usize::MAX).then_some(left),
                     ..req_base.clone()
                 };
                 let metrics = metrics.clone();
-                let inner = if left == 0 {
-                    stream::empty().boxed()
-                } else {
-                    table.scan_bucket(id, archived, req)
+                let inner = match unit {
+                    _ if left == 0 => stream::empty().boxed(),
+                    Unit::Key(pk) => table.scan_key(pk, req),
+                    Unit::Bucket(id, archived) => table.scan_bucket(id, archived, req),
                 };
-                inner.scan(true, move |first, item| {
-                    if let Ok(chunk) = &item {
-                        metrics.record(chunk, *first, batch_bytes(&chunk.batch));
-                        *first = false;
+                inner.inspect(move |item| {
+                    if let Ok(chunk) = item {
+                        metrics.record(chunk, chunk.first_of_bucket, batch_bytes(&chunk.batch));
                     }
-                    futures::future::ready(Some(item))
                 })
             })
             .flatten()

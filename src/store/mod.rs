@@ -133,6 +133,16 @@ pub enum HotPage {
     },
 }
 
+/// A partition's bucket listing and the first page of its first bucket in scan order (see
+/// [`HotStore::read_head`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadPage {
+    /// The partition's buckets overlapping the interval, ascending by start.
+    pub buckets: Vec<BucketMeta>,
+    /// Route and first page of the first bucket in scan order.
+    pub first: HotPage,
+}
+
 /// One page request against one bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageRequest {
@@ -355,6 +365,40 @@ pub trait HotStore: Send + Sync + 'static {
 
     /// The route and one page of hot rows, from one statement.
     async fn read_page(&self, bucket: &BucketId, req: &PageRequest) -> StoreResult<HotPage>;
+
+    /// One partition's buckets overlapping `[from, to]` (ascending start, as
+    /// [`list_buckets`](Self::list_buckets) orders them) together with the route and first
+    /// page of the first bucket in scan order: the newest when `page.descending`, else the
+    /// oldest. `first` is [`HotPage::Missing`] when no bucket overlaps.
+    ///
+    /// This is how a scan that starts at execution time learns its buckets and its first rows
+    /// in one round trip. The default runs the two reads one after another; a store that can
+    /// answer both in one statement should.
+    async fn read_head(
+        &self,
+        table_id: &TableId,
+        partition: &PartitionKey,
+        from: Option<EventTime>,
+        to: Option<EventTime>,
+        page: &PageRequest,
+    ) -> StoreResult<HeadPage> {
+        let filter = BucketFilter {
+            partitions: Some(vec![partition.clone()]),
+            from,
+            to,
+        };
+        let buckets = self.list_buckets(table_id, &filter).await?;
+        let first_id = if page.descending {
+            buckets.last()
+        } else {
+            buckets.first()
+        };
+        let first = match first_id {
+            None => HotPage::Missing,
+            Some(m) => self.read_page(&m.id, page).await?,
+        };
+        Ok(HeadPage { buckets, first })
+    }
 
     /// Claims a bucket for archiving: a Hot bucket whose retry time has passed, or an
     /// Archiving bucket whose lease expired, becomes Archiving with a fresh token,

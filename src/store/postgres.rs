@@ -32,7 +32,7 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 use super::retry::{Disposition, RetryPolicy};
 use super::{
     bucket_for_append, migrate, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState,
-    Claim, HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
+    Claim, HeadPage, HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
     WorkKind,
 };
 use crate::model::{
@@ -1186,7 +1186,10 @@ impl HotStore for PgStore {
         sql.push_str(" ORDER BY partition_key, bucket_start");
         self.run("list_buckets", || async {
             let client = self.pooled().await?;
-            let rows = client.query(&sql, &param_refs(&params)).await?;
+            // At most four statement texts (with or without each bound): cached per
+            // connection, so a listing costs one round trip instead of prepare + execute.
+            let stmt = client.prepare_cached(&sql).await?;
+            let rows = client.query(&stmt, &param_refs(&params)).await?;
             Ok(rows
                 .iter()
                 .map(decode_meta)
@@ -1281,6 +1284,108 @@ impl HotStore for PgStore {
                 ))
                 .into()),
             }
+        })
+        .await
+    }
+
+    async fn read_head(
+        &self,
+        table_id: &TableId,
+        partition: &PartitionKey,
+        from: Option<EventTime>,
+        to: Option<EventTime>,
+        page: &PageRequest,
+    ) -> StoreResult<HeadPage> {
+        let mut params: Params = Vec::new();
+        let t = push(&mut params, table_id.as_str().to_string());
+        let p = push(&mut params, partition.as_bytes().to_vec());
+        let mut range = String::new();
+        if let Some(from) = from {
+            range.push_str(&format!(
+                " AND bucket_end > {}",
+                push(&mut params, from.to_datetime())
+            ));
+        }
+        if let Some(to) = to {
+            range.push_str(&format!(
+                " AND bucket_start <= {}",
+                push(&mut params, to.to_datetime())
+            ));
+        }
+        let mut preds = String::new();
+        bounds_sql(&page.bounds, &mut params, &mut preds);
+        let n = push(&mut params, limit_param(page.limit));
+        let (dir, pick) = if page.descending {
+            ("DESC", "max")
+        } else {
+            ("ASC", "min")
+        };
+        let value = if page.include_value {
+            "r.value"
+        } else {
+            "NULL::BYTEA"
+        };
+        // One row per listed bucket, except the first bucket in scan order (the uncorrelated
+        // subquery picks it), which carries up to `n` of its rows when it is not archived.
+        // Listing, route and rows come from one statement, so from one snapshot.
+        let sql = format!(
+            "SELECT {META_COLS}, x.event_time, x.sort_key, x.value \
+             FROM {META} m LEFT JOIN LATERAL ( \
+               SELECT r.event_time, r.sort_key, {value} AS value FROM {RECORDS} r \
+               WHERE r.table_id = m.table_id AND r.partition_key = m.partition_key \
+                 AND r.bucket_key = m.bucket_key AND m.state <> 'archived' \
+                 AND m.bucket_start = (SELECT {pick}(bucket_start) FROM {META} \
+                   WHERE table_id = {t} AND partition_key = {p}{range}){preds} \
+               ORDER BY r.event_time {dir}, r.sort_key {dir} LIMIT {n} \
+             ) x ON true \
+             WHERE m.table_id = {t} AND m.partition_key = {p}{range} \
+             ORDER BY m.bucket_start, x.event_time {dir}, x.sort_key {dir}"
+        );
+        self.run("read_head", || async {
+            let client = self.pooled().await?;
+            let stmt = client.prepare_cached(&sql).await?;
+            let rows = client.query(&stmt, &param_refs(&params)).await?;
+            let first_start: Option<DateTime<Utc>> = if page.descending {
+                rows.last()
+            } else {
+                rows.first()
+            }
+            .map(|r| r.try_get("bucket_start"))
+            .transpose()
+            .map_err(|e| corrupt("bucket metadata row", e))?;
+            let mut buckets: Vec<BucketMeta> = Vec::new();
+            let mut first_rows = Vec::new();
+            let mut last_start: Option<DateTime<Utc>> = None;
+            for row in &rows {
+                let start: DateTime<Utc> = row
+                    .try_get("bucket_start")
+                    .map_err(|e| corrupt("bucket metadata row", e))?;
+                if last_start != Some(start) {
+                    buckets.push(decode_meta(row)?);
+                    last_start = Some(start);
+                }
+                if Some(start) == first_start {
+                    if let Some(r) = decode_record(row, 14, partition, page.include_value)? {
+                        first_rows.push(r);
+                    }
+                }
+            }
+            let first_meta = if page.descending {
+                buckets.last()
+            } else {
+                buckets.first()
+            };
+            let first = match first_meta.map(|m| &m.state) {
+                None => HotPage::Missing,
+                Some(BucketState::Archived { object_key, .. }) => HotPage::Archived {
+                    object_key: object_key.clone(),
+                },
+                Some(state) => HotPage::Hot {
+                    state: state.clone(),
+                    rows: first_rows,
+                },
+            };
+            Ok(HeadPage { buckets, first })
         })
         .await
     }

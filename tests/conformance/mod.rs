@@ -34,6 +34,7 @@ macro_rules! every_case {
             read_page_matches_reference,
             read_page_missing_and_empty,
             list_buckets_filters,
+            read_head_matches_listing_and_page,
             discover_orders_and_limits,
             bad_input_is_typed_and_writes_nothing,
         );
@@ -1251,6 +1252,97 @@ pub async fn read_page_missing_and_empty(store: Store) {
         .await
         .unwrap()
         .is_empty());
+}
+
+/// `read_head` returns what `list_buckets` for the partition and `read_page` of the first
+/// bucket in scan order return, over hot, archiving and archived first buckets, both
+/// directions, open and closed intervals, cursors and limits.
+pub async fn read_head_matches_listing_and_page(store: Store) {
+    let s = BucketStrategy::CalendarDayUtc;
+    let tbl = table(&store, "events", s).await;
+    let mut recs = Vec::new();
+    for day in 1..=4 {
+        for i in 0..4u8 {
+            let time = t(&format!("2021-06-0{day}T0{i}:00:00Z"));
+            recs.push(rec("p", time, &[i], format!("d{day}-{i}").as_bytes()));
+        }
+    }
+    recs.push(rec("q", t("2021-06-02T05:00:00Z"), b"q", b"other partition"));
+    store.append_batch(&tbl, &recs).await.unwrap();
+    // Day 2 Archiving, day 3 Archived (hot rows kept), days 1 and 4 Hot.
+    let day = |d: u32| bucket_of(&tbl, s, &rec("p", t(&format!("2021-06-0{d}T00:00:00Z")), b"", b""));
+    store.claim(&day(2), LONG).await.unwrap().unwrap();
+    let c3 = store.claim(&day(3), LONG).await.unwrap().unwrap();
+    store.publish_archive(&c3, "objects/day3/manifest.json").await.unwrap();
+
+    let times = [
+        None,
+        Some(t("2021-06-01T02:00:00Z")),
+        Some(t("2021-06-02T23:59:59Z")),
+        Some(t("2021-06-03T01:00:00Z")),
+        Some(t("2021-06-04T02:30:00Z")),
+        Some(t("2021-06-09T00:00:00Z")),
+    ];
+    let p = pk("p");
+    let mut kinds = BTreeSet::new();
+    for from in times {
+        for to in times {
+            for descending in [false, true] {
+                for (limit, cursor) in [(1, false), (3, true), (100, false)] {
+                    let mut bounds = ScanBounds::all();
+                    if let Some(f) = from {
+                        bounds.time_lower = Bound::Included(f);
+                    }
+                    if let Some(u) = to {
+                        bounds.time_upper = Bound::Included(u);
+                    }
+                    if cursor {
+                        let key = ClusteringKey {
+                            event_time: t("2021-06-04T01:00:00Z"),
+                            sort_key: SortKey::new(vec![1]).unwrap(),
+                        };
+                        bounds = if descending {
+                            bounds.with_before(key)
+                        } else {
+                            bounds.with_after(key)
+                        };
+                    }
+                    let req = PageRequest {
+                        bounds,
+                        descending,
+                        limit,
+                        include_value: limit != 1,
+                    };
+                    let head = store.read_head(&tbl, &p, from, to, &req).await.unwrap();
+                    let filter = BucketFilter {
+                        partitions: Some(vec![p.clone()]),
+                        from,
+                        to,
+                    };
+                    let listed = store.list_buckets(&tbl, &filter).await.unwrap();
+                    assert_eq!(head.buckets, listed, "listing {from:?}..{to:?}");
+                    let first = if descending { listed.last() } else { listed.first() };
+                    let want = match first {
+                        None => HotPage::Missing,
+                        Some(m) => store.read_page(&m.id, &req).await.unwrap(),
+                    };
+                    assert_eq!(head.first, want, "{from:?}..{to:?} {req:?}");
+                    kinds.insert(match &head.first {
+                        HotPage::Missing => "missing",
+                        HotPage::Archived { .. } => "archived",
+                        HotPage::Hot { rows, .. } if rows.is_empty() => "empty",
+                        HotPage::Hot { state: BucketState::Archiving, .. } => "archiving",
+                        HotPage::Hot { .. } => "hot",
+                    });
+                }
+            }
+        }
+    }
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["archived", "archiving", "empty", "hot", "missing"]),
+        "the cases cover every kind of first page"
+    );
 }
 
 /// Buckets are listed by partition, then start, and filtered by partition and time.

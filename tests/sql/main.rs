@@ -9,5 +9,6 @@ mod dataset;
 mod end_to_end;
 mod errors;
 mod plans;
+mod prepared;
 mod repl;
 mod routes;

@@ -1,0 +1,193 @@
+//! Prepared queries: SQL parsed, analysed and optimised once, then executed many times with
+//! positional parameters (`$1`, `$2`, ...).
+//!
+//! An application that serves the same page shape over and over ("the latest 50 messages of
+//! channel $1") should not pay for parsing and logical optimisation on every request. A
+//! [`PreparedQuery`] keeps the optimised logical plan with its placeholders; each execution
+//! binds the values, plans the physical operators (cheap: no I/O) and runs them. Its scans
+//! list buckets at execution ([`ScanPlanning`]), so a plan is never tied to the buckets that
+//! existed when it was prepared, and a one-channel page costs one hot-store statement.
+//!
+//! ```no_run
+//! # async fn demo(ctx: datafusion::prelude::SessionContext) -> Result<(), Box<dyn std::error::Error>> {
+//! use datafusion::scalar::ScalarValue;
+//! let latest = pulpitum::prepared::prepare(
+//!     &ctx,
+//!     "SELECT * FROM chat WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT 50",
+//! )
+//! .await?;
+//! let page = latest.execute(&[ScalarValue::Int64(Some(7))]).await?;
+//! # let _ = page;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::ParamValues;
+use datafusion::error::DataFusionError;
+use datafusion::execution::context::SessionState;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
+use datafusion::prelude::SessionContext;
+use datafusion::scalar::ScalarValue;
+use datafusion::execution::SendableRecordBatchStream;
+
+use crate::provider::ScanPlanning;
+
+/// Every way preparing or executing a prepared query can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum PreparedError {
+    /// The statement is not a query or an `INSERT` (DDL, `SET`, `PREPARE`, ...).
+    #[error("only queries and INSERT can be prepared, not: {0}")]
+    NotAQuery(String),
+    /// A parameter that is not positional (`$1`, `$2`, ...) or whose numbering has gaps.
+    #[error("parameters must be numbered $1..$n without gaps; found {0}")]
+    ParameterNames(String),
+    /// The statement does not say what type a parameter has.
+    #[error("cannot infer the type of parameter {0}; add a cast, e.g. CAST({0} AS BIGINT)")]
+    UntypedParameter(String),
+    /// The wrong number of values for the parameters.
+    #[error("the query takes {expected} parameters, {got} given")]
+    ParameterCount {
+        /// Parameters the query has.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// A value that cannot be converted to its parameter's type.
+    #[error("parameter {id} is {expected}; the value {value} cannot be converted to it")]
+    ParameterType {
+        /// The parameter (`$2`).
+        id: String,
+        /// Its type.
+        expected: DataType,
+        /// The value given.
+        value: String,
+    },
+    /// Planning or execution failed.
+    #[error(transparent)]
+    DataFusion(#[from] DataFusionError),
+}
+
+/// A query planned once, executed with parameters. Cheap to share (`Arc`) across tasks.
+#[derive(Debug)]
+pub struct PreparedQuery {
+    state: SessionState,
+    plan: LogicalPlan,
+    params: Vec<DataType>,
+    task: Arc<TaskContext>,
+}
+
+/// Prepares `sql` against the tables of `ctx`. Parameters are `$1..$n`; each one's type is
+/// taken from what it is compared with (`channel_id = $1` makes `$1` a BIGINT).
+pub async fn prepare(ctx: &SessionContext, sql: &str) -> Result<PreparedQuery, PreparedError> {
+    let mut state = ctx.state();
+    state
+        .config_mut()
+        .set_extension(Arc::new(ScanPlanning {
+            list_at_execution: true,
+        }));
+    let plan = state.create_logical_plan(sql).await?;
+    if matches!(
+        plan,
+        LogicalPlan::Ddl(_)
+            | LogicalPlan::Statement(_)
+            | LogicalPlan::DescribeTable(_)
+            | LogicalPlan::Copy(_)
+    ) {
+        return Err(PreparedError::NotAQuery(plan.display().to_string()));
+    }
+    let types = plan.get_parameter_types()?;
+    let mut params = Vec::with_capacity(types.len());
+    for i in 1..=types.len() {
+        let id = format!("${i}");
+        match types.get(&id) {
+            Some(Some(t)) => params.push(t.clone()),
+            Some(None) => return Err(PreparedError::UntypedParameter(id)),
+            None => {
+                let mut names: Vec<&String> = types.keys().collect();
+                names.sort();
+                let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+                return Err(PreparedError::ParameterNames(names.join(", ")));
+            }
+        }
+    }
+    let plan = state.optimize(&plan)?;
+    let task = state.task_ctx();
+    Ok(PreparedQuery {
+        state,
+        plan,
+        params,
+        task,
+    })
+}
+
+impl PreparedQuery {
+    /// The parameters' types, `$1` first.
+    pub fn parameter_types(&self) -> &[DataType] {
+        &self.params
+    }
+
+    /// The physical plan for these values (for `EXPLAIN`-like inspection and tests).
+    pub async fn physical_plan(
+        &self,
+        values: &[ScalarValue],
+    ) -> Result<Arc<dyn ExecutionPlan>, PreparedError> {
+        let bound = self.bind(values)?;
+        let plan = self.plan.clone().with_param_values(bound)?;
+        // The logical plan was optimised when prepared; only physical planning remains.
+        Ok(self
+            .state
+            .query_planner()
+            .create_physical_plan(&plan, &self.state)
+            .await?)
+    }
+
+    /// Runs the query with these values and collects its rows.
+    pub async fn execute(&self, values: &[ScalarValue]) -> Result<Vec<RecordBatch>, PreparedError> {
+        let plan = self.physical_plan(values).await?;
+        Ok(collect(plan, self.task.clone()).await?)
+    }
+
+    /// Runs the query with these values as a stream of batches.
+    pub async fn execute_stream(
+        &self,
+        values: &[ScalarValue],
+    ) -> Result<SendableRecordBatchStream, PreparedError> {
+        let plan = self.physical_plan(values).await?;
+        Ok(execute_stream(plan, self.task.clone())?)
+    }
+
+    /// The values converted to the parameters' types.
+    fn bind(&self, values: &[ScalarValue]) -> Result<ParamValues, PreparedError> {
+        if values.len() != self.params.len() {
+            return Err(PreparedError::ParameterCount {
+                expected: self.params.len(),
+                got: values.len(),
+            });
+        }
+        let mut out = Vec::with_capacity(values.len());
+        for (i, (v, t)) in values.iter().zip(&self.params).enumerate() {
+            if v.data_type() == *t {
+                out.push(v.clone());
+                continue;
+            }
+            let converted = v.cast_to(t).ok().filter(|c| c.is_null() == v.is_null());
+            match converted {
+                Some(c) => out.push(c),
+                None => {
+                    return Err(PreparedError::ParameterType {
+                        id: format!("${}", i + 1),
+                        expected: t.clone(),
+                        value: v.to_string(),
+                    })
+                }
+            }
+        }
+        Ok(ParamValues::from(out))
+    }
+}
