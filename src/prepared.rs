@@ -29,12 +29,12 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ParamValues;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionState;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::scalar::ScalarValue;
-use datafusion::execution::SendableRecordBatchStream;
 
 use crate::provider::ScanPlanning;
 
@@ -86,11 +86,9 @@ pub struct PreparedQuery {
 /// taken from what it is compared with (`channel_id = $1` makes `$1` a BIGINT).
 pub async fn prepare(ctx: &SessionContext, sql: &str) -> Result<PreparedQuery, PreparedError> {
     let mut state = ctx.state();
-    state
-        .config_mut()
-        .set_extension(Arc::new(ScanPlanning {
-            list_at_execution: true,
-        }));
+    state.config_mut().set_extension(Arc::new(ScanPlanning {
+        list_at_execution: true,
+    }));
     let plan = state.create_logical_plan(sql).await?;
     if matches!(
         plan,

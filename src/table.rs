@@ -21,11 +21,11 @@ use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use crate::archive::{records_to_batch, ArchiveError, ArchiveScan, ArchiveStore, Manifest};
 use crate::model::Record;
 use crate::model::{BucketId, PartitionKey, ScanBounds};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::store::{
     AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, HotPage, HotStore,
     PageRequest, StoreError, TableDefinition,
 };
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// How long an archived route may be served from the cache before it is re-read from the
 /// hot store. The archiver must wait at least this long after publication before deleting
@@ -525,7 +525,10 @@ impl DurableTable {
                                         first_of_bucket: std::mem::take(&mut first_of_bucket),
                                         batch,
                                     };
-                                    return Some((Ok(chunk), (next_state, remaining, first_of_bucket)));
+                                    return Some((
+                                        Ok(chunk),
+                                        (next_state, remaining, first_of_bucket),
+                                    ));
                                 }
                             }
                         }
@@ -557,7 +560,10 @@ impl DurableTable {
                                     first_of_bucket: std::mem::take(&mut first_of_bucket),
                                     batch,
                                 };
-                                return Some((Ok(chunk), (St::Archive(s), remaining, first_of_bucket)));
+                                return Some((
+                                    Ok(chunk),
+                                    (St::Archive(s), remaining, first_of_bucket),
+                                ));
                             }
                         },
                     }

@@ -77,9 +77,7 @@ impl From<ProviderError> for DataFusionError {
         match e {
             ProviderError::InvalidDefinition(_)
             | ProviderError::UnknownSurface(_)
-            | ProviderError::UnappliableFilter(_) => {
-                DataFusionError::Plan(e.to_string())
-            }
+            | ProviderError::UnappliableFilter(_) => DataFusionError::Plan(e.to_string()),
             ProviderError::Arrow(a) => DataFusionError::ArrowError(Box::new(a), None),
             other => DataFusionError::External(Box::new(other)),
         }

@@ -445,7 +445,12 @@ impl ExecutionPlan for PulpitumScanExec {
             if spec.deferred {
                 units.push(Unit::Key(kb.partition_key));
             } else if spec.descending {
-                units.extend(kb.buckets.into_iter().rev().map(|(b, a)| Unit::Bucket(b, a)));
+                units.extend(
+                    kb.buckets
+                        .into_iter()
+                        .rev()
+                        .map(|(b, a)| Unit::Bucket(b, a)),
+                );
             } else {
                 units.extend(kb.buckets.into_iter().map(|(b, a)| Unit::Bucket(b, a)));
             }

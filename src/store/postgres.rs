@@ -32,8 +32,8 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 use super::retry::{Disposition, RetryPolicy};
 use super::{
     bucket_for_append, migrate, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState,
-    Claim, HeadPage, HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
-    WorkKind,
+    Claim, HeadPage, HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition,
+    WorkItem, WorkKind,
 };
 use crate::model::{
     BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, SortKey,

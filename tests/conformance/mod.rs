@@ -1267,13 +1267,27 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
             recs.push(rec("p", time, &[i], format!("d{day}-{i}").as_bytes()));
         }
     }
-    recs.push(rec("q", t("2021-06-02T05:00:00Z"), b"q", b"other partition"));
+    recs.push(rec(
+        "q",
+        t("2021-06-02T05:00:00Z"),
+        b"q",
+        b"other partition",
+    ));
     store.append_batch(&tbl, &recs).await.unwrap();
     // Day 2 Archiving, day 3 Archived (hot rows kept), days 1 and 4 Hot.
-    let day = |d: u32| bucket_of(&tbl, s, &rec("p", t(&format!("2021-06-0{d}T00:00:00Z")), b"", b""));
+    let day = |d: u32| {
+        bucket_of(
+            &tbl,
+            s,
+            &rec("p", t(&format!("2021-06-0{d}T00:00:00Z")), b"", b""),
+        )
+    };
     store.claim(&day(2), LONG).await.unwrap().unwrap();
     let c3 = store.claim(&day(3), LONG).await.unwrap().unwrap();
-    store.publish_archive(&c3, "objects/day3/manifest.json").await.unwrap();
+    store
+        .publish_archive(&c3, "objects/day3/manifest.json")
+        .await
+        .unwrap();
 
     let times = [
         None,
@@ -1321,7 +1335,11 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
                     };
                     let listed = store.list_buckets(&tbl, &filter).await.unwrap();
                     assert_eq!(head.buckets, listed, "listing {from:?}..{to:?}");
-                    let first = if descending { listed.last() } else { listed.first() };
+                    let first = if descending {
+                        listed.last()
+                    } else {
+                        listed.first()
+                    };
                     let want = match first {
                         None => HotPage::Missing,
                         Some(m) => store.read_page(&m.id, &req).await.unwrap(),
@@ -1331,7 +1349,10 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
                         HotPage::Missing => "missing",
                         HotPage::Archived { .. } => "archived",
                         HotPage::Hot { rows, .. } if rows.is_empty() => "empty",
-                        HotPage::Hot { state: BucketState::Archiving, .. } => "archiving",
+                        HotPage::Hot {
+                            state: BucketState::Archiving,
+                            ..
+                        } => "archiving",
                         HotPage::Hot { .. } => "hot",
                     });
                 }

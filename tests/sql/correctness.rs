@@ -306,7 +306,12 @@ async fn prepared_pages_with_parameters_match_postgresql() {
     let mut rng = StdRng::seed_from_u64(3);
     let mut nonempty = 0;
     for ch in &loaded.channels {
-        let ours = df_rows(&latest.execute(&[ScalarValue::Int64(Some(*ch))]).await.unwrap());
+        let ours = df_rows(
+            &latest
+                .execute(&[ScalarValue::Int64(Some(*ch))])
+                .await
+                .unwrap(),
+        );
         let reference = pg_rows(&client.query(&ref_latest, &[ch]).await.unwrap());
         assert_eq!(ours, reference, "latest page of channel {ch}");
     }
@@ -323,11 +328,23 @@ async fn prepared_pages_with_parameters_match_postgresql() {
         ];
         for (ours, reference) in [(&forward, &ref_forward), (&backward, &ref_backward)] {
             let got = df_rows(&ours.execute(&params).await.unwrap());
-            let want = pg_rows(&client.query(reference, &[&m.channel, &t, &m.id]).await.unwrap());
-            assert_eq!(got, want, "cursor page after ({}, {}, {})", m.channel, m.micros, m.id);
+            let want = pg_rows(
+                &client
+                    .query(reference, &[&m.channel, &t, &m.id])
+                    .await
+                    .unwrap(),
+            );
+            assert_eq!(
+                got, want,
+                "cursor page after ({}, {}, {})",
+                m.channel, m.micros, m.id
+            );
             nonempty += usize::from(!got.is_empty());
         }
     }
-    assert!(nonempty > 60, "only {nonempty} of 120 cursor pages returned rows");
+    assert!(
+        nonempty > 60,
+        "only {nonempty} of 120 cursor pages returned rows"
+    );
     env.cleanup().await;
 }

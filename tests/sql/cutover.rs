@@ -70,6 +70,19 @@ async fn queries_during_publication_and_cleanup_see_every_row_once() {
             done.store(true, Ordering::SeqCst);
         })
     };
+    // The same reads prepared: their scans list buckets at execution, with the first page.
+    let prepared_count = pulpitum::prepared::prepare(
+        &env.ctx,
+        "SELECT count(*) AS n, sum(id) AS s FROM chat WHERE channel_id = $1",
+    )
+    .await
+    .unwrap();
+    let prepared_page = pulpitum::prepared::prepare(
+        &env.ctx,
+        "SELECT id FROM chat WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT 1000",
+    )
+    .await
+    .unwrap();
     let mut rounds = 0;
     while !done.load(Ordering::SeqCst) || rounds < 3 {
         rounds += 1;
@@ -114,6 +127,39 @@ async fn queries_during_publication_and_cleanup_see_every_row_once() {
             .collect();
         let expected: Vec<i64> = (0..120).rev().map(|i| 1000 - i).collect();
         assert_eq!(ids, expected, "round {rounds}");
+
+        let one = datafusion::scalar::ScalarValue::Int64(Some(1));
+        let b = prepared_count.execute(&[one.clone()]).await.unwrap();
+        let n = b[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .value(0);
+        let s = b[0]
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .value(0);
+        assert_eq!(
+            (n, s),
+            (120, 120 * 1000 - (0..120).sum::<i64>()),
+            "prepared count in round {rounds}"
+        );
+        let b = prepared_page.execute(&[one]).await.unwrap();
+        let ids: Vec<i64> = b
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(ids, expected, "prepared page in round {rounds}");
     }
     archiver.await.unwrap();
     assert!(

@@ -103,7 +103,12 @@ impl HotStore for Counting {
     async fn publish_archive(&self, c: &Claim, key: &str) -> StoreResult<()> {
         self.inner.publish_archive(c, key).await
     }
-    async fn cleanup_step(&self, c: &Claim, limit: usize, min_age: Duration) -> StoreResult<(u64, bool)> {
+    async fn cleanup_step(
+        &self,
+        c: &Claim,
+        limit: usize,
+        min_age: Duration,
+    ) -> StoreResult<(u64, bool)> {
         self.inner.cleanup_step(c, limit, min_age).await
     }
     async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
@@ -164,7 +169,10 @@ async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() 
         &[datafusion::arrow::datatypes::DataType::Int64]
     );
     counting.take();
-    let page = latest.execute(&[ScalarValue::Int64(Some(1))]).await.unwrap();
+    let page = latest
+        .execute(&[ScalarValue::Int64(Some(1))])
+        .await
+        .unwrap();
     assert_eq!(ids(&page), vec![6, 5, 4, 3, 2]);
     // Listing, route and rows in one call (one statement on PostgreSQL); no planning I/O.
     assert_eq!(counting.take(), BTreeMap::from([("read_head", 1)]));
@@ -178,16 +186,25 @@ async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() 
     .await
     .unwrap();
     counting.take();
-    let page = latest.execute(&[ScalarValue::Int64(Some(1))]).await.unwrap();
+    let page = latest
+        .execute(&[ScalarValue::Int64(Some(1))])
+        .await
+        .unwrap();
     assert_eq!(ids(&page), vec![8, 7, 6, 5, 4]);
     // The newest bucket held 2 rows: one more page from the next bucket.
     assert_eq!(
         counting.take(),
         BTreeMap::from([("read_head", 1), ("read_page", 1)])
     );
-    let other = latest.execute(&[ScalarValue::Int64(Some(2))]).await.unwrap();
+    let other = latest
+        .execute(&[ScalarValue::Int64(Some(2))])
+        .await
+        .unwrap();
     assert_eq!(ids(&other), vec![60]);
-    let none = latest.execute(&[ScalarValue::Int64(Some(3))]).await.unwrap();
+    let none = latest
+        .execute(&[ScalarValue::Int64(Some(3))])
+        .await
+        .unwrap();
     assert!(ids(&none).is_empty());
 
     // Ad-hoc SQL lists at planning time, then reads the page.
@@ -250,7 +267,13 @@ async fn bad_parameters_and_statements_are_refused_clearly() {
     let latest = prepare(&env.ctx, LATEST).await.unwrap();
     let e = latest.execute(&[]).await.unwrap_err();
     assert!(
-        matches!(e, PreparedError::ParameterCount { expected: 1, got: 0 }),
+        matches!(
+            e,
+            PreparedError::ParameterCount {
+                expected: 1,
+                got: 0
+            }
+        ),
         "{e}"
     );
     let e = latest
@@ -266,7 +289,9 @@ async fn bad_parameters_and_statements_are_refused_clearly() {
     assert!(matches!(e, PreparedError::ParameterNames(_)), "{e}");
     let e = prepare(&env.ctx, "SELECT $1").await.unwrap_err();
     assert!(matches!(e, PreparedError::UntypedParameter(_)), "{e}");
-    let e = prepare(&env.ctx, "CREATE VIEW v AS SELECT 1").await.unwrap_err();
+    let e = prepare(&env.ctx, "CREATE VIEW v AS SELECT 1")
+        .await
+        .unwrap_err();
     assert!(matches!(e, PreparedError::NotAQuery(_)), "{e}");
     let e = prepare(&env.ctx, "SELEC 1").await.unwrap_err();
     assert!(matches!(e, PreparedError::DataFusion(_)), "{e}");
@@ -275,9 +300,12 @@ async fn bad_parameters_and_statements_are_refused_clearly() {
     // the query fails instead of dropping the filter.
     env.sql("INSERT INTO raw VALUES (X'01', TIMESTAMP '2024-05-01T10:00:00Z', X'02', X'03')")
         .await;
-    let by_key = prepare(&env.ctx, "SELECT count(*) FROM raw WHERE partition_key = $1")
-        .await
-        .unwrap();
+    let by_key = prepare(
+        &env.ctx,
+        "SELECT count(*) FROM raw WHERE partition_key = $1",
+    )
+    .await
+    .unwrap();
     let n = by_key
         .execute(&[ScalarValue::Binary(Some(vec![1]))])
         .await
