@@ -116,7 +116,11 @@ impl PulpitumScanExec {
     pub fn try_new(spec: ScanSpec) -> Result<Self, ProviderError> {
         let full = spec.surface.schema();
         let schema = Arc::new(full.project(&spec.projection)?);
-        let groups = plan_groups(&spec.keys, spec.target_partitions, spec.limit.is_some());
+        let groups = plan_groups(
+            &spec.keys,
+            spec.target_partitions,
+            spec.limit.is_some() || spec.deferred,
+        );
         let eq = equivalence(&spec, &groups, &schema);
         let props = PlanProperties::new(
             eq,
@@ -152,22 +156,53 @@ impl PulpitumScanExec {
 /// Splits the keys into scan partitions. Every partition lists its keys in key order and
 /// each key's buckets in time order, so every partition is sorted by (key, time, sort).
 ///
-/// With more keys than target partitions, keys are split into contiguous runs. With fewer
-/// keys and no row limit, each key's buckets are also split into contiguous time ranges so
-/// that several cores read one channel; a partition then still holds one key, sorted by
-/// (time, sort), and a global ORDER BY becomes a merge. With a limit (a "latest N" page or
-/// a cursor page), each key stays in one partition so the scan stops after the newest (or
-/// oldest) buckets it needs instead of reading the first rows of every time range.
-fn plan_groups(keys: &[KeyBuckets], target: usize, limited: bool) -> Vec<Vec<KeyBuckets>> {
+/// - With a row limit (a "latest N" or cursor page) or buckets listed at execution, keys
+///   stay whole: each goes to one partition (contiguous runs when there are more keys than
+///   partitions), so a limited scan stops after the newest (or oldest) buckets it needs
+///   instead of reading the first rows of every time range.
+/// - Otherwise, with more keys than partitions, the key-ordered sequence of buckets is cut
+///   into equal runs, so every core reads the same number of buckets (whole keys would
+///   leave one partition with twice the work of another for three keys on two cores); a
+///   key may then continue in the next partition.
+/// - With fewer keys than partitions, each key's buckets are split into contiguous time
+///   ranges; a partition then holds one key, sorted by (time, sort), and a global ORDER BY
+///   becomes a merge.
+fn plan_groups(keys: &[KeyBuckets], target: usize, whole_keys: bool) -> Vec<Vec<KeyBuckets>> {
     let target = target.max(1);
     if keys.is_empty() {
         return vec![Vec::new()];
     }
-    if keys.len() >= target || limited {
+    if whole_keys {
         let parts = target.min(keys.len());
         let mut out: Vec<Vec<KeyBuckets>> = (0..parts).map(|_| Vec::new()).collect();
         for (i, k) in keys.iter().enumerate() {
             out[i * parts / keys.len()].push(k.clone());
+        }
+        return out;
+    }
+    if keys.len() > target {
+        let total: usize = keys.iter().map(|k| k.buckets.len()).sum();
+        if total == 0 {
+            return vec![Vec::new()];
+        }
+        let parts = target.min(total);
+        let mut out: Vec<Vec<KeyBuckets>> = (0..parts).map(|_| Vec::new()).collect();
+        let mut seen = 0usize;
+        for k in keys {
+            let n = k.buckets.len();
+            let mut a = 0;
+            while a < n {
+                // The partition of the bucket at global position `seen + a`, and where it ends.
+                let p = (seen + a) * parts / total;
+                let end_global = ((p + 1) * total).div_ceil(parts);
+                let b = n.min(end_global - seen).max(a + 1);
+                out[p].push(KeyBuckets {
+                    partition_key: k.partition_key.clone(),
+                    buckets: k.buckets[a..b].to_vec(),
+                });
+                a = b;
+            }
+            seen += n;
         }
         return out;
     }
@@ -577,5 +612,92 @@ impl QueryLimits {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{BucketStrategy, EventTime, TableId};
+
+    fn keys(sizes: &[usize]) -> Vec<KeyBuckets> {
+        let strategy = BucketStrategy::CalendarDayUtc;
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| {
+                let pk = PartitionKey::new(vec![k as u8]).unwrap();
+                let mut b = strategy.bucket_of(EventTime::from_micros(0).unwrap());
+                let buckets = (0..n)
+                    .map(|_| {
+                        let id = BucketId {
+                            table_id: TableId::new("t").unwrap(),
+                            partition_key: pk.clone(),
+                            bucket_key: b,
+                        };
+                        b = b.next().unwrap();
+                        (id, None)
+                    })
+                    .collect();
+                KeyBuckets {
+                    partition_key: pk,
+                    buckets,
+                }
+            })
+            .collect()
+    }
+
+    fn flat(groups: &[Vec<KeyBuckets>]) -> Vec<BucketId> {
+        groups
+            .iter()
+            .flatten()
+            .flat_map(|k| k.buckets.iter().map(|(b, _)| b.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn groups_keep_key_and_time_order_and_balance_buckets() {
+        for sizes in [
+            vec![60, 60, 60],
+            vec![1, 100, 3, 7],
+            vec![5, 5, 5, 5, 5],
+            vec![1, 1, 1],
+            vec![0, 4, 0, 9],
+            vec![30],
+            vec![2, 40],
+        ] {
+            for target in 1..=6 {
+                let ks = keys(&sizes);
+                let want = flat(&[ks.clone()]);
+                for whole in [false, true] {
+                    let g = plan_groups(&ks, target, whole);
+                    // Concatenated in partition order, the groups are the original sequence:
+                    // every bucket once, each partition sorted by (key, time).
+                    assert_eq!(flat(&g), want, "{sizes:?} target {target} whole {whole}");
+                    assert!(!g.is_empty() && g.len() <= target);
+                    if whole {
+                        let names: Vec<_> = g
+                            .iter()
+                            .flatten()
+                            .map(|k| k.partition_key.clone())
+                            .collect();
+                        let orig: Vec<_> = ks.iter().map(|k| k.partition_key.clone()).collect();
+                        assert_eq!(names, orig, "whole keys stay whole");
+                    } else if ks.len() > target {
+                        let total: usize = sizes.iter().sum();
+                        let loads: Vec<usize> = g
+                            .iter()
+                            .map(|p| p.iter().map(|k| k.buckets.len()).sum())
+                            .collect();
+                        let most = loads.iter().max().unwrap();
+                        assert!(
+                            *most <= total.div_ceil(g.len()),
+                            "{sizes:?} target {target}: loads {loads:?}"
+                        );
+                        assert!(loads.iter().all(|l| *l > 0), "{loads:?}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! cleanup delay, the harshest case for readers) never miss or duplicate a row. The full
 //! archiver race belongs to the archiver's suite; this one drives the store steps directly.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, Int64Array};
@@ -54,12 +54,19 @@ async fn queries_during_publication_and_cleanup_see_every_row_once() {
     assert!(buckets.len() > 20);
 
     let done = Arc::new(AtomicBool::new(false));
+    // Paces the archiver to the readers (bucket i waits for round i / 4), so the cutovers
+    // overlap many rounds however fast or slow this machine is.
+    let rounds_done = Arc::new(AtomicUsize::new(0));
     let archiver = {
         let env = env.clone();
         let done = done.clone();
+        let rounds_done = rounds_done.clone();
         tokio::spawn(async move {
             let mut loaded = dataset::Loaded::default();
             for (i, b) in buckets.iter().enumerate() {
+                while rounds_done.load(Ordering::SeqCst) < i / 4 {
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                }
                 let format = if i % 2 == 0 {
                     PayloadFormat::Parquet
                 } else {
@@ -160,6 +167,7 @@ async fn queries_during_publication_and_cleanup_see_every_row_once() {
             })
             .collect();
         assert_eq!(ids, expected, "prepared page in round {rounds}");
+        rounds_done.store(rounds, Ordering::SeqCst);
     }
     archiver.await.unwrap();
     assert!(
