@@ -158,6 +158,30 @@ async fn main() {
     })
     .await;
 
+    // Where the prepared page's time goes: physical planning alone, and the one hot-store
+    // statement alone (listing, route and first page).
+    let (plan_only_p50, _) = time_it(n, || async {
+        latest.physical_plan(&one).await.unwrap();
+    })
+    .await;
+    let head_req = pulpitum::store::PageRequest {
+        bounds: pulpitum::model::ScanBounds::all(),
+        descending: true,
+        limit: 50,
+        include_value: true,
+    };
+    let pk1 = PartitionKey::new(encode_i64(1).to_vec()).unwrap();
+    let (head_p50, _) = time_it(n, || async {
+        let head = store
+            .read_head(&table, &pk1, None, None, &head_req)
+            .await
+            .unwrap();
+        assert!(
+            matches!(head.first, pulpitum::store::HotPage::Hot { ref rows, .. } if rows.len() == 50)
+        );
+    })
+    .await;
+
     let client = store.raw_client().await.unwrap();
     let stmt = client
         .prepare(
@@ -232,6 +256,7 @@ async fn main() {
     println!("  prepared SQL (pulpitum::prepared): p50 {prep_p50:?} p99 {prep_p99:?}; ratio p50 {:.2}x, p99 {:.2}x",
         prep_p50.as_secs_f64() / pg_p50.as_secs_f64(),
         prep_p99.as_secs_f64() / pg_p99.as_secs_f64());
+    println!("  of which physical planning p50 {plan_only_p50:?}; HotStore::read_head alone (pooled) p50 {head_p50:?}");
     println!("  ad-hoc SQL (ctx.sql, parsed and planned per call): p50 {sql_p50:?} p99 {sql_p99:?}; ratio p50 {:.2}x",
         sql_p50.as_secs_f64() / pg_p50.as_secs_f64());
     println!("latest 50 from an archived bucket: ad-hoc p50 {arc_p50:?} p99 {arc_p99:?}; prepared p50 {arc_prep_p50:?} p99 {arc_prep_p99:?}; object-store calls per ad-hoc query [write, read, stat, list, delete] = {per_query:?}");

@@ -318,3 +318,65 @@ async fn bad_parameters_and_statements_are_refused_clearly() {
     assert!(e.to_string().contains("cannot be applied exactly"), "{e}");
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_insert_appends_through_the_fence() {
+    let env = Env::new("prepins").await;
+    env.sql(CREATE).await;
+    let insert = prepare(&env.ctx, "INSERT INTO chat VALUES ($1, $2, $3, $4)")
+        .await
+        .unwrap();
+    let ts = |s: &str| {
+        ScalarValue::TimestampMicrosecond(
+            Some(EventTime::parse_rfc3339(s).unwrap().as_micros()),
+            Some("UTC".into()),
+        )
+    };
+    for (id, at) in [(1, "2024-05-01T10:00:00Z"), (2, "2024-05-01T11:00:00Z")] {
+        insert
+            .execute(&[
+                ScalarValue::Int64(Some(9)),
+                ts(at),
+                ScalarValue::Int64(Some(id)),
+                ScalarValue::Utf8(Some(format!("m{id}"))),
+            ])
+            .await
+            .unwrap();
+    }
+    let latest = prepare(&env.ctx, LATEST).await.unwrap();
+    let page = latest
+        .execute(&[ScalarValue::Int64(Some(9))])
+        .await
+        .unwrap();
+    assert_eq!(ids(&page), vec![2, 1]);
+    // A row aimed at a fenced bucket fails the statement, naming the bucket.
+    let bucket = BucketId {
+        table_id: TableId::new("chat").unwrap(),
+        partition_key: PartitionKey::new(pulpitum::provider::surface::encode_i64(9).to_vec())
+            .unwrap(),
+        bucket_key: pulpitum::model::BucketStrategy::CalendarDayUtc
+            .bucket_of(EventTime::parse_rfc3339("2024-05-01T00:00:00Z").unwrap()),
+    };
+    env.store
+        .claim(&bucket, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let e = insert
+        .execute(&[
+            ScalarValue::Int64(Some(9)),
+            ts("2024-05-01T12:00:00Z"),
+            ScalarValue::Int64(Some(3)),
+            ScalarValue::Utf8(Some("late".into())),
+        ])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("archiving"), "{e}");
+    assert!(e.to_string().contains("day:2024-05-01"), "{e}");
+    let page = latest
+        .execute(&[ScalarValue::Int64(Some(9))])
+        .await
+        .unwrap();
+    assert_eq!(ids(&page), vec![2, 1], "nothing was written");
+    env.cleanup().await;
+}
