@@ -116,6 +116,9 @@ pub struct BucketScan {
     pub descending: bool,
     /// Whether value bytes are fetched.
     pub include_value: bool,
+    /// Whether `event_time` and `sort_key` are needed in the returned batches. Archive reads
+    /// with unbounded bounds skip decoding them when not (hot pages always carry them).
+    pub include_keys: bool,
     /// Rows per page / batch.
     pub page_rows: usize,
     /// Stop after this many rows of this bucket (a pushed-down LIMIT), if any.
@@ -585,6 +588,8 @@ impl DurableTable {
             bounds: bounds.clone(),
             descending: req.descending,
             include_value: req.include_value,
+            // The exact bounds are applied on these two columns, so bounded reads need them.
+            include_keys: req.include_keys || *bounds != ScanBounds::all(),
             batch_rows: req.page_rows.min(req.limit.unwrap_or(usize::MAX)).max(1),
         };
         self.inner

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use datafusion::arrow::array::BinaryArray;
 use futures::StreamExt;
 use pulpitum::archive::{
     batches_to_records, ArchiveError, ArchiveScan, ArchiveScanMetrics, ArchiveStore, FaultLayer,
@@ -702,6 +703,7 @@ async fn check_scans(store: &ArchiveStore, m: &Manifest, rs: &[Record], ctx: &st
                     bounds: bounds.clone(),
                     descending,
                     include_value,
+                    include_keys: true,
                     batch_rows,
                 };
                 let batches = scan_all(store, m, &req).await.unwrap();
@@ -727,6 +729,104 @@ async fn check_scans(store: &ArchiveStore, m: &Manifest, rs: &[Record], ctx: &st
                         .collect();
                     assert!(got == want, "{ctx}: {bounds:?} desc={descending} (keys)");
                 }
+            }
+        }
+    }
+    // Without event_time and sort_key (unbounded scans only): the same partition keys and
+    // values in the same order.
+    for descending in [false, true] {
+        for (include_value, batch_rows) in [(true, 4096), (false, 1000), (true, 7)] {
+            let req = ArchiveScan {
+                descending,
+                include_value,
+                include_keys: false,
+                batch_rows,
+                ..ArchiveScan::default()
+            };
+            let batches = scan_all(store, m, &req).await.unwrap();
+            let mut want: Vec<&Record> = rs.iter().collect();
+            if descending {
+                want.reverse();
+            }
+            let mut got_pk = Vec::new();
+            let mut got_values = Vec::new();
+            for b in &batches {
+                assert!(b.num_rows() <= batch_rows && b.num_rows() > 0);
+                let pk = b.column_by_name("partition_key").unwrap();
+                let pk = pk.as_any().downcast_ref::<BinaryArray>().unwrap();
+                got_pk.extend(pk.iter().map(|v| v.unwrap().to_vec()));
+                assert_eq!(b.column_by_name("value").is_some(), include_value);
+                if let Some(v) = b.column_by_name("value") {
+                    let v = v.as_any().downcast_ref::<BinaryArray>().unwrap();
+                    got_values.extend(v.iter().map(|v| v.unwrap().to_vec()));
+                }
+            }
+            let want_pk: Vec<Vec<u8>> = want
+                .iter()
+                .map(|r| r.partition_key.as_bytes().to_vec())
+                .collect();
+            assert!(got_pk == want_pk, "{ctx}: without keys desc={descending}");
+            if include_value {
+                let want_values: Vec<Vec<u8>> = want.iter().map(|r| r.value.clone()).collect();
+                assert!(got_values == want_values, "{ctx}: values desc={descending}");
+            }
+        }
+    }
+    let bounded = ArchiveScan {
+        bounds: bounds_cases(rs)
+            .into_iter()
+            .find(|b| *b != ScanBounds::all())
+            .unwrap(),
+        include_keys: false,
+        ..ArchiveScan::default()
+    };
+    assert!(matches!(
+        scan_all(store, m, &bounded).await,
+        Err(ArchiveError::Config(_))
+    ));
+}
+
+/// A Parquet payload of another partition under a bucket's manifest (digests resealed to
+/// match) is refused whether or not the scan decodes the key columns.
+#[tokio::test]
+async fn parquet_rows_from_another_partition_are_rejected() {
+    let be = &backends("pqforeign").await[0];
+    let s = &be.store;
+    let mine = bucket("2024-05-03", 4);
+    let theirs = bucket("2024-05-03", 5);
+    let w = s
+        .write_bucket(
+            &mine,
+            1,
+            PayloadFormat::Parquet,
+            pages(&records(&mine, 10, 0), 3),
+        )
+        .await
+        .unwrap();
+    let other = s
+        .write_bucket(
+            &theirs,
+            1,
+            PayloadFormat::Parquet,
+            pages(&records(&theirs, 10, 0), 3),
+        )
+        .await
+        .unwrap();
+    let foreign = get(s, &other.manifest.payload_key).await;
+    reseal(s, &w.manifest_key, &w.manifest, foreign, 10).await;
+    let m = s.read_manifest(&w.manifest_key, &mine).await.unwrap();
+    for include_keys in [true, false] {
+        for descending in [false, true] {
+            let req = ArchiveScan {
+                include_keys,
+                descending,
+                ..ArchiveScan::default()
+            };
+            match scan_all(s, &m, &req).await {
+                Err(ArchiveError::Decode { reason, .. }) => {
+                    assert!(reason.contains("row of partition"), "{reason}")
+                }
+                other => panic!("include_keys={include_keys}: {other:?}"),
             }
         }
     }

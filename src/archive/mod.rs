@@ -256,6 +256,13 @@ pub struct ArchiveScan {
     pub descending: bool,
     /// Whether the `value` column is read and returned.
     pub include_value: bool,
+    /// Whether `event_time` and `sort_key` are read and returned. `false` is for scans that
+    /// need neither (an aggregate over `channel_id` and `content`) and requires unbounded
+    /// `bounds`: Parquet payloads then decode only `partition_key` (and `value`), and rows
+    /// are checked for their partition but not re-checked for bucket bounds and order. The
+    /// block digests prove the bytes are the ones the writer decoded and checked, row by
+    /// row, before it published the manifest. JSON payloads always return every column.
+    pub include_keys: bool,
     /// Maximum rows per returned batch (at least 1).
     pub batch_rows: usize,
 }
@@ -266,6 +273,7 @@ impl Default for ArchiveScan {
             bounds: ScanBounds::all(),
             descending: false,
             include_value: true,
+            include_keys: true,
             batch_rows: 8192,
         }
     }
@@ -503,6 +511,11 @@ impl ArchiveStore {
     ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
         if req.batch_rows == 0 {
             return Err(ArchiveError::Config("batch_rows must be at least 1".into()));
+        }
+        if !req.include_keys && req.bounds != ScanBounds::all() {
+            return Err(ArchiveError::Config(
+                "a scan with bounds must read event_time and sort_key (include_keys)".into(),
+            ));
         }
         let stream = match manifest.format {
             PayloadFormat::Parquet => {

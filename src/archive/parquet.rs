@@ -76,6 +76,19 @@ pub fn envelope_schema(include_value: bool) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// The envelope as a scan returns it: without `event_time` and `sort_key` when the scan
+/// does not read them (see `ArchiveScan::include_keys`).
+pub(crate) fn scan_schema(include_keys: bool, include_value: bool) -> SchemaRef {
+    let full = envelope_schema(include_value);
+    if include_keys {
+        return full;
+    }
+    let keep: Vec<usize> = (0..full.fields().len())
+        .filter(|&i| i != COL_TIME && i != COL_SORT)
+        .collect();
+    Arc::new(full.project(&keep).expect("indices of the envelope"))
+}
+
 /// Records as one envelope batch, in the given order.
 pub fn records_to_batch(
     records: &[Record],
@@ -465,6 +478,30 @@ pub(crate) fn filter_mask(b: &ScanBounds, batch: &RecordBatch) -> Result<Boolean
         .collect())
 }
 
+/// Checks that every row of a batch read without `event_time` and `sort_key` belongs to
+/// the manifest's partition, and re-labels it with the scan schema.
+fn check_partition_batch(
+    key: &str,
+    batch: RecordBatch,
+    include_value: bool,
+    manifest: &Manifest,
+) -> Result<RecordBatch, ArchiveError> {
+    let pk = column::<BinaryArray>(&batch, "partition_key").map_err(|e| relabel(key, e))?;
+    let want = manifest.partition_key.as_bytes();
+    if let Some(bad) = pk.iter().flatten().find(|p| *p != want) {
+        return Err(ArchiveError::decode(
+            key,
+            format!(
+                "row of partition {} in an archive of partition {}",
+                hex::encode(bad),
+                manifest.partition_key.to_hex()
+            ),
+        ));
+    }
+    RecordBatch::try_new(scan_schema(false, include_value), batch.columns().to_vec())
+        .map_err(|e| ArchiveError::decode(key, e))
+}
+
 /// Checks every row of a batch (stored order) and re-labels it with the envelope schema.
 pub(crate) fn check_batch(
     key: &str,
@@ -540,11 +577,14 @@ impl ScanState {
         rg: RowGroupPlan,
     ) -> Result<ParquetRecordBatchStream<VerifiedParquetReader>, ArchiveError> {
         let schema_descr = self.meta.metadata().file_metadata().schema_descr_ptr();
-        let cols: Vec<usize> = if self.req.include_value {
-            vec![0, 1, 2, 3]
+        let mut cols: Vec<usize> = if self.req.include_keys {
+            vec![0, COL_TIME, COL_SORT]
         } else {
-            vec![0, 1, 2]
+            vec![0]
         };
+        if self.req.include_value {
+            cols.push(3);
+        }
         let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
             self.reader.clone(),
             self.meta.clone(),
@@ -589,6 +629,18 @@ impl ScanState {
             }
             if let Some(stream) = &mut self.current {
                 match stream.next().await {
+                    Some(Ok(batch)) if !self.req.include_keys => {
+                        let checked = check_partition_batch(
+                            &self.key,
+                            batch,
+                            self.req.include_value,
+                            &self.manifest,
+                        );
+                        match checked {
+                            Ok(b) if b.num_rows() == 0 => continue,
+                            other => return Some(other),
+                        }
+                    }
                     Some(Ok(batch)) => {
                         let manifest = self.manifest.clone();
                         let mut check = RowCheck::new(&self.key, &manifest);
@@ -630,6 +682,26 @@ impl ScanState {
         mut stream: ParquetRecordBatchStream<VerifiedParquetReader>,
     ) -> Result<(), ArchiveError> {
         let manifest = self.manifest.clone();
+        let schema = scan_schema(self.req.include_keys, self.req.include_value);
+        if !self.req.include_keys {
+            let mut batches = Vec::new();
+            while let Some(b) = stream.next().await {
+                let b = b.map_err(|e| from_parquet(&self.key, "read", e))?;
+                batches.push(check_partition_batch(
+                    &self.key,
+                    b,
+                    self.req.include_value,
+                    &manifest,
+                )?);
+            }
+            self.pending.extend(reverse_rows(
+                &self.key,
+                schema,
+                &batches,
+                self.req.batch_rows,
+            )?);
+            return Ok(());
+        }
         let mut check = RowCheck::new(&self.key, &manifest);
         let mut batches = Vec::new();
         let mut first: Option<(i64, Vec<u8>)> = None;
@@ -652,7 +724,6 @@ impl ScanState {
         if first.is_some() {
             self.frontier = first;
         }
-        let schema = envelope_schema(self.req.include_value);
         self.pending.extend(reverse_rows(
             &self.key,
             schema,

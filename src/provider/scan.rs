@@ -499,6 +499,10 @@ impl ExecutionPlan for PulpitumScanExec {
                 .projection
                 .iter()
                 .any(|&i| Surface::role_at(i) == Role::Value),
+            include_keys: spec
+                .projection
+                .iter()
+                .any(|&i| matches!(Surface::role_at(i), Role::Time | Role::Sort)),
             page_rows: spec.page_rows,
             limit: None,
         };

@@ -54,6 +54,7 @@ async fn a_read_switches_tiers_between_pages_without_loss_or_duplicates() {
             bounds: ScanBounds::all(),
             descending,
             include_value: true,
+            include_keys: true,
             page_rows: 2,
             limit: None,
         };
@@ -125,6 +126,7 @@ async fn the_route_cache_is_bounded() {
             bounds: ScanBounds::all(),
             descending: false,
             include_value: false,
+            include_keys: true,
             page_rows: 100,
             limit: None,
         };
@@ -154,6 +156,7 @@ async fn the_route_cache_is_bounded() {
         bounds: ScanBounds::all(),
         descending: true,
         include_value: true,
+        include_keys: true,
         page_rows: 1,
         limit: Some(1),
     };
