@@ -12,6 +12,7 @@ pub mod archiver;
 pub mod defaults;
 pub mod demo;
 pub mod failpoint;
+mod lru;
 pub mod model;
 pub mod prepared;
 pub mod provider;

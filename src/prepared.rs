@@ -22,7 +22,7 @@
 //! # }
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -32,11 +32,16 @@ use datafusion::execution::context::SessionState;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::scalar::ScalarValue;
 
-use crate::provider::ScanPlanning;
+use crate::lru::Lru;
+use crate::provider::{PulpitumScanExec, ScanPlanning};
+
+/// Physical plans kept per prepared statement, by bound values (least recently used out).
+pub const PLAN_CACHE_CAPACITY: usize = 64;
 
 /// Every way preparing or executing a prepared query can fail.
 #[derive(Debug, thiserror::Error)]
@@ -74,12 +79,49 @@ pub enum PreparedError {
 }
 
 /// A query planned once, executed with parameters. Cheap to share (`Arc`) across tasks.
+///
+/// Physical plans are kept too, per bound values, when nothing in them depends on the
+/// moment they were planned: every leaf is a Pulpitum scan that lists its buckets at
+/// execution (a statement naming its channels). A hit re-arms the cached plan with
+/// [`reset_plan_states`] (fresh operator state and metrics) instead of planning again; so
+/// the same page asked for again, the common case of a busy channel, skips planning. Plans
+/// whose scans listed buckets while planning, INSERTs, and plans with operators that keep
+/// state DataFusion cannot reset (sorts with a limit, joins, aggregates) are planned every
+/// time.
 #[derive(Debug)]
 pub struct PreparedQuery {
     state: SessionState,
     plan: LogicalPlan,
     params: Vec<DataType>,
     task: Arc<TaskContext>,
+    plans: Mutex<Lru<Vec<ScalarValue>, Arc<dyn ExecutionPlan>>>,
+}
+
+/// Operators that keep no state across executions once [`reset_plan_states`] has rebuilt
+/// them. Operators with dynamic filters (TopK sorts, joins, some aggregates) are left out:
+/// DataFusion does not support executing those plans twice.
+const REUSABLE_OPERATORS: [&str; 8] = [
+    "ProjectionExec",
+    "CooperativeExec",
+    "CoalesceBatchesExec",
+    "CoalescePartitionsExec",
+    "SortPreservingMergeExec",
+    "GlobalLimitExec",
+    "LocalLimitExec",
+    "FilterExec",
+];
+
+/// Whether a physical plan can be executed again later: its leaves are all Pulpitum scans
+/// that list buckets when they run (so the plan holds nothing observed while planning),
+/// and every operator above them is one of [`REUSABLE_OPERATORS`].
+fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let children = plan.children();
+    if children.is_empty() {
+        return plan
+            .downcast_ref::<PulpitumScanExec>()
+            .is_some_and(|scan| scan.spec().deferred);
+    }
+    REUSABLE_OPERATORS.contains(&plan.name()) && children.into_iter().all(reusable)
 }
 
 /// Prepares `sql` against the tables of `ctx`. Parameters are `$1..$n`; each one's type is
@@ -121,6 +163,7 @@ pub async fn prepare(ctx: &SessionContext, sql: &str) -> Result<PreparedQuery, P
         plan,
         params,
         task,
+        plans: Mutex::new(Lru::new(PLAN_CACHE_CAPACITY)),
     })
 }
 
@@ -136,13 +179,34 @@ impl PreparedQuery {
         values: &[ScalarValue],
     ) -> Result<Arc<dyn ExecutionPlan>, PreparedError> {
         let bound = self.bind(values)?;
-        let plan = self.plan.clone().with_param_values(bound)?;
+        let cached = self.plans.lock().expect("plan cache lock").get(&bound);
+        if let Some(plan) = cached {
+            return Ok(reset_plan_states(plan)?);
+        }
+        let logical = self
+            .plan
+            .clone()
+            .with_param_values(ParamValues::from(bound.clone()))?;
         // The logical plan was optimised when prepared; only physical planning remains.
-        Ok(self
+        let plan = self
             .state
             .query_planner()
-            .create_physical_plan(&plan, &self.state)
-            .await?)
+            .create_physical_plan(&logical, &self.state)
+            .await?;
+        if reusable(&plan) {
+            // The cache keeps an unexecuted copy; this call runs the original.
+            let copy = reset_plan_states(plan.clone())?;
+            self.plans
+                .lock()
+                .expect("plan cache lock")
+                .insert(bound, copy);
+        }
+        Ok(plan)
+    }
+
+    /// Physical plans currently cached (for tests and diagnostics).
+    pub fn cached_plans(&self) -> usize {
+        self.plans.lock().expect("plan cache lock").len()
     }
 
     /// Runs the query with these values and collects its rows.
@@ -161,7 +225,7 @@ impl PreparedQuery {
     }
 
     /// The values converted to the parameters' types.
-    fn bind(&self, values: &[ScalarValue]) -> Result<ParamValues, PreparedError> {
+    fn bind(&self, values: &[ScalarValue]) -> Result<Vec<ScalarValue>, PreparedError> {
         if values.len() != self.params.len() {
             return Err(PreparedError::ParameterCount {
                 expected: self.params.len(),
@@ -186,6 +250,6 @@ impl PreparedQuery {
                 }
             }
         }
-        Ok(ParamValues::from(out))
+        Ok(out)
     }
 }

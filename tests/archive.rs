@@ -16,7 +16,7 @@ use datafusion::arrow::array::BinaryArray;
 use futures::StreamExt;
 use pulpitum::archive::{
     batches_to_records, ArchiveError, ArchiveScan, ArchiveScanMetrics, ArchiveStore, FaultLayer,
-    FaultOp, FaultPlan, Manifest, PayloadFormat,
+    FaultOp, FaultPlan, Manifest, PayloadFormat, WrittenArchive,
 };
 use pulpitum::model::{
     BucketId, BucketKey, ClusteringKey, EventTime, PartitionKey, Record, ScanBounds, SortKey,
@@ -897,14 +897,17 @@ async fn json_scans_match_the_reference_filter() {
     }
 }
 
-#[tokio::test]
-async fn a_multi_block_json_payload_streams() {
-    let be = &backends("jsonbig").await[0];
-    let b = bucket("2024-07-06", 8);
-    let rs = records(&b, 4_000, 0);
-    let store = be.store.clone().with_block_size(16 * 1024);
+/// Writes `rs` with 16 KiB verification blocks, checking that the payload spans several;
+/// returns the store with that block size and what it wrote.
+async fn write_multi_block(
+    store: &ArchiveStore,
+    b: &BucketId,
+    rs: &[Record],
+    format: PayloadFormat,
+) -> (ArchiveStore, WrittenArchive) {
+    let store = store.clone().with_block_size(16 * 1024);
     let w = store
-        .write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 4096))
+        .write_bucket(b, 1, format, pages(rs, 4096))
         .await
         .unwrap();
     assert!(
@@ -912,6 +915,57 @@ async fn a_multi_block_json_payload_streams() {
         "{}",
         w.manifest.byte_length
     );
+    (store, w)
+}
+
+/// A payload opened once keeps its verified footer: scanning it again skips the length
+/// check and the footer read, returns the same rows, and still verifies every data block
+/// it reads (damage in a data block is found after the footer was cached).
+#[tokio::test]
+async fn reopened_parquet_payloads_reuse_the_verified_footer() {
+    for be in backends("footer").await {
+        let b = bucket("2024-07-09", 9);
+        let rs = records(&b, 6_000, 3);
+        let (store, w) = write_multi_block(&be.store, &b, &rs, PayloadFormat::Parquet).await;
+        let scan = |req: ArchiveScan| {
+            let store = store.clone();
+            let m = w.manifest.clone();
+            async move {
+                let metrics = Arc::new(ArchiveScanMetrics::default());
+                let mut s = store.scan_with_metrics(&m, &req, metrics.clone()).await?;
+                let mut out = Vec::new();
+                while let Some(b) = s.next().await {
+                    out.push(b?);
+                }
+                Ok::<_, ArchiveError>((out, metrics.requests.load(Ordering::SeqCst)))
+            }
+        };
+        let (first, first_requests) = scan(ArchiveScan::default()).await.unwrap();
+        let (again, again_requests) = scan(ArchiveScan::default()).await.unwrap();
+        assert_eq!(batches_to_records(&first).unwrap(), rs, "{}", be.name);
+        assert_eq!(batches_to_records(&again).unwrap(), rs, "{}", be.name);
+        assert!(
+            again_requests < first_requests,
+            "{}: {again_requests} requests again vs {first_requests} the first time",
+            be.name
+        );
+        // Flip one byte in the first block (data pages; the footer sits at the end).
+        let mut payload = get(&store, &w.manifest.payload_key).await;
+        payload[100] ^= 0xff;
+        put(&store, &w.manifest.payload_key, payload).await;
+        match scan(ArchiveScan::default()).await {
+            Err(ArchiveError::ChecksumMismatch { .. }) => {}
+            other => panic!("{}: damage after caching the footer: {other:?}", be.name),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_multi_block_json_payload_streams() {
+    let be = &backends("jsonbig").await[0];
+    let b = bucket("2024-07-06", 8);
+    let rs = records(&b, 4_000, 0);
+    let (store, w) = write_multi_block(&be.store, &b, &rs, PayloadFormat::Json).await;
     let got = batches_to_records(
         &scan_all(&store, &w.manifest, &ArchiveScan::default())
             .await

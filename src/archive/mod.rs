@@ -360,6 +360,8 @@ pub struct ArchiveStore {
     prefix: String,
     row_group_rows: usize,
     block_size: u64,
+    /// Verified Parquet footers of payloads already opened (shared by clones).
+    footers: Arc<parquet::FooterCache>,
 }
 
 impl ArchiveStore {
@@ -376,6 +378,7 @@ impl ArchiveStore {
             prefix: prefix.trim_matches('/').to_string(),
             row_group_rows: ROW_GROUP_ROWS,
             block_size: BLOCK_SIZE,
+            footers: Arc::default(),
         }
     }
 
@@ -519,7 +522,14 @@ impl ArchiveStore {
         }
         let stream = match manifest.format {
             PayloadFormat::Parquet => {
-                parquet::scan(self.op.clone(), manifest.clone(), req.clone(), metrics).await?
+                parquet::scan(
+                    self.op.clone(),
+                    manifest.clone(),
+                    req.clone(),
+                    metrics,
+                    &self.footers,
+                )
+                .await?
             }
             PayloadFormat::Json => {
                 json::scan(self.op.clone(), manifest.clone(), req.clone(), metrics).await?

@@ -9,7 +9,9 @@
 
 use std::collections::VecDeque;
 use std::ops::{Bound, Range};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::lru::Lru;
 
 use bytes::Bytes;
 use datafusion::arrow::array::{
@@ -749,13 +751,48 @@ fn first_key(b: &RecordBatch) -> (i64, Vec<u8>) {
 }
 
 /// Opens a verified, pruned, ranged scan of a Parquet payload.
+/// Parsed footers of payloads already opened, so a bucket scanned again reads only the pages
+/// it needs. A payload is immutable and its footer was verified (block digests, schema, row
+/// count) and its stored length checked when it was first opened; the data pages read later
+/// are verified block by block as always. Keyed by payload key and digest; the oldest entry
+/// goes first when full.
+#[derive(Debug)]
+pub(crate) struct FooterCache {
+    entries: Mutex<Lru<(String, String), ArrowReaderMetadata>>,
+}
+
+/// Footers kept per archive store: small files' footers are a few KiB each.
+pub(crate) const FOOTER_CACHE_ENTRIES: usize = 4096;
+
+impl Default for FooterCache {
+    fn default() -> Self {
+        Self {
+            entries: Mutex::new(Lru::new(FOOTER_CACHE_ENTRIES)),
+        }
+    }
+}
+
+impl FooterCache {
+    fn get(&self, key: &(String, String)) -> Option<ArrowReaderMetadata> {
+        self.entries.lock().expect("footer cache lock").get(key)
+    }
+
+    fn insert(&self, key: (String, String), meta: ArrowReaderMetadata) {
+        self.entries
+            .lock()
+            .expect("footer cache lock")
+            .insert(key, meta);
+    }
+}
+
 pub(crate) async fn scan(
     op: opendal::Operator,
     manifest: Manifest,
     req: ArchiveScan,
     metrics: Arc<ArchiveScanMetrics>,
+    footers: &FooterCache,
 ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
-    scan_with(op, manifest, req, metrics, false).await
+    scan_inner(op, manifest, req, metrics, false, Some(footers)).await
 }
 
 /// [`scan`]; `just_verified` skips the block digests (the writer's own check, right after it
@@ -767,8 +804,23 @@ pub(crate) async fn scan_with(
     metrics: Arc<ArchiveScanMetrics>,
     just_verified: bool,
 ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
+    scan_inner(op, manifest, req, metrics, just_verified, None).await
+}
+
+async fn scan_inner(
+    op: opendal::Operator,
+    manifest: Manifest,
+    req: ArchiveScan,
+    metrics: Arc<ArchiveScanMetrics>,
+    just_verified: bool,
+    footers: Option<&FooterCache>,
+) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
     let key = manifest.payload_key.clone();
-    check_stored_length(&op, &manifest, &metrics).await?;
+    let cache_key = (key.clone(), manifest.sha256.clone());
+    let cached = footers.and_then(|c| c.get(&cache_key));
+    if cached.is_none() {
+        check_stored_length(&op, &manifest, &metrics).await?;
+    }
     let manifest = Arc::new(manifest);
     let mut inner = VerifiedReader::new(op, manifest.clone(), metrics.clone());
     if just_verified {
@@ -777,19 +829,29 @@ pub(crate) async fn scan_with(
     let mut reader = VerifiedParquetReader {
         inner: Arc::new(inner),
     };
-    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
-    let meta = ArrowReaderMetadata::load_async(&mut reader, options)
-        .await
-        .map_err(|e| from_parquet(&key, "read", e))?;
-    check_schema(&key, meta.schema())?;
-    let total: i64 = meta.metadata().file_metadata().num_rows();
-    if total as u64 != manifest.row_count {
-        return Err(ArchiveError::RowCountMismatch {
-            key,
-            expected: manifest.row_count,
-            actual: total.max(0) as u64,
-        });
-    }
+    let meta = match cached {
+        Some(meta) => meta,
+        None => {
+            let options =
+                ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+            let meta = ArrowReaderMetadata::load_async(&mut reader, options)
+                .await
+                .map_err(|e| from_parquet(&key, "read", e))?;
+            check_schema(&key, meta.schema())?;
+            let total: i64 = meta.metadata().file_metadata().num_rows();
+            if total as u64 != manifest.row_count {
+                return Err(ArchiveError::RowCountMismatch {
+                    key,
+                    expected: manifest.row_count,
+                    actual: total.max(0) as u64,
+                });
+            }
+            if let Some(c) = footers {
+                c.insert(cache_key, meta.clone());
+            }
+            meta
+        }
+    };
     ArchiveScanMetrics::add(
         &metrics.row_groups_total,
         meta.metadata().num_row_groups() as u64,

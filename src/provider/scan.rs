@@ -409,8 +409,16 @@ impl ExecutionPlan for PulpitumScanExec {
     }
 
     fn reset_state(self: Arc<Self>) -> DFResult<Arc<dyn ExecutionPlan>> {
-        // Fresh limit counters and metrics for a new execution of the same plan.
-        Ok(self.with_spec(self.spec.clone()))
+        // Fresh limit counters and metrics for a new execution of the same plan; the rest
+        // is immutable and shared (a prepared statement re-arms its cached plan this way).
+        Ok(Arc::new(Self {
+            spec: self.spec.clone(),
+            groups: self.groups.clone(),
+            schema: self.schema.clone(),
+            props: self.props.clone(),
+            metrics: ExecutionPlanMetricsSet::new(),
+            shared: Arc::new(QueryCounters::default()),
+        }))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -672,7 +680,7 @@ mod tests {
         ] {
             for target in 1..=6 {
                 let ks = keys(&sizes);
-                let want = flat(&[ks.clone()]);
+                let want = flat(std::slice::from_ref(&ks));
                 for whole in [false, true] {
                     let g = plan_groups(&ks, target, whole);
                     // Concatenated in partition order, the groups are the original sequence:

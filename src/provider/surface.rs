@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BinaryArray, Int64Array, Int64Builder, StringArray, StringBuilder,
-    TimestampMicrosecondArray, TimestampNanosecondArray,
+    Array, ArrayRef, BinaryArray, Int64Array, Int64Builder, StringArray, TimestampMicrosecondArray,
+    TimestampNanosecondArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
@@ -255,14 +255,10 @@ fn utf8_column(a: &ArrayRef) -> Result<ArrayRef, ProviderError> {
         .as_any()
         .downcast_ref::<BinaryArray>()
         .ok_or_else(|| ProviderError::Internal(format!("value has type {}", a.data_type())))?;
-    let mut b = StringBuilder::with_capacity(bin.len(), bin.value_data().len());
-    for v in bin.iter() {
-        let v = v.unwrap_or_default();
-        let s = std::str::from_utf8(v)
-            .map_err(|e| ProviderError::CorruptRow(format!("content is not valid UTF-8 ({e})")))?;
-        b.append_value(s);
-    }
-    Ok(Arc::new(b.finish()))
+    // Validated in place: the string array reuses the binary array's buffers.
+    let s = StringArray::try_from_binary(bin.clone())
+        .map_err(|e| ProviderError::CorruptRow(format!("content is not valid UTF-8 ({e})")))?;
+    Ok(Arc::new(s))
 }
 
 #[cfg(test)]

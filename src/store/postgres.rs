@@ -1315,60 +1315,57 @@ impl HotStore for PgStore {
         let mut preds = String::new();
         bounds_sql(&page.bounds, &mut params, &mut preds);
         let n = push(&mut params, limit_param(page.limit));
-        let (dir, pick) = if page.descending {
-            ("DESC", "max")
-        } else {
-            ("ASC", "min")
-        };
+        let dir = if page.descending { "DESC" } else { "ASC" };
         let value = if page.include_value {
             "r.value"
         } else {
             "NULL::BYTEA"
         };
-        // One row per listed bucket, except the first bucket in scan order (the uncorrelated
-        // subquery picks it), which carries up to `n` of its rows when it is not archived.
-        // Listing, route and rows come from one statement, so from one snapshot.
+        // Two branches, one statement (so one snapshot): the listed buckets, and up to `n`
+        // rows of the first bucket in scan order when it is not archived (the subquery on
+        // `f` is NULL otherwise, which matches nothing). The record branch reads the primary
+        // key backwards or forwards and stops at the limit, like the direct query; nothing
+        // is sorted on the server, and no order across branches is assumed.
         let sql = format!(
-            "SELECT {META_COLS}, x.event_time, x.sort_key, x.value \
-             FROM {META} m LEFT JOIN LATERAL ( \
-               SELECT r.event_time, r.sort_key, {value} AS value FROM {RECORDS} r \
-               WHERE r.table_id = m.table_id AND r.partition_key = m.partition_key \
-                 AND r.bucket_key = m.bucket_key AND m.state <> 'archived' \
-                 AND m.bucket_start = (SELECT {pick}(bucket_start) FROM {META} \
-                   WHERE table_id = {t} AND partition_key = {p}{range}){preds} \
-               ORDER BY r.event_time {dir}, r.sort_key {dir} LIMIT {n} \
-             ) x ON true \
-             WHERE m.table_id = {t} AND m.partition_key = {p}{range} \
-             ORDER BY m.bucket_start, x.event_time {dir}, x.sort_key {dir}"
+            "WITH f AS (SELECT bucket_key, state FROM {META} \
+               WHERE table_id = {t} AND partition_key = {p}{range} \
+               ORDER BY bucket_start {dir} LIMIT 1) \
+             SELECT {META_COLS}, NULL::TIMESTAMPTZ AS event_time, NULL::BYTEA AS sort_key, \
+               NULL::BYTEA AS value \
+             FROM {META} WHERE table_id = {t} AND partition_key = {p}{range} \
+             UNION ALL \
+             SELECT * FROM (SELECT NULL::TEXT, NULL::BYTEA, NULL::TEXT, NULL::TEXT, \
+               NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, NULL::TEXT, NULL::TEXT, NULL::INT8, \
+               NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, NULL::TEXT, NULL::BOOL, NULL::TIMESTAMPTZ, \
+               r.event_time, r.sort_key, {value} \
+               FROM {RECORDS} r WHERE r.table_id = {t} AND r.partition_key = {p} \
+                 AND r.bucket_key = (SELECT bucket_key FROM f WHERE state <> 'archived'){preds} \
+               ORDER BY r.event_time {dir}, r.sort_key {dir} LIMIT {n}) x"
         );
         self.run("read_head", || async {
             let client = self.pooled().await?;
             let stmt = client.prepare_cached(&sql).await?;
             let rows = client.query(&stmt, &param_refs(&params)).await?;
-            let first_start: Option<DateTime<Utc>> = if page.descending {
-                rows.last()
-            } else {
-                rows.first()
-            }
-            .map(|r| r.try_get("bucket_start"))
-            .transpose()
-            .map_err(|e| corrupt("bucket metadata row", e))?;
             let mut buckets: Vec<BucketMeta> = Vec::new();
             let mut first_rows = Vec::new();
-            let mut last_start: Option<DateTime<Utc>> = None;
             for row in &rows {
-                let start: DateTime<Utc> = row
-                    .try_get("bucket_start")
+                let table: Option<String> = row
+                    .try_get(0)
                     .map_err(|e| corrupt("bucket metadata row", e))?;
-                if last_start != Some(start) {
+                if table.is_some() {
                     buckets.push(decode_meta(row)?);
-                    last_start = Some(start);
+                } else if let Some(r) = decode_record(row, 14, partition, page.include_value)? {
+                    first_rows.push(r);
                 }
-                if Some(start) == first_start {
-                    if let Some(r) = decode_record(row, 14, partition, page.include_value)? {
-                        first_rows.push(r);
-                    }
-                }
+            }
+            buckets.sort_by_key(|m| m.id.bucket_key.start());
+            // Already in order in practice (the branch reads the key in order), which the
+            // sort detects in one pass; no key is cloned to compare.
+            first_rows.sort_by(|a, b| {
+                (a.event_time, a.sort_key.as_bytes()).cmp(&(b.event_time, b.sort_key.as_bytes()))
+            });
+            if page.descending {
+                first_rows.reverse();
             }
             let first_meta = if page.descending {
                 buckets.last()

@@ -136,7 +136,10 @@ async fn queries_during_publication_and_cleanup_see_every_row_once() {
         assert_eq!(ids, expected, "round {rounds}");
 
         let one = datafusion::scalar::ScalarValue::Int64(Some(1));
-        let b = prepared_count.execute(&[one.clone()]).await.unwrap();
+        let b = prepared_count
+            .execute(std::slice::from_ref(&one))
+            .await
+            .unwrap();
         let n = b[0]
             .column(0)
             .as_any()

@@ -196,6 +196,9 @@ async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() 
         counting.take(),
         BTreeMap::from([("read_head", 1), ("read_page", 1)])
     );
+    // The second execution for channel 1 ran a cached physical plan: it still listed the
+    // buckets anew (the newer bucket was read) and cost the same one call.
+    assert_eq!(latest.cached_plans(), 1);
     let other = latest
         .execute(&[ScalarValue::Int64(Some(2))])
         .await
@@ -206,6 +209,7 @@ async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() 
         .await
         .unwrap();
     assert!(ids(&none).is_empty());
+    assert_eq!(latest.cached_plans(), 3);
 
     // Ad-hoc SQL lists at planning time, then reads the page.
     counting.take();
@@ -378,5 +382,80 @@ async fn prepared_insert_appends_through_the_fence() {
         .await
         .unwrap();
     assert_eq!(ids(&page), vec![2, 1], "nothing was written");
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_plans_run_concurrently_with_fresh_state() {
+    use datafusion::physical_plan::collect;
+    let env = Env::new("prepcache").await;
+    env.sql(CREATE).await;
+    for ch in 1..=4i64 {
+        let values: Vec<String> = (0..20)
+            .map(|i| {
+                format!(
+                    "({ch}, TIMESTAMP '2024-05-0{}T10:{i:02}:00Z', {i}, 'm')",
+                    1 + i % 3
+                )
+            })
+            .collect();
+        env.sql(&format!("INSERT INTO chat VALUES {}", values.join(", ")))
+            .await;
+    }
+    let latest = Arc::new(prepare(&env.ctx, LATEST).await.unwrap());
+    let mut tasks = Vec::new();
+    for t in 0..8i64 {
+        let latest = latest.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25i64 {
+                let ch = 1 + (t + i) % 4;
+                let page = latest
+                    .execute(&[ScalarValue::Int64(Some(ch))])
+                    .await
+                    .unwrap();
+                // Day 3 holds ids 2, 5, 8, ..., 17 at minutes 2..17: the newest five.
+                assert_eq!(ids(&page), vec![17, 14, 11, 8, 5], "channel {ch}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(latest.cached_plans(), 4);
+    // A plan from the cache starts with fresh metrics: one execution's rows, not all of them.
+    let plan = latest
+        .physical_plan(&[ScalarValue::Int64(Some(1))])
+        .await
+        .unwrap();
+    collect(plan.clone(), env.ctx.task_ctx()).await.unwrap();
+    let mut hot_rows = 0;
+    let mut node = plan;
+    loop {
+        if let Some(m) = node.metrics() {
+            hot_rows += m.sum_by_name("hot_rows").map_or(0, |v| v.as_usize());
+        }
+        let next = node.children().first().map(|c| (*c).clone());
+        match next {
+            Some(c) => node = c,
+            None => break,
+        }
+    }
+    assert_eq!(hot_rows, 5);
+    // Plans with state DataFusion cannot reset, or listings made while planning, are not kept.
+    let agg = prepare(
+        &env.ctx,
+        "SELECT count(*) FROM chat WHERE channel_id = $1 AND timestamp > $2",
+    )
+    .await
+    .unwrap();
+    let since = ScalarValue::TimestampMicrosecond(Some(0), Some("UTC".into()));
+    for _ in 0..2 {
+        let n = agg
+            .execute(&[ScalarValue::Int64(Some(2)), since.clone()])
+            .await
+            .unwrap();
+        assert!(pretty(&n).contains("| 20 "), "{}", pretty(&n));
+    }
+    assert_eq!(agg.cached_plans(), 0);
     env.cleanup().await;
 }
