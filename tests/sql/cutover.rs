@@ -121,17 +121,7 @@ async fn queries_during_publication_and_cleanup_see_every_row_once() {
         let b = env
             .sql("SELECT id FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC, id DESC")
             .await;
-        let ids: Vec<i64> = b
-            .iter()
-            .flat_map(|b| {
-                b.column(0)
-                    .as_any()
-                    .downcast_ref::<Int64Array>()
-                    .unwrap()
-                    .values()
-                    .to_vec()
-            })
-            .collect();
+        let ids = int_column(&b, 0);
         let expected: Vec<i64> = (0..120).rev().map(|i| 1000 - i).collect();
         assert_eq!(ids, expected, "round {rounds}");
 
@@ -140,35 +130,13 @@ async fn queries_during_publication_and_cleanup_see_every_row_once() {
             .execute(std::slice::from_ref(&one))
             .await
             .unwrap();
-        let n = b[0]
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap()
-            .value(0);
-        let s = b[0]
-            .column(1)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap()
-            .value(0);
         assert_eq!(
-            (n, s),
+            (int_column(&b, 0)[0], int_column(&b, 1)[0]),
             (120, 120 * 1000 - (0..120).sum::<i64>()),
             "prepared count in round {rounds}"
         );
         let b = prepared_page.execute(&[one]).await.unwrap();
-        let ids: Vec<i64> = b
-            .iter()
-            .flat_map(|b| {
-                b.column(0)
-                    .as_any()
-                    .downcast_ref::<Int64Array>()
-                    .unwrap()
-                    .values()
-                    .to_vec()
-            })
-            .collect();
+        let ids = int_column(&b, 0);
         assert_eq!(ids, expected, "prepared page in round {rounds}");
         rounds_done.store(rounds, Ordering::SeqCst);
     }
@@ -178,4 +146,19 @@ async fn queries_during_publication_and_cleanup_see_every_row_once() {
         "the queries must overlap the cutovers ({rounds} rounds)"
     );
     Arc::try_unwrap(env).ok().unwrap().cleanup().await;
+}
+
+/// The values of a BIGINT column across batches.
+fn int_column(batches: &[datafusion::arrow::record_batch::RecordBatch], col: usize) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column(col)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect()
 }
