@@ -101,16 +101,8 @@ async fn main() {
         .unwrap()
         .layer(counter.clone());
     let archive = Arc::new(ArchiveStore::from_operator(op, "bench"));
-    let ctx = session(
-        store.clone() as Arc<dyn HotStore>,
-        archive.clone(),
-        SessionOptions::default(),
-    )
-    .await
-    .unwrap();
-    ctx.sql("CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc')")
-        .await
-        .unwrap();
+    let ctx = session_with(&store, &archive).await;
+    create_daily_table(&ctx, "chat").await;
     let table = TableId::new("chat").unwrap();
     let day0 = EventTime::parse_rfc3339("2025-03-01T00:00:00Z")
         .unwrap()
@@ -246,9 +238,7 @@ async fn main() {
     let (agg_p50, agg_listing_p50, agg_buckets) = aggregate_bench(&store, day0).await;
 
     // 10,000 buckets: 10 channels x 1,000 days, one message each.
-    ctx.sql("CREATE EXTERNAL TABLE big STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc')")
-        .await
-        .unwrap();
+    create_daily_table(&ctx, "big").await;
     let big = TableId::new("big").unwrap();
     let recs: Vec<Record> = (0..10_000i64)
         .map(|i| record(i % 10, day0 - (i / 10) * DAY + 1_000, i))
@@ -256,13 +246,7 @@ async fn main() {
     for c in recs.chunks(500) {
         store.append_batch(&big, c).await.unwrap();
     }
-    let ctx2 = session(
-        store.clone() as Arc<dyn HotStore>,
-        archive.clone(),
-        SessionOptions::default(),
-    )
-    .await
-    .unwrap();
+    let ctx2 = session_with(&store, &archive).await;
     let one_day = format!(
         "SELECT * FROM big WHERE channel_id = 3 AND timestamp >= to_timestamp_micros({}) AND timestamp < to_timestamp_micros({})",
         day0 - 500 * DAY,
@@ -301,16 +285,8 @@ async fn aggregate_bench(store: &Arc<PgStore>, day0: i64) -> (Duration, Duration
     let dir = tempfile::tempdir().unwrap();
     let archive =
         Arc::new(ArchiveStore::from_url(&format!("file://{}", dir.path().display())).unwrap());
-    let ctx = session(
-        store.clone() as Arc<dyn HotStore>,
-        archive.clone(),
-        SessionOptions::default(),
-    )
-    .await
-    .unwrap();
-    ctx.sql("CREATE EXTERNAL TABLE agg STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc')")
-        .await
-        .unwrap();
+    let ctx = session_with(store, &archive).await;
+    create_daily_table(&ctx, "agg").await;
     let table = TableId::new("agg").unwrap();
     // Days day0-100 .. day0-41: all end before the cutoff below, while the other tables'
     // buckets (day0 and the `big` table, loaded later) are left alone.
@@ -449,4 +425,25 @@ async fn rows_of(
     sql: &str,
 ) -> Vec<datafusion::arrow::record_batch::RecordBatch> {
     ctx.sql(sql).await.unwrap().collect().await.unwrap()
+}
+
+/// A session over the bench's store and an archive, with default options.
+async fn session_with(store: &Arc<PgStore>, archive: &Arc<ArchiveStore>) -> SessionContext {
+    session(
+        store.clone() as Arc<dyn HotStore>,
+        archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Creates a chat table with daily buckets. Table names are fixed identifiers of this bench.
+async fn create_daily_table(ctx: &SessionContext, name: &str) {
+    ctx.sql(&format!(
+        "CREATE EXTERNAL TABLE {name} STORED AS PULPITUM LOCATION '' \
+         OPTIONS ('bucket_strategy' 'calendar_day_utc')"
+    ))
+    .await
+    .unwrap();
 }
