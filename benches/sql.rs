@@ -10,6 +10,12 @@
 //!    [`Runner`] into a `file://` archive) against DataFusion's own `ListingTable` over the
 //!    same `payload.parquet` files.
 //!
+//! To profile one part alone: `SQL_BENCH=hot,archived,planning,aggregate` picks sections (all
+//! by default), `SQL_BENCH_VARIANTS=adhoc,prepared,plan,head,direct` the variants of the hot
+//! section (all; the figures print only when all ran), `SQL_BENCH_ROUNDS` the rounds of the
+//! hot, archived and planning sections (500) and `SQL_BENCH_AGG_ROUNDS` those of the
+//! aggregate (40).
+//!
 //! Run: `cargo bench --profile dev-bench --bench sql` (the hot-path crates optimised; about
 //! a minute once built), or `cargo bench --bench sql` for a full release build.
 
@@ -28,6 +34,11 @@ use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
 use pulpitum::store::HotStore;
 use tokio_util::sync::CancellationToken;
+
+/// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const DAY: i64 = 86_400_000_000;
@@ -123,7 +134,13 @@ async fn main() {
     };
     archive_bucket(&store, &archive, &archived).await;
 
-    let n = 500;
+    let sections =
+        std::env::var("SQL_BENCH").unwrap_or_else(|_| "hot,archived,planning,aggregate".into());
+    let on = |name: &str| sections.split(',').any(|s| s.trim() == name);
+    let n: usize = std::env::var("SQL_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
     let sql = |ch: i64| {
         format!(
             "SELECT * FROM chat WHERE channel_id = {ch} ORDER BY timestamp DESC, id DESC LIMIT 50"
@@ -158,10 +175,22 @@ async fn main() {
     let bk = archived.bucket_key.to_string();
     // Interleaved: every round runs each variant once, in a rotating order, so the load of
     // this shared machine (PostgreSQL runs on the same two cores) falls on all of them alike.
+    // Which of the five hot variants run (all by default; one, to profile it alone).
+    let names = ["adhoc", "prepared", "plan", "head", "direct"];
+    let variants: Vec<usize> = match std::env::var("SQL_BENCH_VARIANTS") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|n| names.iter().position(|x| *x == n.trim()))
+            .collect(),
+        Err(_) => (0..5).collect(),
+    };
     let mut times: [Vec<Duration>; 5] = Default::default();
-    for round in 0..n + n / 10 {
+    for round in 0..if on("hot") { n + n / 10 } else { 0 } {
         for k in 0..5 {
             let which = (round + k) % 5;
+            if !variants.contains(&which) {
+                continue;
+            }
             let t = Instant::now();
             match which {
                 0 => {
@@ -206,69 +235,78 @@ async fn main() {
             }
         }
     }
-    let [t_sql, t_prep, t_plan, t_head, t_pg] = times;
-    let (sql_p50, sql_p99) = percentiles(t_sql);
-    let (prep_p50, prep_p99) = percentiles(t_prep);
-    let (plan_only_p50, _) = percentiles(t_plan);
-    let (head_p50, _) = percentiles(t_head);
-    let (pg_p50, pg_p99) = percentiles(t_pg);
-
-    let q2 = sql(2);
-    let before = counter.stats();
-    let (arc_p50, arc_p99) = time_it(n, || async {
-        let b = ctx.sql(&q2).await.unwrap().collect().await.unwrap();
-        assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 50);
-    })
-    .await;
-    let after = counter.stats();
-    let two = [datafusion::scalar::ScalarValue::Int64(Some(2))];
-    let (arc_prep_p50, arc_prep_p99) = time_it(n, || async {
-        let b = latest.execute(&two).await.unwrap();
-        assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 50);
-    })
-    .await;
-    let runs = (n + n / 10) as f64;
-    let per_query: Vec<f64> = before
-        .calls
-        .iter()
-        .zip(after.calls.iter())
-        .map(|(a, b)| (b - a) as f64 / runs)
-        .collect();
-
-    let (agg_p50, agg_listing_p50, agg_buckets) = aggregate_bench(&store, day0).await;
-
-    // 10,000 buckets: 10 channels x 1,000 days, one message each.
-    create_daily_table(&ctx, "big").await;
-    let big = TableId::new("big").unwrap();
-    let recs: Vec<Record> = (0..10_000i64)
-        .map(|i| record(i % 10, day0 - (i / 10) * DAY + 1_000, i))
-        .collect();
-    for c in recs.chunks(500) {
-        store.append_batch(&big, c).await.unwrap();
+    if on("hot") && variants.len() == 5 {
+        let [t_sql, t_prep, t_plan, t_head, t_pg] = times;
+        let (sql_p50, sql_p99) = percentiles(t_sql);
+        let (prep_p50, prep_p99) = percentiles(t_prep);
+        let (plan_only_p50, _) = percentiles(t_plan);
+        let (head_p50, _) = percentiles(t_head);
+        let (pg_p50, pg_p99) = percentiles(t_pg);
+        println!("latest 50 from a hot bucket: direct prepared tokio-postgres query p50 {pg_p50:?} p99 {pg_p99:?}");
+        println!("  prepared SQL (pulpitum::prepared): p50 {prep_p50:?} p99 {prep_p99:?}; ratio p50 {:.2}x, p99 {:.2}x",
+            prep_p50.as_secs_f64() / pg_p50.as_secs_f64(),
+            prep_p99.as_secs_f64() / pg_p99.as_secs_f64());
+        println!("  of which physical planning (a cached plan re-armed) p50 {plan_only_p50:?}; HotStore::read_head alone (pooled) p50 {head_p50:?}");
+        println!("  ad-hoc SQL (ctx.sql, parsed and planned per call): p50 {sql_p50:?} p99 {sql_p99:?}; ratio p50 {:.2}x",
+            sql_p50.as_secs_f64() / pg_p50.as_secs_f64());
     }
-    let ctx2 = session_with(&store, &archive).await;
-    let one_day = format!(
-        "SELECT * FROM big WHERE channel_id = 3 AND timestamp >= to_timestamp_micros({}) AND timestamp < to_timestamp_micros({})",
-        day0 - 500 * DAY,
-        day0 - 499 * DAY
-    );
-    let (plan_p50, plan_p99) = time_it(n, || async {
-        let df = ctx2.sql(&one_day).await.unwrap();
-        df.create_physical_plan().await.unwrap();
-    })
-    .await;
 
-    println!("latest 50 from a hot bucket: direct prepared tokio-postgres query p50 {pg_p50:?} p99 {pg_p99:?}");
-    println!("  prepared SQL (pulpitum::prepared): p50 {prep_p50:?} p99 {prep_p99:?}; ratio p50 {:.2}x, p99 {:.2}x",
-        prep_p50.as_secs_f64() / pg_p50.as_secs_f64(),
-        prep_p99.as_secs_f64() / pg_p99.as_secs_f64());
-    println!("  of which physical planning (a cached plan re-armed) p50 {plan_only_p50:?}; HotStore::read_head alone (pooled) p50 {head_p50:?}");
-    println!("  ad-hoc SQL (ctx.sql, parsed and planned per call): p50 {sql_p50:?} p99 {sql_p99:?}; ratio p50 {:.2}x",
-        sql_p50.as_secs_f64() / pg_p50.as_secs_f64());
-    println!("latest 50 from an archived bucket: ad-hoc p50 {arc_p50:?} p99 {arc_p99:?}; prepared p50 {arc_prep_p50:?} p99 {arc_prep_p99:?}; object-store calls per ad-hoc query [write, read, stat, list, delete] = {per_query:?}");
-    println!("planning a one-day query on a table with 10,000 buckets: p50 {plan_p50:?} p99 {plan_p99:?}");
-    println!("aggregate over {agg_buckets} archived Parquet buckets: Pulpitum p50 {agg_p50:?}; DataFusion ListingTable over the same files p50 {agg_listing_p50:?}; ratio p50 {:.2}x",
-        agg_p50.as_secs_f64() / agg_listing_p50.as_secs_f64());
+    if on("archived") {
+        let q2 = sql(2);
+        let before = counter.stats();
+        let (arc_p50, arc_p99) = time_it(n, || async {
+            let b = ctx.sql(&q2).await.unwrap().collect().await.unwrap();
+            assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 50);
+        })
+        .await;
+        let after = counter.stats();
+        let two = [datafusion::scalar::ScalarValue::Int64(Some(2))];
+        let (arc_prep_p50, arc_prep_p99) = time_it(n, || async {
+            let b = latest.execute(&two).await.unwrap();
+            assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 50);
+        })
+        .await;
+        let runs = (n + n / 10) as f64;
+        let per_query: Vec<f64> = before
+            .calls
+            .iter()
+            .zip(after.calls.iter())
+            .map(|(a, b)| (b - a) as f64 / runs)
+            .collect();
+        println!("latest 50 from an archived bucket: ad-hoc p50 {arc_p50:?} p99 {arc_p99:?}; prepared p50 {arc_prep_p50:?} p99 {arc_prep_p99:?}; object-store calls per ad-hoc query [write, read, stat, list, delete] = {per_query:?}");
+    }
+
+    // Before `big` is loaded: the aggregate archives every bucket that ends before its
+    // cutoff, which would include `big`'s older days.
+    if on("aggregate") {
+        let (agg_p50, agg_listing_p50, agg_buckets) = aggregate_bench(&store, day0).await;
+        println!("aggregate over {agg_buckets} archived Parquet buckets: Pulpitum p50 {agg_p50:?}; DataFusion ListingTable over the same files p50 {agg_listing_p50:?}; ratio p50 {:.2}x",
+            agg_p50.as_secs_f64() / agg_listing_p50.as_secs_f64());
+    }
+    if on("planning") {
+        // 10,000 buckets: 10 channels x 1,000 days, one message each.
+        create_daily_table(&ctx, "big").await;
+        let big = TableId::new("big").unwrap();
+        let recs: Vec<Record> = (0..10_000i64)
+            .map(|i| record(i % 10, day0 - (i / 10) * DAY + 1_000, i))
+            .collect();
+        for c in recs.chunks(500) {
+            store.append_batch(&big, c).await.unwrap();
+        }
+        let ctx2 = session_with(&store, &archive).await;
+        let one_day = format!(
+            "SELECT * FROM big WHERE channel_id = 3 AND timestamp >= to_timestamp_micros({}) AND timestamp < to_timestamp_micros({})",
+            day0 - 500 * DAY,
+            day0 - 499 * DAY
+        );
+        let (plan_p50, plan_p99) = time_it(n, || async {
+            let df = ctx2.sql(&one_day).await.unwrap();
+            df.create_physical_plan().await.unwrap();
+        })
+        .await;
+        println!("planning a one-day query on a table with 10,000 buckets: p50 {plan_p50:?} p99 {plan_p99:?}");
+    }
+
     store.drop_schema().await.unwrap();
 }
 
@@ -351,7 +389,10 @@ async fn aggregate_bench(store: &Arc<PgStore>, day0: i64) -> (Duration, Duration
             AGG_CHANNELS as usize
         );
     };
-    let n = 40;
+    let n: usize = std::env::var("SQL_BENCH_AGG_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
     let pulpitum_sql =
         "SELECT channel_id, count(*), sum(length(content)) FROM agg GROUP BY channel_id";
     // The same work on the envelope: the key stays binary, the value is decoded as UTF-8

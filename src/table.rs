@@ -20,7 +20,7 @@ use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 
 use crate::archive::{records_to_batch, ArchiveError, ArchiveScan, ArchiveStore, Manifest};
 use crate::model::Record;
-use crate::model::{BucketId, PartitionKey, ScanBounds};
+use crate::model::{BucketId, EventTime, PartitionKey, ScanBounds};
 use crate::store::{
     AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, HotPage, HotStore,
     PageRequest, StoreError, TableDefinition,
@@ -367,6 +367,7 @@ impl DurableTable {
             if req.descending {
                 metas.reverse();
             }
+            let first_key = metas.first().map(|m| m.id.bucket_key);
             let mut metas = metas.into_iter();
             // The first bucket in scan order, as the head statement read it.
             let first: BoxStream<'static, Result<BucketChunk, TableError>> =
@@ -409,10 +410,62 @@ impl DurableTable {
                         }
                     }
                 };
+            // Buckets after the listed ones in scan order, when the head listed only the
+            // first few: listed when the scan gets there, which a "latest N" page answered
+            // by the listed buckets never does.
+            let listed_end = match (head.complete, metas.as_slice().last()) {
+                (true, _) => None,
+                (false, Some(last)) => Some(last.id.bucket_key),
+                (false, None) => first_key,
+            };
+            // The interval left: strictly older than the oldest listed bucket, or strictly
+            // newer than the newest (a partition's buckets never overlap, so ending later
+            // than it suffices). `None` when nothing can be left.
+            let left_over = listed_end.and_then(|edge| {
+                if req.descending {
+                    let before = EventTime::from_micros(edge.start().as_micros() - 1).ok()?;
+                    (before >= from).then_some((from, to.min(before)))
+                } else {
+                    (edge.end() <= to).then_some((from.max(edge.end()), to))
+                }
+            });
+            let rest = match left_over {
+                None => stream::empty().boxed(),
+                Some((from, to)) => {
+                    let table = table.clone();
+                    let partition = partition.clone();
+                    stream::once(async move {
+                        let filter = BucketFilter {
+                            partitions: Some(vec![partition]),
+                            from: Some(from),
+                            to: Some(to),
+                        };
+                        let mut more = table.list_buckets(&filter).await?;
+                        if req.descending {
+                            more.reverse();
+                        }
+                        Ok::<_, TableError>(stream::iter(more.into_iter().map(Ok)))
+                    })
+                    .try_flatten()
+                    .boxed()
+                }
+            };
             let rem2 = rem.clone();
             let bounds = req.bounds.clone();
-            let later = stream::iter(metas.filter(move |m| bounds.may_overlap(&m.id.bucket_key)))
+            let later = stream::iter(metas.map(Ok))
+                .chain(rest)
+                .filter(move |m| {
+                    let keep = match m {
+                        Ok(m) => bounds.may_overlap(&m.id.bucket_key),
+                        Err(_) => true,
+                    };
+                    futures::future::ready(keep)
+                })
                 .map(move |m| {
+                    let m = match m {
+                        Ok(m) => m,
+                        Err(e) => return stream::once(futures::future::ready(Err(e))).boxed(),
+                    };
                     let left = rem2.load(Ordering::SeqCst);
                     if left == 0 {
                         return stream::empty().boxed();

@@ -17,6 +17,11 @@ use pulpitum::archiver::{collect_garbage, ArchiverConfig, ArchiverError, Runner}
 use pulpitum::defaults;
 use pulpitum::model::EventTime;
 
+/// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "pulpitum-archiver",

@@ -17,6 +17,11 @@ use datafusion::prelude::SessionContext;
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 
+/// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// SQL over a Pulpitum database: hot buckets in CockroachDB/PostgreSQL (or SQLite), history
 /// in object storage.
 #[derive(Debug, Parser)]

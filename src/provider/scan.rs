@@ -8,8 +8,10 @@
 //! orderings are declared, which lets DataFusion drop `SortExec` for `ORDER BY timestamp, id`
 //! on one channel and answer `ORDER BY timestamp DESC LIMIT n` through
 //! [`ExecutionPlan::try_pushdown_sort`] with a descending scan that stops after `n` rows,
-//! reading only the newest buckets it needs. Buckets stream lazily, one after another:
-//! a bucket is opened only when the previous one is exhausted and the limit is not reached.
+//! reading only the newest buckets it needs. Buckets stream in order, one after another. A
+//! limited scan opens a bucket only when the previous one is exhausted and the limit is not
+//! reached; a scan without a limit reads every bucket anyway, so it opens the next one while
+//! the current one is still being consumed.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
@@ -19,6 +21,7 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
@@ -33,12 +36,12 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
     SendableRecordBatchStream, SortOrderPushdownResult,
 };
-use futures::stream::{self, StreamExt};
+use futures::stream::{self, BoxStream, StreamExt};
 
 use super::surface::{Role, Surface};
 use super::{ProviderError, QueryLimits};
 use crate::model::{BucketId, PartitionKey};
-use crate::table::{BucketChunk, BucketScan, DurableTable, Tier};
+use crate::table::{BucketChunk, BucketScan, DurableTable, TableError, Tier};
 
 /// The buckets of one partition key that a scan reads, oldest first.
 #[derive(Debug, Clone)]
@@ -514,27 +517,40 @@ impl ExecutionPlan for PulpitumScanExec {
             page_rows: spec.page_rows,
             limit: None,
         };
-        let chunks = stream::iter(units)
-            .map(move |unit| {
-                let left = rem.load(AtomicOrdering::SeqCst);
-                let req = BucketScan {
-                    limit: (left != usize::MAX).then_some(left),
-                    ..req_base.clone()
-                };
-                let metrics = metrics.clone();
-                let inner = match unit {
-                    _ if left == 0 => stream::empty().boxed(),
-                    Unit::Key(pk) => table.scan_key(pk, req),
-                    Unit::Bucket(id, archived) => table.scan_bucket(id, archived, req),
-                };
-                inner.inspect(move |item| {
+        let prefetch = spec.limit.is_none() && units.len() > 1;
+        let per_unit = stream::iter(units).map(move |unit| {
+            let left = rem.load(AtomicOrdering::SeqCst);
+            let req = BucketScan {
+                limit: (left != usize::MAX).then_some(left),
+                ..req_base.clone()
+            };
+            let metrics = metrics.clone();
+            let inner = match unit {
+                _ if left == 0 => stream::empty().boxed(),
+                Unit::Key(pk) => table.scan_key(pk, req),
+                Unit::Bucket(id, archived) => table.scan_bucket(id, archived, req),
+            };
+            inner
+                .inspect(move |item| {
                     if let Ok(chunk) = item {
                         metrics.record(chunk, chunk.first_of_bucket, batch_bytes(&chunk.batch));
                     }
                 })
-            })
-            .flatten()
-            .boxed();
+                .boxed()
+        });
+        let chunks = if prefetch {
+            // A scan without a limit reads every unit, so the next one starts (its route,
+            // manifest, first block read and verified) while this one is decoded, as
+            // DataFusion's file streams open their next file early. Each unit runs in its own
+            // task, at most `PREFETCH_CHUNKS` chunks ahead; dropping the scan aborts them.
+            per_unit
+                .map(|unit| async move { prefetched(unit) })
+                .buffered(2)
+                .flatten()
+                .boxed()
+        } else {
+            per_unit.flatten().boxed()
+        };
 
         let surface = spec.surface;
         let projection = spec.projection.clone();
@@ -598,6 +614,28 @@ impl ExecutionPlan for PulpitumScanExec {
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
     }
+}
+
+/// Chunks a prefetching unit may hold before its consumer takes them.
+const PREFETCH_CHUNKS: usize = 2;
+
+/// Drives `unit` in a task of its own, handing its chunks over through a bounded channel.
+fn prefetched(
+    mut unit: BoxStream<'static, Result<BucketChunk, TableError>>,
+) -> BoxStream<'static, Result<BucketChunk, TableError>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(PREFETCH_CHUNKS);
+    let task = SpawnedTask::spawn(async move {
+        while let Some(item) = unit.next().await {
+            if tx.send(item).await.is_err() {
+                break;
+            }
+        }
+    });
+    // The task lives as long as the receiving stream: dropping the stream aborts it.
+    stream::unfold((rx, task), |(mut rx, task)| async move {
+        rx.recv().await.map(|item| (item, (rx, task)))
+    })
+    .boxed()
 }
 
 impl QueryLimits {

@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "records",
         sql: include_str!("../../sql/0004_records.sql"),
     },
+    Migration {
+        version: 5,
+        name: "bucket_metadata_by_start_idx",
+        sql: include_str!("../../sql/0005_bucket_metadata_by_start_idx.sql"),
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object, or conflict

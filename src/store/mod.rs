@@ -133,12 +133,22 @@ pub enum HotPage {
     },
 }
 
+/// Buckets a store lists at least with a head page (when the partition has that many): a
+/// "latest N" read of a channel with years of daily buckets fetches the metadata of the few
+/// buckets it reads, not of its whole history.
+pub const HEAD_BUCKETS: usize = 32;
+
 /// A partition's bucket listing and the first page of its first bucket in scan order (see
 /// [`HotStore::read_head`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeadPage {
-    /// The partition's buckets overlapping the interval, ascending by start.
+    /// The partition's first buckets in scan order among those overlapping the interval
+    /// (all of them, or at least [`HEAD_BUCKETS`]), ascending by start.
     pub buckets: Vec<BucketMeta>,
+    /// Whether `buckets` holds every bucket overlapping the interval. When false, the rest
+    /// lie beyond the last listed bucket in scan order and are listed with
+    /// [`HotStore::list_buckets`] when a scan gets that far.
+    pub complete: bool,
     /// Route and first page of the first bucket in scan order.
     pub first: HotPage,
 }
@@ -369,7 +379,9 @@ pub trait HotStore: Send + Sync + 'static {
     /// One partition's buckets overlapping `[from, to]` (ascending start, as
     /// [`list_buckets`](Self::list_buckets) orders them) together with the route and first
     /// page of the first bucket in scan order: the newest when `page.descending`, else the
-    /// oldest. `first` is [`HotPage::Missing`] when no bucket overlaps.
+    /// oldest. `first` is [`HotPage::Missing`] when no bucket overlaps. A store may list
+    /// only the first [`HEAD_BUCKETS`] or more in scan order, saying so in
+    /// [`HeadPage::complete`].
     ///
     /// This is how a scan that starts at execution time learns its buckets and its first rows
     /// in one round trip. The default runs the two reads one after another; a store that can
@@ -397,7 +409,11 @@ pub trait HotStore: Send + Sync + 'static {
             None => HotPage::Missing,
             Some(m) => self.read_page(&m.id, page).await?,
         };
-        Ok(HeadPage { buckets, first })
+        Ok(HeadPage {
+            buckets,
+            first,
+            complete: true,
+        })
     }
 
     /// Claims a bucket for archiving: a Hot bucket whose retry time has passed, or an

@@ -33,7 +33,7 @@ use super::retry::{Disposition, RetryPolicy};
 use super::{
     bucket_for_append, migrate, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState,
     Claim, HeadPage, HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition,
-    WorkItem, WorkKind,
+    WorkItem, WorkKind, HEAD_BUCKETS,
 };
 use crate::model::{
     BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, SortKey,
@@ -319,6 +319,16 @@ impl PgStore {
         self.table(table_id)
             .await?
             .ok_or_else(|| StoreError::UnknownTable(table_id.clone()))
+    }
+
+    /// `bucket_start >= ..` implied by `bucket_end > from`: buckets lie on their table's grid,
+    /// so none that ends after `from` starts before the bucket holding `from`. Stated
+    /// explicitly, it bounds the index range from below (a listing of one day in a long
+    /// history reads that day's entry, not every older one). Only from the cached
+    /// definition (strategies never change); without it the filter is merely slower.
+    fn grid_floor(&self, table_id: &TableId, from: EventTime) -> Option<EventTime> {
+        let t = self.tables.read().ok()?;
+        Some(t.get(table_id)?.strategy.bucket_of(from).start())
     }
 
     fn cache(&self, def: &TableDefinition) {
@@ -1176,6 +1186,12 @@ impl HotStore for PgStore {
                 " AND bucket_end > {}",
                 push(&mut params, from.to_datetime())
             ));
+            if let Some(floor) = self.grid_floor(table_id, from) {
+                sql.push_str(&format!(
+                    " AND bucket_start >= {}",
+                    push(&mut params, floor.to_datetime())
+                ));
+            }
         }
         if let Some(to) = filter.to {
             sql.push_str(&format!(
@@ -1186,7 +1202,7 @@ impl HotStore for PgStore {
         sql.push_str(" ORDER BY partition_key, bucket_start");
         self.run("list_buckets", || async {
             let client = self.pooled().await?;
-            // At most four statement texts (with or without each bound): cached per
+            // A handful of statement texts (with or without each bound): cached per
             // connection, so a listing costs one round trip instead of prepare + execute.
             let stmt = client.prepare_cached(&sql).await?;
             let rows = client.query(&stmt, &param_refs(&params)).await?;
@@ -1305,6 +1321,12 @@ impl HotStore for PgStore {
                 " AND bucket_end > {}",
                 push(&mut params, from.to_datetime())
             ));
+            if let Some(floor) = self.grid_floor(table_id, from) {
+                range.push_str(&format!(
+                    " AND bucket_start >= {}",
+                    push(&mut params, floor.to_datetime())
+                ));
+            }
         }
         if let Some(to) = to {
             range.push_str(&format!(
@@ -1315,24 +1337,27 @@ impl HotStore for PgStore {
         let mut preds = String::new();
         bounds_sql(&page.bounds, &mut params, &mut preds);
         let n = push(&mut params, limit_param(page.limit));
+        // One more than listed, to learn whether the listing is complete.
+        let k = push(&mut params, limit_param(HEAD_BUCKETS + 1));
         let dir = if page.descending { "DESC" } else { "ASC" };
         let value = if page.include_value {
             "r.value"
         } else {
             "NULL::BYTEA"
         };
-        // Two branches, one statement (so one snapshot): the listed buckets, and up to `n`
-        // rows of the first bucket in scan order when it is not archived (the subquery on
-        // `f` is NULL otherwise, which matches nothing). The record branch reads the primary
-        // key backwards or forwards and stops at the limit, like the direct query; nothing
-        // is sorted on the server, and no order across branches is assumed.
+        // Two branches, one statement (so one snapshot): the first buckets in scan order, and
+        // up to `n` rows of the first bucket when it is not archived (the subquery on `f` is
+        // NULL otherwise, which matches nothing). Both branches read an index forwards or
+        // backwards and stop at their limits, like the direct query; nothing is sorted on
+        // the server, and no order across branches is assumed.
         let sql = format!(
             "WITH f AS (SELECT bucket_key, state FROM {META} \
                WHERE table_id = {t} AND partition_key = {p}{range} \
                ORDER BY bucket_start {dir} LIMIT 1) \
-             SELECT {META_COLS}, NULL::TIMESTAMPTZ AS event_time, NULL::BYTEA AS sort_key, \
-               NULL::BYTEA AS value \
+             SELECT * FROM (SELECT {META_COLS}, NULL::TIMESTAMPTZ AS event_time, \
+               NULL::BYTEA AS sort_key, NULL::BYTEA AS value \
              FROM {META} WHERE table_id = {t} AND partition_key = {p}{range} \
+             ORDER BY bucket_start {dir} LIMIT {k}) m \
              UNION ALL \
              SELECT * FROM (SELECT NULL::TEXT, NULL::BYTEA, NULL::TEXT, NULL::TEXT, \
                NULL::TIMESTAMPTZ, NULL::TIMESTAMPTZ, NULL::TEXT, NULL::TEXT, NULL::INT8, \
@@ -1358,7 +1383,16 @@ impl HotStore for PgStore {
                     first_rows.push(r);
                 }
             }
+            let complete = buckets.len() <= HEAD_BUCKETS;
             buckets.sort_by_key(|m| m.id.bucket_key.start());
+            if !complete {
+                // Drop the probe row: the last in scan order.
+                if page.descending {
+                    buckets.remove(0);
+                } else {
+                    buckets.pop();
+                }
+            }
             // Already in order in practice (the branch reads the key in order), which the
             // sort detects in one pass; no key is cloned to compare.
             first_rows.sort_by(|a, b| {
@@ -1382,7 +1416,11 @@ impl HotStore for PgStore {
                     rows: first_rows,
                 },
             };
-            Ok(HeadPage { buckets, first })
+            Ok(HeadPage {
+                buckets,
+                first,
+                complete,
+            })
         })
         .await
     }

@@ -35,6 +35,7 @@ macro_rules! every_case {
             read_page_missing_and_empty,
             list_buckets_filters,
             read_head_matches_listing_and_page,
+            read_head_lists_a_long_history_in_part,
             discover_orders_and_limits,
             bad_input_is_typed_and_writes_nothing,
         );
@@ -53,7 +54,7 @@ use pulpitum::model::{
 };
 use pulpitum::store::{
     AppendOutcome, BatchOutcome, BucketFilter, BucketState, Claim, HotPage, HotStore, PageRequest,
-    StoreError, TableDefinition, WorkKind,
+    StoreError, TableDefinition, WorkKind, HEAD_BUCKETS,
 };
 
 /// A store under test.
@@ -1335,6 +1336,7 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
                     };
                     let listed = store.list_buckets(&tbl, &filter).await.unwrap();
                     assert_eq!(head.buckets, listed, "listing {from:?}..{to:?}");
+                    assert!(head.complete, "a short listing is complete");
                     let first = if descending {
                         listed.last()
                     } else {
@@ -1364,6 +1366,71 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
         BTreeSet::from(["archived", "archiving", "empty", "hot", "missing"]),
         "the cases cover every kind of first page"
     );
+}
+
+/// On a partition with more buckets than [`HEAD_BUCKETS`], `read_head` lists at least the
+/// first `HEAD_BUCKETS` in scan order (or all), ascending, says whether it listed all, and
+/// still reads the first bucket's page.
+pub async fn read_head_lists_a_long_history_in_part(store: Store) {
+    let s = BucketStrategy::CalendarDayUtc;
+    let tbl = table(&store, "events", s).await;
+    let days = HEAD_BUCKETS as i64 + 8;
+    let day0 = t("2021-01-01T12:00:00Z").as_micros();
+    let recs: Vec<Record> = (0..days)
+        .map(|d| {
+            let time = EventTime::from_micros(day0 + d * 86_400_000_000).unwrap();
+            rec("p", time, &[d as u8], format!("day {d}").as_bytes())
+        })
+        .collect();
+    store.append_batch(&tbl, &recs).await.unwrap();
+    let p = pk("p");
+    let at = |d: i64| Some(EventTime::from_micros(day0 + d * 86_400_000_000).unwrap());
+    // Whole history, a window larger than the head, one exactly as large, a small one.
+    for (from, to) in [
+        (None, None),
+        (at(2), at(days - 3)),
+        (at(4), at(4 + HEAD_BUCKETS as i64 - 1)),
+        (at(10), at(12)),
+    ] {
+        let filter = BucketFilter {
+            partitions: Some(vec![p.clone()]),
+            from,
+            to,
+        };
+        let listed = store.list_buckets(&tbl, &filter).await.unwrap();
+        for descending in [false, true] {
+            let req = PageRequest {
+                bounds: ScanBounds::all(),
+                descending,
+                limit: 5,
+                include_value: true,
+            };
+            let head = store.read_head(&tbl, &p, from, to, &req).await.unwrap();
+            let n = head.buckets.len();
+            assert!(n <= listed.len());
+            // The first `n` in scan order, kept ascending.
+            let want = if descending {
+                &listed[listed.len() - n..]
+            } else {
+                &listed[..n]
+            };
+            assert_eq!(head.buckets, want, "{from:?}..{to:?} desc {descending}");
+            assert_eq!(head.complete, n == listed.len(), "{from:?}..{to:?}");
+            assert!(
+                n >= HEAD_BUCKETS.min(listed.len()),
+                "{n} of {}",
+                listed.len()
+            );
+            let first = if descending {
+                listed.last()
+            } else {
+                listed.first()
+            };
+            let page = store.read_page(&first.unwrap().id, &req).await.unwrap();
+            assert_eq!(head.first, page);
+            assert!(matches!(head.first, HotPage::Hot { ref rows, .. } if rows.len() == 1));
+        }
+    }
 }
 
 /// Buckets are listed by partition, then start, and filtered by partition and time.

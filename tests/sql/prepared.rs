@@ -127,6 +127,24 @@ const CREATE: &str = "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' 
 const LATEST: &str =
     "SELECT id FROM chat WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT 5";
 
+/// A session over the env's store wrapped in [`Counting`], with table `chat` created.
+async fn counting_session(env: &Env) -> (Arc<Counting>, datafusion::prelude::SessionContext) {
+    let counting = Arc::new(Counting {
+        inner: env.store.clone(),
+        calls: Mutex::new(BTreeMap::new()),
+    });
+    let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
+    let ctx = session(
+        counting.clone() as Arc<dyn HotStore>,
+        archive,
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
+    run(&ctx, CREATE).await.unwrap();
+    (counting, ctx)
+}
+
 fn ids(batches: &[datafusion::arrow::record_batch::RecordBatch]) -> Vec<i64> {
     use datafusion::arrow::array::Int64Array;
     batches
@@ -141,19 +159,7 @@ fn ids(batches: &[datafusion::arrow::record_batch::RecordBatch]) -> Vec<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() {
     let env = Env::new("prepcount").await;
-    let counting = Arc::new(Counting {
-        inner: env.store.clone(),
-        calls: Mutex::new(BTreeMap::new()),
-    });
-    let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
-    let ctx = session(
-        counting.clone() as Arc<dyn HotStore>,
-        archive,
-        SessionOptions::default(),
-    )
-    .await
-    .unwrap();
-    run(&ctx, CREATE).await.unwrap();
+    let (counting, ctx) = counting_session(&env).await;
     run(
         &ctx,
         "INSERT INTO chat VALUES (1, TIMESTAMP '2024-05-01T10:00:00Z', 1, 'a'), \
@@ -457,5 +463,92 @@ async fn cached_plans_run_concurrently_with_fresh_state() {
         assert!(pretty(&n).contains("| 20 "), "{}", pretty(&n));
     }
     assert_eq!(agg.cached_plans(), 0);
+    env.cleanup().await;
+}
+
+/// A channel with more daily buckets than one head statement lists: a short "latest" page
+/// never lists more, while pages and full scans that reach past the listed buckets list the
+/// rest once and return every row once, in order, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_histories_list_the_head_then_the_rest() {
+    use pulpitum::model::SortKey;
+    use pulpitum::provider::surface::encode_i64;
+    use pulpitum::store::HEAD_BUCKETS;
+
+    let env = Env::new("preplong").await;
+    let (counting, ctx) = counting_session(&env).await;
+    let days = HEAD_BUCKETS as i64 + 6;
+    let day0 = EventTime::parse_rfc3339("2024-01-01T08:00:00Z")
+        .unwrap()
+        .as_micros();
+    // Two messages a day; ids ascend with time.
+    let records: Vec<Record> = (0..days * 2)
+        .map(|i| Record {
+            partition_key: PartitionKey::new(encode_i64(1).to_vec()).unwrap(),
+            event_time: EventTime::from_micros(day0 + (i / 2) * 86_400_000_000 + (i % 2) * 1_000)
+                .unwrap(),
+            sort_key: SortKey::new(encode_i64(i).to_vec()).unwrap(),
+            value: format!("m{i}").into_bytes(),
+        })
+        .collect();
+    env.store
+        .append_batch(&TableId::new("chat").unwrap(), &records)
+        .await
+        .unwrap();
+    let all: Vec<i64> = (0..days * 2).collect();
+    let one = [ScalarValue::Int64(Some(1))];
+
+    let latest = prepare(&ctx, LATEST).await.unwrap();
+    counting.take();
+    let page = latest.execute(&one).await.unwrap();
+    assert_eq!(
+        ids(&page),
+        all.iter().rev().take(5).copied().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        counting.take(),
+        BTreeMap::from([("read_head", 1), ("read_page", 2)])
+    );
+
+    // 2 * (HEAD_BUCKETS + 2) rows: two buckets past the listed ones.
+    let want = 2 * (HEAD_BUCKETS + 2);
+    let deep = prepare(
+        &ctx,
+        &format!(
+            "SELECT id FROM chat WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT {want}"
+        ),
+    )
+    .await
+    .unwrap();
+    counting.take();
+    let page = deep.execute(&one).await.unwrap();
+    assert_eq!(
+        ids(&page),
+        all.iter().rev().take(want).copied().collect::<Vec<_>>()
+    );
+    let calls = counting.take();
+    assert_eq!(calls.get("read_head"), Some(&1));
+    assert_eq!(calls.get("list_buckets"), Some(&1), "{calls:?}");
+
+    // Unlimited, ascending, and with a time window that starts inside the history.
+    let asc = prepare(
+        &ctx,
+        "SELECT id FROM chat WHERE channel_id = $1 ORDER BY timestamp, id",
+    )
+    .await
+    .unwrap();
+    counting.take();
+    assert_eq!(ids(&asc.execute(&one).await.unwrap()), all);
+    assert_eq!(counting.take().get("list_buckets"), Some(&1));
+    let window = prepare(
+        &ctx,
+        "SELECT id FROM chat WHERE channel_id = $1 AND timestamp >= $2 ORDER BY timestamp, id",
+    )
+    .await
+    .unwrap();
+    let from =
+        ScalarValue::TimestampMicrosecond(Some(day0 + 3 * 86_400_000_000), Some("UTC".into()));
+    let got = ids(&window.execute(&[one[0].clone(), from]).await.unwrap());
+    assert_eq!(got, all[6..].to_vec());
     env.cleanup().await;
 }
