@@ -358,10 +358,15 @@ impl DurableTable {
                 include_value: req.include_value,
             };
             let table_id = table.definition().table_id.clone();
+            // Ends at the edge of the supported range bound nothing (every bucket lies
+            // inside it); leaving them out keeps the head statement to its index probes.
+            let lower = (from > EventTime::min_supported()).then_some(from);
+            let upper =
+                (to.as_micros() < EventTime::end_of_supported().as_micros() - 1).then_some(to);
             let head = table
                 .inner
                 .store
-                .read_head(&table_id, &partition, Some(from), Some(to), &page)
+                .read_head(&table_id, &partition, lower, upper, &page)
                 .await?;
             let mut metas = head.buckets;
             if req.descending {

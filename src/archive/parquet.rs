@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 use std::ops::{Bound, Range};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::lru::Lru;
 
@@ -63,6 +63,19 @@ const COL_SORT: usize = 2;
 /// The record schema v2 envelope: `partition_key Binary, event_time Timestamp(ns, "UTC"),
 /// sort_key Binary, value Binary`, all non-null; `include_value = false` drops `value`.
 pub fn envelope_schema(include_value: bool) -> SchemaRef {
+    // Built once: every hot page and archived batch names one of these two schemas.
+    static WITH_VALUE: OnceLock<SchemaRef> = OnceLock::new();
+    static KEYS_ONLY: OnceLock<SchemaRef> = OnceLock::new();
+    let cell = if include_value {
+        &WITH_VALUE
+    } else {
+        &KEYS_ONLY
+    };
+    cell.get_or_init(|| build_envelope_schema(include_value))
+        .clone()
+}
+
+fn build_envelope_schema(include_value: bool) -> SchemaRef {
     let mut fields = vec![
         Field::new("partition_key", DataType::Binary, false),
         Field::new(

@@ -4,7 +4,7 @@
 //! `TIMESTAMPTZ` and as the archive's `Timestamp(ns, UTC)` (an i64 of nanoseconds spans
 //! 1677..2262), so no bucket can be written that one tier cannot store.
 
-use chrono::{DateTime, Datelike, SecondsFormat, TimeZone, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use std::fmt;
 
 use super::ModelError;
@@ -14,27 +14,44 @@ pub const MIN_SUPPORTED_YEAR: i32 = 1900;
 /// Last supported calendar year (inclusive).
 pub const MAX_SUPPORTED_YEAR: i32 = 2199;
 
+/// `1900-01-01T00:00:00Z` in Unix microseconds (checked against the calendar in the tests):
+/// a constant, because every decoded time is range-checked and chrono's calendar arithmetic
+/// showed up in a hot page's profile.
+const MIN_SUPPORTED_MICROS: i64 = -2_208_988_800_000_000;
+/// `2200-01-01T00:00:00Z` in Unix microseconds.
+const END_OF_SUPPORTED_MICROS: i64 = 7_258_118_400_000_000;
+
 /// A UTC instant, stored as microseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EventTime(i64);
 
 impl EventTime {
     /// The first supported instant, `1900-01-01T00:00:00Z`.
-    pub fn min_supported() -> Self {
-        Self::from_ymd(MIN_SUPPORTED_YEAR, 1, 1)
+    pub const fn min_supported() -> Self {
+        Self(MIN_SUPPORTED_MICROS)
     }
 
     /// The first instant after the supported range, `2200-01-01T00:00:00Z` (exclusive).
-    pub fn end_of_supported() -> Self {
-        Self::from_ymd(MAX_SUPPORTED_YEAR + 1, 1, 1)
+    pub const fn end_of_supported() -> Self {
+        Self(END_OF_SUPPORTED_MICROS)
     }
 
+    /// Midnight UTC of a calendar date, which the caller knows to be valid. Computed with
+    /// the civil-days formula (H. Hinnant's `days_from_civil`) rather than through chrono:
+    /// bucket bounds are derived from their dates on every listing and page.
     pub(crate) fn from_ymd(y: i32, m: u32, d: u32) -> Self {
-        let dt = Utc
-            .with_ymd_and_hms(y, m, d, 0, 0, 0)
-            .single()
-            .expect("calendar date inside the supported range");
-        Self(dt.timestamp_micros())
+        debug_assert!(
+            (1..=12).contains(&m) && (1..=31).contains(&d),
+            "{y}-{m}-{d}"
+        );
+        let y = i64::from(y) - i64::from(m <= 2);
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let mp = i64::from((m + 9) % 12);
+        let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        let days = era * 146_097 + doe - 719_468;
+        Self(days * 86_400_000_000)
     }
 
     /// Builds an event time from microseconds since the epoch, checking the range.
@@ -108,6 +125,7 @@ impl fmt::Display for EventTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
 
     #[test]
     fn rejects_sub_microsecond_precision() {
@@ -138,5 +156,35 @@ mod tests {
         assert!(EventTime::from_datetime(dt).is_err());
         assert!(EventTime::from_micros(EventTime::end_of_supported().as_micros()).is_err());
         assert!(EventTime::from_micros(EventTime::end_of_supported().as_micros() - 1).is_ok());
+    }
+
+    #[test]
+    fn civil_days_match_chrono_for_every_supported_date() {
+        let mut day = chrono::NaiveDate::from_ymd_opt(MIN_SUPPORTED_YEAR, 1, 1).unwrap();
+        let end = chrono::NaiveDate::from_ymd_opt(MAX_SUPPORTED_YEAR + 1, 1, 1).unwrap();
+        while day <= end {
+            let expected = Utc
+                .with_ymd_and_hms(day.year(), day.month(), day.day(), 0, 0, 0)
+                .unwrap()
+                .timestamp_micros();
+            assert_eq!(
+                EventTime::from_ymd(day.year(), day.month(), day.day()).as_micros(),
+                expected,
+                "{day}"
+            );
+            day = day.succ_opt().unwrap();
+        }
+    }
+
+    #[test]
+    fn supported_range_constants_match_the_calendar() {
+        assert_eq!(
+            EventTime::min_supported(),
+            EventTime::from_ymd(MIN_SUPPORTED_YEAR, 1, 1)
+        );
+        assert_eq!(
+            EventTime::end_of_supported(),
+            EventTime::from_ymd(MAX_SUPPORTED_YEAR + 1, 1, 1)
+        );
     }
 }

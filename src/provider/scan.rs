@@ -18,9 +18,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::SortOptions;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::bit_util;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DFResult};
@@ -98,8 +100,9 @@ pub struct ScanSpec {
 /// The scan plan node.
 #[derive(Debug)]
 pub struct PulpitumScanExec {
-    spec: ScanSpec,
-    groups: Vec<Vec<KeyBuckets>>,
+    // Shared, not copied, when a prepared statement re-arms a cached plan for a new execution.
+    spec: Arc<ScanSpec>,
+    groups: Arc<Vec<Vec<KeyBuckets>>>,
     schema: SchemaRef,
     props: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -132,8 +135,8 @@ impl PulpitumScanExec {
             Boundedness::Bounded,
         );
         Ok(Self {
-            spec,
-            groups,
+            spec: Arc::new(spec),
+            groups: Arc::new(groups),
             schema,
             props: Arc::new(props),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -371,11 +374,29 @@ impl TierMetrics {
     }
 }
 
+/// The bytes a batch's rows occupy (what `ArrayData::get_slice_memory_size` reports), for
+/// the byte limit and the metrics. The scan's own column types are measured from their
+/// offsets and widths directly: going through `to_data()` copied every column's buffer list
+/// twice per chunk, a visible share of a hot page.
 fn batch_bytes(b: &RecordBatch) -> usize {
-    b.columns()
-        .iter()
-        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
-        .sum()
+    b.columns().iter().map(array_bytes).sum()
+}
+
+fn array_bytes(a: &ArrayRef) -> usize {
+    let len = a.len();
+    let nulls = a.nulls().map_or(0, |_| bit_util::ceil(len, 8));
+    match a.data_type() {
+        DataType::Binary => {
+            let o = a.as_binary::<i32>().value_offsets();
+            (o[len] - o[0]) as usize + (len + 1) * 4 + nulls
+        }
+        DataType::Utf8 => {
+            let o = a.as_string::<i32>().value_offsets();
+            (o[len] - o[0]) as usize + (len + 1) * 4 + nulls
+        }
+        t if t.is_primitive() => t.primitive_width().map_or(0, |w| w * len) + nulls,
+        _ => a.to_data().get_slice_memory_size().unwrap_or(0),
+    }
 }
 
 impl ExecutionPlan for PulpitumScanExec {
@@ -429,7 +450,7 @@ impl ExecutionPlan for PulpitumScanExec {
     }
 
     fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
-        let mut spec = self.spec.clone();
+        let mut spec = ScanSpec::clone(&self.spec);
         spec.limit = match (spec.limit, limit) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -449,11 +470,11 @@ impl ExecutionPlan for PulpitumScanExec {
         let eq = self.props.equivalence_properties();
         if eq.ordering_satisfy(order.iter().cloned())? {
             return Ok(SortOrderPushdownResult::Exact {
-                inner: self.with_spec(self.spec.clone()),
+                inner: self.with_spec(ScanSpec::clone(&self.spec)),
             });
         }
         // Satisfied by the reverse scan?
-        let mut spec = self.spec.clone();
+        let mut spec = ScanSpec::clone(&self.spec);
         spec.descending = !spec.descending;
         let reversed = Self::try_new(spec.clone()).map_err(DataFusionError::from)?;
         if reversed
@@ -601,10 +622,9 @@ impl ExecutionPlan for PulpitumScanExec {
                         .rows
                         .fetch_add(env.num_rows() as u64, AtomicOrdering::SeqCst)
                         + env.num_rows() as u64;
-                    let bytes = shared
-                        .bytes
-                        .fetch_add(batch_bytes(&env) as u64, AtomicOrdering::SeqCst)
-                        + batch_bytes(&env) as u64;
+                    let env_bytes = batch_bytes(&env) as u64;
+                    let bytes =
+                        shared.bytes.fetch_add(env_bytes, AtomicOrdering::SeqCst) + env_bytes;
                     limits.check(rows, bytes, started.elapsed())?;
                     surface.envelope_to_surface(&env, &projection, &out_schema)
                 })();
@@ -747,6 +767,38 @@ mod tests {
                         assert!(loads.iter().all(|l| *l > 0), "{loads:?}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn batch_bytes_match_arrow_slice_sizes() {
+        use datafusion::arrow::array::{
+            BinaryArray, Int64Array, StringArray, TimestampMicrosecondArray,
+        };
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(BinaryArray::from(vec![
+                Some(b"ab".as_ref()),
+                None,
+                Some(b"cdef".as_ref()),
+                Some(b"".as_ref()),
+            ])),
+            Arc::new(StringArray::from(vec!["x", "yy", "zzz", "w"])),
+            Arc::new(Int64Array::from(vec![Some(1), Some(2), None, Some(4)])),
+            Arc::new(TimestampMicrosecondArray::from(vec![1, 2, 3, 4]).with_timezone("UTC")),
+            Arc::new(datafusion::arrow::array::BooleanArray::from(vec![
+                true, false, true, true,
+            ])),
+        ];
+        for col in &cols {
+            for (offset, len) in [(0, 4), (1, 2), (3, 1), (2, 0)] {
+                let part = col.slice(offset, len);
+                assert_eq!(
+                    array_bytes(&part),
+                    part.to_data().get_slice_memory_size().unwrap(),
+                    "{} sliced {offset}+{len}",
+                    part.data_type()
+                );
             }
         }
     }
