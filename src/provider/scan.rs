@@ -384,7 +384,12 @@ fn batch_bytes(b: &RecordBatch) -> usize {
 
 fn array_bytes(a: &ArrayRef) -> usize {
     let len = a.len();
-    let nulls = a.nulls().map_or(0, |_| bit_util::ceil(len, 8));
+    // Arrow drops a null buffer without nulls when it builds the array data, so only a
+    // buffer with a null in it is counted.
+    let nulls = a
+        .nulls()
+        .filter(|n| n.null_count() > 0)
+        .map_or(0, |_| bit_util::ceil(len, 8));
     match a.data_type() {
         DataType::Binary => {
             let o = a.as_binary::<i32>().value_offsets();
