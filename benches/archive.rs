@@ -130,7 +130,7 @@ async fn baseline(store: &ArchiveStore, rows: usize, path: &str) -> (f64, u64) {
     .unwrap();
     let mut s = std::pin::pin!(pages(rows));
     while let Some(p) = s.next().await {
-        let batch = records_to_batch(&p.unwrap(), true).unwrap();
+        let batch = records_to_batch(&p.unwrap(), true);
         writer.write(&batch).await.unwrap();
     }
     writer.close().await.unwrap();

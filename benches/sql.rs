@@ -211,7 +211,7 @@ async fn main() {
                         .unwrap();
                     assert!(matches!(
                         head.first,
-                        pulpitum::store::HotPage::Hot { ref rows, .. } if rows.len() == 50
+                        pulpitum::store::FirstPage::Hot { ref rows, .. } if rows.num_rows() == 50
                     ));
                 }
                 _ => {

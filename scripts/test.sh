@@ -19,6 +19,24 @@ fi
 psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
   || psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test"
 
+# Tests create a schema each in database `test` (prefixes arch_, pulpitum_test_, sqlt_); a
+# test that panics or is killed leaves its schema behind. Sweep them before the run, and
+# after it when everything passed (a failed run keeps its schemas for a post-mortem).
+sweep_test_schemas() {
+  psql -h 127.0.0.1 -U postgres -d test -qAt -v ON_ERROR_STOP=1 <<'SQL'
+DO $$
+DECLARE s text;
+BEGIN
+  FOR s IN SELECT nspname FROM pg_namespace
+           WHERE nspname LIKE 'arch\_%' OR nspname LIKE 'pulpitum\_test\_%' OR nspname LIKE 'sqlt\_%'
+  LOOP
+    EXECUTE format('DROP SCHEMA %I CASCADE', s);
+  END LOOP;
+END $$;
+SQL
+}
+sweep_test_schemas
+
 # A half-started cluster (a daemon of an earlier run still exiting) is torn down and started
 # again once; s3-up.sh stops leftovers under its state folder before it starts.
 bash scripts/s3-up.sh || { echo "test.sh: S3 did not start; retrying once"; sleep 3; bash scripts/s3-up.sh; }
@@ -28,3 +46,4 @@ cargo clippy --all-targets --features failpoints -- -D warnings
 cargo test --features failpoints --no-fail-fast "$@" -- --skip archivers_survive_kills_faults_and_dropped_connections
 # The chaos test prints its figures (buckets, rows, kills, faults, anomalies): let them show.
 cargo test --features failpoints --test archiver_chaos -- --nocapture
+sweep_test_schemas

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 
-use crate::archive::{records_to_batch, ArchiveError, ArchiveScan, ArchiveStore, Manifest};
-use crate::model::Record;
-use crate::model::{BucketId, EventTime, PartitionKey, ScanBounds};
+use crate::archive::{ArchiveError, ArchiveScan, ArchiveStore, Manifest};
+use crate::model::envelope::last_clustering_key;
+use crate::model::{records_to_batch, BucketId, EventTime, PartitionKey, Record, ScanBounds};
 use crate::store::{
-    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, HotPage, HotStore,
-    PageRequest, StoreError, TableDefinition,
+    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, FirstPage, HotPage,
+    HotStore, PageRequest, StoreError, TableDefinition,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -377,18 +377,18 @@ impl DurableTable {
             // The first bucket in scan order, as the head statement read it.
             let first: BoxStream<'static, Result<BucketChunk, TableError>> =
                 match (metas.next(), head.first) {
-                    (None, _) | (Some(_), HotPage::Missing) => stream::empty().boxed(),
-                    (Some(m), HotPage::Archived { object_key }) => {
+                    (None, _) | (Some(_), FirstPage::Missing) => stream::empty().boxed(),
+                    (Some(m), FirstPage::Archived { object_key }) => {
                         table.scan_bucket(m.id, Some(object_key), req.clone())
                     }
-                    (Some(m), HotPage::Hot { rows, .. }) => {
-                        let full = rows.len() >= page.limit;
-                        let batch = records_to_batch(&rows, req.include_value).map_err(|e| {
-                            TableError::Archive {
-                                bucket: m.id.clone(),
-                                source: Box::new(e),
-                            }
-                        })?;
+                    (Some(m), FirstPage::Hot { rows: batch, .. }) => {
+                        let n = batch.num_rows();
+                        let full = n >= page.limit;
+                        let last = if full && limit > n {
+                            last_clustering_key(&batch).map_err(|e| TableError::Store(e.into()))?
+                        } else {
+                            None
+                        };
                         let chunk = BucketChunk {
                             tier: Tier::Hot,
                             pages: 1,
@@ -396,22 +396,22 @@ impl DurableTable {
                             batch,
                         };
                         let head = stream::once(async move { Ok(chunk) });
-                        match rows.last() {
-                            Some(last) if full && limit > rows.len() => {
+                        match last {
+                            Some(last) => {
                                 let bounds = if req.descending {
-                                    req.bounds.with_before(last.clustering_key())
+                                    req.bounds.with_before(last)
                                 } else {
-                                    req.bounds.with_after(last.clustering_key())
+                                    req.bounds.with_after(last)
                                 };
                                 let rest = BucketScan {
                                     bounds,
-                                    limit: req.limit.map(|_| limit - rows.len()),
+                                    limit: req.limit.map(|_| limit - n),
                                     ..req.clone()
                                 };
                                 head.chain(table.scan_bucket_from(m.id, None, rest, false))
                                     .boxed()
                             }
-                            _ => head.boxed(),
+                            None => head.boxed(),
                         }
                     }
                 };
@@ -566,18 +566,7 @@ impl DurableTable {
                                     } else {
                                         bounds.with_after(last.clustering_key())
                                     };
-                                    let batch = match records_to_batch(&rows, req.include_value) {
-                                        Ok(b) => b,
-                                        Err(source) => {
-                                            return Some((
-                                                Err(TableError::Archive {
-                                                    bucket,
-                                                    source: Box::new(source),
-                                                }),
-                                                (St::Done, 0, false),
-                                            ))
-                                        }
-                                    };
+                                    let batch = records_to_batch(&rows, req.include_value);
                                     remaining -= rows.len().min(remaining);
                                     let next_state = if full { St::Hot(next) } else { St::Done };
                                     let chunk = BucketChunk {

@@ -282,7 +282,7 @@ impl JsonScan {
         let rows = std::mem::take(&mut self.matched);
         for chunk in rows.chunks(self.req.batch_rows) {
             self.out
-                .push_back(records_to_batch(chunk, self.req.include_value)?);
+                .push_back(records_to_batch(chunk, self.req.include_value));
         }
         Ok(())
     }

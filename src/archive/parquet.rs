@@ -9,17 +9,16 @@
 
 use std::collections::VecDeque;
 use std::ops::{Bound, Range};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use crate::lru::Lru;
 
 use bytes::Bytes;
 use datafusion::arrow::array::{
-    Array, ArrayRef, BinaryArray, BinaryBuilder, BooleanArray, TimestampNanosecondArray,
-    UInt32Array,
+    Array, BinaryArray, BooleanArray, TimestampNanosecondArray, UInt32Array,
 };
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::future::BoxFuture;
@@ -43,6 +42,8 @@ use parquet::schema::types::ColumnPath;
 
 use super::integrity::{check_stored_length, PayloadDigest, RowCheck, VerifiedReader};
 use super::{ArchiveError, ArchiveScan, ArchiveScanMetrics, Manifest};
+use crate::model::envelope::{COL_SORT, COL_TIME};
+pub use crate::model::{envelope_schema, records_to_batch};
 use crate::model::{EventTime, PartitionKey, Record, ScanBounds, SortKey};
 
 /// Rows per row group: 64 Ki rows keeps a row group's encoded buffer in the writer to a few
@@ -57,40 +58,6 @@ pub(crate) const ENCODE_BATCH_ROWS: usize = 8 * 1024;
 /// `created_by` written in every file: fixed, so the bytes do not depend on the build.
 const CREATED_BY: &str = "pulpitum archive (record schema v2)";
 
-const COL_TIME: usize = 1;
-const COL_SORT: usize = 2;
-
-/// The record schema v2 envelope: `partition_key Binary, event_time Timestamp(ns, "UTC"),
-/// sort_key Binary, value Binary`, all non-null; `include_value = false` drops `value`.
-pub fn envelope_schema(include_value: bool) -> SchemaRef {
-    // Built once: every hot page and archived batch names one of these two schemas.
-    static WITH_VALUE: OnceLock<SchemaRef> = OnceLock::new();
-    static KEYS_ONLY: OnceLock<SchemaRef> = OnceLock::new();
-    let cell = if include_value {
-        &WITH_VALUE
-    } else {
-        &KEYS_ONLY
-    };
-    cell.get_or_init(|| build_envelope_schema(include_value))
-        .clone()
-}
-
-fn build_envelope_schema(include_value: bool) -> SchemaRef {
-    let mut fields = vec![
-        Field::new("partition_key", DataType::Binary, false),
-        Field::new(
-            "event_time",
-            DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
-            false,
-        ),
-        Field::new("sort_key", DataType::Binary, false),
-    ];
-    if include_value {
-        fields.push(Field::new("value", DataType::Binary, false));
-    }
-    Arc::new(Schema::new(fields))
-}
-
 /// The envelope as a scan returns it: without `event_time` and `sort_key` when the scan
 /// does not read them (see `ArchiveScan::include_keys`).
 pub(crate) fn scan_schema(include_keys: bool, include_value: bool) -> SchemaRef {
@@ -102,43 +69,6 @@ pub(crate) fn scan_schema(include_keys: bool, include_value: bool) -> SchemaRef 
         .filter(|&i| i != COL_TIME && i != COL_SORT)
         .collect();
     Arc::new(full.project(&keep).expect("indices of the envelope"))
-}
-
-/// Records as one envelope batch, in the given order.
-pub fn records_to_batch(
-    records: &[Record],
-    include_value: bool,
-) -> Result<RecordBatch, ArchiveError> {
-    let n = records.len();
-    let mut pk = BinaryBuilder::with_capacity(
-        n,
-        records
-            .iter()
-            .map(|r| r.partition_key.as_bytes().len())
-            .sum(),
-    );
-    let mut sk =
-        BinaryBuilder::with_capacity(n, records.iter().map(|r| r.sort_key.as_bytes().len()).sum());
-    let mut times = Vec::with_capacity(n);
-    for r in records {
-        pk.append_value(r.partition_key.as_bytes());
-        sk.append_value(r.sort_key.as_bytes());
-        times.push(r.event_time.as_nanos());
-    }
-    let mut cols: Vec<ArrayRef> = vec![
-        Arc::new(pk.finish()),
-        Arc::new(TimestampNanosecondArray::from(times).with_timezone("UTC")),
-        Arc::new(sk.finish()),
-    ];
-    if include_value {
-        let mut v = BinaryBuilder::with_capacity(n, records.iter().map(|r| r.value.len()).sum());
-        for r in records {
-            v.append_value(&r.value);
-        }
-        cols.push(Arc::new(v.finish()));
-    }
-    RecordBatch::try_new(envelope_schema(include_value), cols)
-        .map_err(|e| ArchiveError::Config(format!("building an envelope batch: {e}")))
 }
 
 fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T, ArchiveError> {
@@ -931,10 +861,10 @@ mod tests {
             rec(1_700_000_000_000_000, b"a", b"x"),
             rec(1_700_000_000_000_001, b"", b""),
         ];
-        let b = records_to_batch(&rs, true).unwrap();
+        let b = records_to_batch(&rs, true);
         assert_eq!(b.schema(), envelope_schema(true));
         assert_eq!(batch_to_records(&b).unwrap(), rs);
-        let nv = records_to_batch(&rs, false).unwrap();
+        let nv = records_to_batch(&rs, false);
         assert_eq!(nv.num_columns(), 3);
         assert!(batch_to_records(&nv).is_err());
     }

@@ -137,7 +137,7 @@ where
         futures::pin_mut!(pages);
         while let Some(page) = pages.next().await {
             for chunk in chunker.push(page?)? {
-                let batch = records_to_batch(&chunk, true)?;
+                let batch = records_to_batch(&chunk, true);
                 writer
                     .write(&batch)
                     .await
@@ -146,7 +146,7 @@ where
         }
         let rest = chunker.rest();
         if !rest.is_empty() {
-            let batch = records_to_batch(&rest, true)?;
+            let batch = records_to_batch(&rest, true);
             writer
                 .write(&batch)
                 .await

@@ -116,6 +116,13 @@ impl SortKey {
     /// Validates and wraps the bytes.
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, ModelError> {
         let bytes = bytes.into();
+        Self::check(&bytes)?;
+        Ok(Self(bytes))
+    }
+
+    /// Validates sort-key bytes without taking them (for rows decoded straight into a
+    /// batch).
+    pub fn check(bytes: &[u8]) -> Result<(), ModelError> {
         if bytes.len() > MAX_KEY_LEN {
             return Err(ModelError::InvalidKey {
                 kind: "sort",
@@ -123,7 +130,7 @@ impl SortKey {
                 reason: "longer than 512 bytes",
             });
         }
-        Ok(Self(bytes))
+        Ok(())
     }
 
     /// The raw bytes.

@@ -5,11 +5,13 @@
 
 mod bounds;
 mod bucket;
+pub mod envelope;
 mod keys;
 mod time;
 
 pub use bounds::{ClusteringKey, ScanBounds};
 pub use bucket::{BucketId, BucketKey, BucketStrategy};
+pub use envelope::{envelope_schema, records_to_batch, EnvelopeBuilder};
 pub use keys::{PartitionKey, Record, SortKey, TableId, MAX_KEY_LEN, MAX_TABLE_ID_LEN};
 pub use time::{EventTime, MAX_SUPPORTED_YEAR, MIN_SUPPORTED_YEAR};
 
@@ -44,6 +46,9 @@ pub enum ModelError {
     /// A bucket strategy name that is not one of the built-in strategies.
     #[error("unknown bucket strategy {0:?} (expected calendar_year_utc, calendar_month_utc or calendar_day_utc)")]
     UnknownStrategy(String),
+    /// An envelope batch without the columns or types of the envelope.
+    #[error("not an envelope batch: {0}")]
+    Envelope(String),
     /// A bucket key that is not the canonical form of the expected strategy.
     #[error("malformed bucket key {key:?}: {reason}")]
     MalformedBucketKey {

@@ -500,11 +500,9 @@ impl ExecutionPlan for PulpitumScanExec {
         _context: Arc<TaskContext>,
     ) -> DFResult<SendableRecordBatchStream> {
         let spec = self.spec.clone();
-        let schema = self.schema.clone();
         let group: Vec<KeyBuckets> = self.groups.get(partition).cloned().unwrap_or_default();
         let metrics = TierMetrics::new(&self.metrics, partition);
-        let shared = self.shared.clone();
-        let started = *shared.started.get_or_init(Instant::now);
+        let started = *self.shared.started.get_or_init(Instant::now);
         let remaining = Arc::new(AtomicUsize::new(spec.limit.unwrap_or(usize::MAX)));
 
         // What this partition reads, in order: whole keys (listed now) or planned buckets.
@@ -544,7 +542,7 @@ impl ExecutionPlan for PulpitumScanExec {
             limit: None,
         };
         let prefetch = spec.limit.is_none() && units.len() > 1;
-        let per_unit = stream::iter(units).map(move |unit| {
+        let open = move |unit: Unit| {
             let left = rem.load(AtomicOrdering::SeqCst);
             let req = BucketScan {
                 limit: (left != usize::MAX).then_some(left),
@@ -563,7 +561,14 @@ impl ExecutionPlan for PulpitumScanExec {
                     }
                 })
                 .boxed()
-        });
+        };
+        // One unit (a point query on one channel) is read as it is: no layers of iteration
+        // and flattening for every wake-up of a latency-bound page.
+        if units.len() == 1 && !prefetch {
+            let unit = units.pop().expect("one unit");
+            return Ok(self.surface_stream(open(unit), remaining, started));
+        }
+        let per_unit = stream::iter(units).map(open);
         let chunks = if prefetch {
             // A scan without a limit reads every unit, so the next one starts (its route,
             // manifest, first block read and verified) while this one is decoded, as
@@ -577,7 +582,22 @@ impl ExecutionPlan for PulpitumScanExec {
         } else {
             per_unit.flatten().boxed()
         };
+        Ok(self.surface_stream(chunks, remaining, started))
+    }
+}
 
+impl PulpitumScanExec {
+    /// The scan's output: envelope chunks turned into the surface's columns, under the
+    /// query's limits on rows, bytes and time.
+    fn surface_stream(
+        &self,
+        chunks: BoxStream<'static, Result<BucketChunk, TableError>>,
+        remaining: Arc<AtomicUsize>,
+        started: Instant,
+    ) -> SendableRecordBatchStream {
+        let spec = &self.spec;
+        let schema = self.schema.clone();
+        let shared = self.shared.clone();
         let surface = spec.surface;
         let projection = spec.projection.clone();
         let limits = spec.limits;
@@ -637,7 +657,7 @@ impl ExecutionPlan for PulpitumScanExec {
                 Some((res.map_err(DataFusionError::from), (chunks, failed)))
             }
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+        Box::pin(RecordBatchStreamAdapter::new(schema, out))
     }
 }
 
@@ -774,6 +794,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Sets its flag when dropped: tells whether a unit's stream is still alive.
+    struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, AtomicOrdering::SeqCst);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn prefetch_runs_bounded_ahead_and_stops_when_the_scan_is_dropped() {
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let produced = Arc::new(AtomicUsize::new(0));
+        let guard = DropFlag(dropped.clone());
+        let made = produced.clone();
+        // An endless unit, as a scan over a huge range looks from here.
+        let unit = stream::repeat_with(move || {
+            let _alive = &guard;
+            made.fetch_add(1, AtomicOrdering::SeqCst);
+            Ok(BucketChunk {
+                tier: Tier::Hot,
+                pages: 1,
+                first_of_bucket: false,
+                batch: RecordBatch::new_empty(crate::archive::envelope_schema(false)),
+            })
+        })
+        .boxed();
+        let mut rx = prefetched(unit);
+        assert!(rx.next().await.unwrap().is_ok());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Ahead of the consumer by at most the channel's capacity and the chunk in hand.
+        let ahead = produced.load(AtomicOrdering::SeqCst);
+        assert!(
+            ahead <= 1 + PREFETCH_CHUNKS + 1,
+            "produced {ahead} chunks for one taken"
+        );
+        assert!(!dropped.load(AtomicOrdering::SeqCst));
+        drop(rx);
+        for _ in 0..100 {
+            if dropped.load(AtomicOrdering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            dropped.load(AtomicOrdering::SeqCst),
+            "the prefetch task still holds its unit after the scan was dropped"
+        );
+        let after = produced.load(AtomicOrdering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(produced.load(AtomicOrdering::SeqCst), after);
     }
 
     #[test]

@@ -6,10 +6,10 @@
 //! so that byte order equals numeric order: id ranges become sort-key byte ranges and
 //! channels list in numeric order. The raw surface shows the envelope as it is.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BinaryArray, Int64Array, Int64Builder, StringArray, TimestampMicrosecondArray,
+    Array, ArrayRef, BinaryArray, Int64Array, StringArray, TimestampMicrosecondArray,
     TimestampNanosecondArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
@@ -83,7 +83,7 @@ impl Surface {
 
     /// The full SQL schema. Every column is non-null: the envelope has no nulls.
     pub fn schema(self) -> SchemaRef {
-        let ts = DataType::Timestamp(TimeUnit::Microsecond, Some(UTC.into()));
+        let ts = micros_utc();
         let fields = match self {
             Self::Chat => vec![
                 Field::new("channel_id", DataType::Int64, false),
@@ -229,25 +229,36 @@ fn time_to_micros(a: &ArrayRef) -> Result<ArrayRef, ProviderError> {
         .downcast_ref::<TimestampNanosecondArray>()
         .ok_or_else(|| ProviderError::Internal(format!("event_time has type {}", a.data_type())))?;
     let us: TimestampMicrosecondArray = ns.unary(|v| v.div_euclid(1_000));
-    Ok(Arc::new(us.with_timezone(UTC)))
+    Ok(Arc::new(us.with_data_type(micros_utc())))
+}
+
+/// `Timestamp(µs, "UTC")`, its time zone string allocated once (every hot page converts
+/// its times into this type).
+fn micros_utc() -> DataType {
+    static TYPE: OnceLock<DataType> = OnceLock::new();
+    TYPE.get_or_init(|| DataType::Timestamp(TimeUnit::Microsecond, Some(UTC.into())))
+        .clone()
 }
 
 fn decode_i64_column(a: &ArrayRef, name: &str) -> Result<ArrayRef, ProviderError> {
     let bin = a.as_any().downcast_ref::<BinaryArray>().ok_or_else(|| {
         ProviderError::Internal(format!("{name} source has type {}", a.data_type()))
     })?;
-    let mut b = Int64Builder::with_capacity(bin.len());
-    for v in bin.iter() {
-        let v = v.unwrap_or_default();
+    // Straight over the offsets: every key must be 8 bytes (a null slot is empty, so it is
+    // rejected like any other malformed key).
+    let data = bin.value_data();
+    let mut out = Vec::with_capacity(bin.len());
+    for w in bin.value_offsets().windows(2) {
+        let v = &data[w[0] as usize..w[1] as usize];
         let n = decode_i64(v).ok_or_else(|| {
             ProviderError::CorruptRow(format!(
                 "{name} key 0x{} is not an 8-byte integer key",
                 hex::encode(v)
             ))
         })?;
-        b.append_value(n);
+        out.push(n);
     }
-    Ok(Arc::new(b.finish()))
+    Ok(Arc::new(Int64Array::from(out)))
 }
 
 fn utf8_column(a: &ArrayRef) -> Result<ArrayRef, ProviderError> {
@@ -271,6 +282,22 @@ mod tests {
         fn integer_encoding_preserves_order(a in any::<i64>(), b in any::<i64>()) {
             prop_assert_eq!(a.cmp(&b), encode_i64(a).cmp(&encode_i64(b)));
             prop_assert_eq!(decode_i64(&encode_i64(a)), Some(a));
+        }
+    }
+
+    #[test]
+    fn integer_columns_decode_slices_and_reject_malformed_keys() {
+        let keys: Vec<[u8; 8]> = [-5i64, 0, 7, i64::MAX].map(encode_i64).to_vec();
+        let mut refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let whole: ArrayRef = Arc::new(BinaryArray::from(refs.clone()));
+        let got = decode_i64_column(&whole.slice(1, 3), "id").unwrap();
+        let got = got.as_any().downcast_ref::<Int64Array>().unwrap();
+        assert_eq!(got.values().as_ref(), &[0, 7, i64::MAX]);
+        refs[2] = b"abc";
+        let bad: ArrayRef = Arc::new(BinaryArray::from(refs));
+        match decode_i64_column(&bad, "id") {
+            Err(ProviderError::CorruptRow(m)) => assert!(m.contains("id key 0x616263"), "{m}"),
+            other => panic!("expected a corrupt-row error, got {other:?}"),
         }
     }
 

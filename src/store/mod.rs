@@ -10,10 +10,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::model::{
-    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, ModelError, PartitionKey,
-    Record, ScanBounds, TableId,
+    records_to_batch, BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, ModelError,
+    PartitionKey, Record, ScanBounds, TableId,
 };
 
 pub mod embedded;
@@ -140,7 +141,7 @@ pub const HEAD_BUCKETS: usize = 32;
 
 /// A partition's bucket listing and the first page of its first bucket in scan order (see
 /// [`HotStore::read_head`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HeadPage {
     /// The partition's first buckets in scan order among those overlapping the interval
     /// (all of them, or at least [`HEAD_BUCKETS`]), ascending by start.
@@ -150,7 +151,43 @@ pub struct HeadPage {
     /// [`HotStore::list_buckets`] when a scan gets that far.
     pub complete: bool,
     /// Route and first page of the first bucket in scan order.
-    pub first: HotPage,
+    pub first: FirstPage,
+}
+
+/// The first bucket of a [`HeadPage`]: its route and, when it is not archived, its first
+/// page of rows as an envelope batch (see [`crate::model::envelope`]), the form the scan
+/// consumes, so a store can decode rows straight into it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FirstPage {
+    /// No bucket overlaps the interval.
+    Missing,
+    /// The bucket is Hot or Archiving: up to `limit` matching rows in the requested order,
+    /// with `value` only when the request included it.
+    Hot {
+        /// `hot` or `archiving` at the moment of the read.
+        state: BucketState,
+        /// The rows.
+        rows: RecordBatch,
+    },
+    /// The bucket is published: read the archive at `object_key`.
+    Archived {
+        /// Key of the published manifest.
+        object_key: String,
+    },
+}
+
+impl FirstPage {
+    /// The same page with its rows as an envelope batch.
+    pub fn from_page(page: HotPage, include_value: bool) -> Self {
+        match page {
+            HotPage::Missing => Self::Missing,
+            HotPage::Archived { object_key } => Self::Archived { object_key },
+            HotPage::Hot { state, rows } => Self::Hot {
+                state,
+                rows: records_to_batch(&rows, include_value),
+            },
+        }
+    }
 }
 
 /// One page request against one bucket.
@@ -406,8 +443,8 @@ pub trait HotStore: Send + Sync + 'static {
             buckets.first()
         };
         let first = match first_id {
-            None => HotPage::Missing,
-            Some(m) => self.read_page(&m.id, page).await?,
+            None => FirstPage::Missing,
+            Some(m) => FirstPage::from_page(self.read_page(&m.id, page).await?, page.include_value),
         };
         Ok(HeadPage {
             buckets,

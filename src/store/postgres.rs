@@ -25,20 +25,21 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::retry::{Disposition, RetryPolicy};
 use super::{
     bucket_for_append, migrate, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState,
-    Claim, HeadPage, HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition,
-    WorkItem, WorkKind, HEAD_BUCKETS,
+    Claim, FirstPage, HeadPage, HotPage, HotStore, PageRequest, StoreError, StoreResult,
+    TableDefinition, WorkItem, WorkKind, HEAD_BUCKETS,
 };
 use crate::model::{
-    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, SortKey,
-    TableId,
+    BucketId, BucketKey, BucketStrategy, ClusteringKey, EnvelopeBuilder, EventTime, PartitionKey,
+    Record, SortKey, TableId,
 };
+use datafusion::arrow::record_batch::RecordBatch;
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 16;
@@ -204,6 +205,10 @@ impl PgStore {
         );
         let pool = Pool::builder(manager)
             .max_size(config.pool_size.max(1))
+            // The most recently used connection first: at low concurrency one or two
+            // backends stay warm (their plan and catalog caches, their pages in the CPU
+            // caches) instead of every call landing on the one idle the longest.
+            .queue_mode(QueueMode::Lifo)
             .build()
             .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))?;
         let store = Self {
@@ -1054,6 +1059,67 @@ fn decode_record(
     }))
 }
 
+/// Decodes record rows (`(event_time, sort_key, value)` at columns `at..at+3`) straight
+/// into one envelope batch in the page's order, borrowing the bytes from the rows: no
+/// record is built on the way (three allocations and a copy per row fewer on the latest-page
+/// path). Rows whose `event_time` is NULL are skipped, as [`decode_record`] skips them.
+fn decode_envelope(
+    rows: &[&Row],
+    at: usize,
+    partition: &PartitionKey,
+    page: &PageRequest,
+) -> StoreResult<RecordBatch> {
+    struct Borrowed<'a> {
+        time: EventTime,
+        sort: &'a [u8],
+        value: &'a [u8],
+    }
+    let get = |e: tokio_postgres::Error| corrupt("record row", e);
+    let mut out: Vec<Borrowed<'_>> = Vec::with_capacity(rows.len());
+    let mut bytes = 0;
+    for row in rows {
+        let Some(t) = row.try_get::<_, Option<PgMicros>>(at).map_err(get)? else {
+            continue;
+        };
+        let sort: Option<&[u8]> = row.try_get(at + 1).map_err(get)?;
+        let sort = sort.ok_or_else(|| StoreError::Corrupt("record without sort key".into()))?;
+        SortKey::check(sort).map_err(|e| corrupt("sort key", e))?;
+        let value: &[u8] = if page.include_value {
+            let value: Option<&[u8]> = row.try_get(at + 2).map_err(get)?;
+            value.ok_or_else(|| StoreError::Corrupt("record without value".into()))?
+        } else {
+            &[]
+        };
+        bytes += value.len();
+        out.push(Borrowed {
+            time: micros_time(t, "event_time")?,
+            sort,
+            value,
+        });
+    }
+    // The statement reads the rows in index order, so this is a check in one pass; a
+    // statement is not promised to keep a branch's order, so the fallback sorts.
+    fn key<'a>(r: &Borrowed<'a>) -> (EventTime, &'a [u8]) {
+        (r.time, r.sort)
+    }
+    let ordered = if page.descending {
+        out.is_sorted_by(|a, b| key(a) >= key(b))
+    } else {
+        out.is_sorted_by(|a, b| key(a) <= key(b))
+    };
+    if !ordered {
+        out.sort_by(|a, b| key(a).cmp(&key(b)));
+        if page.descending {
+            out.reverse();
+        }
+    }
+    let mut batch = EnvelopeBuilder::with_capacity(out.len(), bytes, page.include_value);
+    for r in &out {
+        batch.push(partition.as_bytes(), r.time, r.sort, r.value);
+    }
+    Ok(batch.finish())
+}
+
 type Params = Vec<Box<dyn ToSql + Sync + Send>>;
 
 fn param_refs(p: &Params) -> Vec<&(dyn ToSql + Sync)> {
@@ -1512,16 +1578,15 @@ impl HotStore for PgStore {
             let stmt = client.prepare_cached(&sql).await?;
             let rows = client.query(&stmt, &param_refs(&params)).await?;
             let mut buckets: Vec<BucketMeta> = Vec::new();
-            let mut first_rows = Vec::new();
+            let mut record_rows: Vec<&Row> = Vec::with_capacity(rows.len());
             for row in &rows {
                 // Metadata rows have their text array; record rows have NULL there.
                 let texts: Option<Vec<Option<&str>>> = row
                     .try_get(0)
                     .map_err(|e| corrupt("bucket metadata row", e))?;
-                if let Some(texts) = texts {
-                    buckets.push(decode_head_meta(row, texts, table_id, partition)?);
-                } else if let Some(r) = decode_record(row, 4, partition, page.include_value)? {
-                    first_rows.push(r);
+                match texts {
+                    Some(texts) => buckets.push(decode_head_meta(row, texts, table_id, partition)?),
+                    None => record_rows.push(row),
                 }
             }
             let complete = buckets.len() <= HEAD_BUCKETS;
@@ -1534,27 +1599,19 @@ impl HotStore for PgStore {
                     buckets.pop();
                 }
             }
-            // Already in order in practice (the branch reads the key in order), which the
-            // sort detects in one pass; no key is cloned to compare.
-            first_rows.sort_by(|a, b| {
-                (a.event_time, a.sort_key.as_bytes()).cmp(&(b.event_time, b.sort_key.as_bytes()))
-            });
-            if page.descending {
-                first_rows.reverse();
-            }
             let first_meta = if page.descending {
                 buckets.last()
             } else {
                 buckets.first()
             };
             let first = match first_meta.map(|m| &m.state) {
-                None => HotPage::Missing,
-                Some(BucketState::Archived { object_key, .. }) => HotPage::Archived {
+                None => FirstPage::Missing,
+                Some(BucketState::Archived { object_key, .. }) => FirstPage::Archived {
                     object_key: object_key.clone(),
                 },
-                Some(state) => HotPage::Hot {
+                Some(state) => FirstPage::Hot {
                     state: state.clone(),
-                    rows: first_rows,
+                    rows: decode_envelope(&record_rows, 4, partition, page)?,
                 },
             };
             Ok(HeadPage {

@@ -53,8 +53,8 @@ use pulpitum::model::{
     Record, ScanBounds, SortKey, TableId, MAX_KEY_LEN,
 };
 use pulpitum::store::{
-    AppendOutcome, BatchOutcome, BucketFilter, BucketState, Claim, HotPage, HotStore, PageRequest,
-    StoreError, TableDefinition, WorkKind, HEAD_BUCKETS,
+    AppendOutcome, BatchOutcome, BucketFilter, BucketState, Claim, FirstPage, HotPage, HotStore,
+    PageRequest, StoreError, TableDefinition, WorkKind, HEAD_BUCKETS,
 };
 
 /// A store under test.
@@ -1346,16 +1346,18 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
                         None => HotPage::Missing,
                         Some(m) => store.read_page(&m.id, &req).await.unwrap(),
                     };
+                    // The head's rows are the page's records, as one envelope batch.
+                    let want = FirstPage::from_page(want, req.include_value);
                     assert_eq!(head.first, want, "{from:?}..{to:?} {req:?}");
                     kinds.insert(match &head.first {
-                        HotPage::Missing => "missing",
-                        HotPage::Archived { .. } => "archived",
-                        HotPage::Hot { rows, .. } if rows.is_empty() => "empty",
-                        HotPage::Hot {
+                        FirstPage::Missing => "missing",
+                        FirstPage::Archived { .. } => "archived",
+                        FirstPage::Hot { rows, .. } if rows.num_rows() == 0 => "empty",
+                        FirstPage::Hot {
                             state: BucketState::Archiving,
                             ..
                         } => "archiving",
-                        HotPage::Hot { .. } => "hot",
+                        FirstPage::Hot { .. } => "hot",
                     });
                 }
             }
@@ -1427,8 +1429,8 @@ pub async fn read_head_lists_a_long_history_in_part(store: Store) {
                 listed.first()
             };
             let page = store.read_page(&first.unwrap().id, &req).await.unwrap();
-            assert_eq!(head.first, page);
-            assert!(matches!(head.first, HotPage::Hot { ref rows, .. } if rows.len() == 1));
+            assert_eq!(head.first, FirstPage::from_page(page, req.include_value));
+            assert!(matches!(head.first, FirstPage::Hot { ref rows, .. } if rows.num_rows() == 1));
         }
     }
 }
