@@ -24,6 +24,7 @@ psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE 
 # after it when everything passed (a failed run keeps its schemas for a post-mortem).
 sweep_test_schemas() {
   psql -h 127.0.0.1 -U postgres -d test -qAt -v ON_ERROR_STOP=1 <<'SQL'
+SET client_min_messages = warning;
 DO $$
 DECLARE s text;
 BEGIN
