@@ -1029,34 +1029,74 @@ impl MetaParts<'_> {
     }
 }
 
-/// Decodes `(event_time, sort_key, value)` at columns `at..at+3`; `None` for the NULL row of
-/// a LEFT JOIN that matched nothing.
-fn decode_record(
-    row: &Row,
-    at: usize,
-    partition_key: &PartitionKey,
-    with_value: bool,
-) -> StoreResult<Option<Record>> {
+/// A record row's fields, borrowed from the row.
+struct Borrowed<'a> {
+    time: EventTime,
+    sort: &'a [u8],
+    value: &'a [u8],
+}
+
+/// Decodes and validates `(event_time, sort_key, value)` at columns `at..at+3` without
+/// copying; `None` for a row whose `event_time` is NULL (the NULL row of a LEFT JOIN that
+/// matched nothing). `value` is empty unless `with_value`.
+fn borrow_record(row: &Row, at: usize, with_value: bool) -> StoreResult<Option<Borrowed<'_>>> {
     let get = |e: tokio_postgres::Error| corrupt("record row", e);
     let Some(t) = row.try_get::<_, Option<PgMicros>>(at).map_err(get)? else {
         return Ok(None);
     };
     let sort: Option<&[u8]> = row.try_get(at + 1).map_err(get)?;
     let sort = sort.ok_or_else(|| StoreError::Corrupt("record without sort key".into()))?;
-    let value = if with_value {
+    SortKey::check(sort).map_err(|e| corrupt("sort key", e))?;
+    let value: &[u8] = if with_value {
         let value: Option<&[u8]> = row.try_get(at + 2).map_err(get)?;
-        value
-            .ok_or_else(|| StoreError::Corrupt("record without value".into()))?
-            .to_vec()
+        value.ok_or_else(|| StoreError::Corrupt("record without value".into()))?
     } else {
-        Vec::new()
+        &[]
+    };
+    Ok(Some(Borrowed {
+        time: micros_time(t, "event_time")?,
+        sort,
+        value,
+    }))
+}
+
+/// Decodes `(event_time, sort_key, value)` at columns `at..at+3` into a record; `None` for
+/// the NULL row of a LEFT JOIN that matched nothing.
+fn decode_record(
+    row: &Row,
+    at: usize,
+    partition_key: &PartitionKey,
+    with_value: bool,
+) -> StoreResult<Option<Record>> {
+    let Some(r) = borrow_record(row, at, with_value)? else {
+        return Ok(None);
     };
     Ok(Some(Record {
         partition_key: partition_key.clone(),
-        event_time: micros_time(t, "event_time")?,
-        sort_key: SortKey::new(sort.to_vec()).map_err(|e| corrupt("sort key", e))?,
-        value,
+        event_time: r.time,
+        sort_key: SortKey::new(r.sort.to_vec()).map_err(|e| corrupt("sort key", e))?,
+        value: r.value.to_vec(),
     }))
+}
+
+/// Puts rows in clustering order (reversed when `descending`). The statement reads them in
+/// index order, so this is a check in one pass; a statement is not promised to keep a
+/// branch's order, so the fallback sorts.
+fn in_page_order(rows: &mut [Borrowed<'_>], descending: bool) {
+    fn key<'a>(r: &Borrowed<'a>) -> (EventTime, &'a [u8]) {
+        (r.time, r.sort)
+    }
+    let ordered = if descending {
+        rows.is_sorted_by(|a, b| key(a) >= key(b))
+    } else {
+        rows.is_sorted_by(|a, b| key(a) <= key(b))
+    };
+    if !ordered {
+        rows.sort_by(|a, b| key(a).cmp(&key(b)));
+        if descending {
+            rows.reverse();
+        }
+    }
 }
 
 /// Decodes record rows (`(event_time, sort_key, value)` at columns `at..at+3`) straight
@@ -1069,50 +1109,15 @@ fn decode_envelope(
     partition: &PartitionKey,
     page: &PageRequest,
 ) -> StoreResult<RecordBatch> {
-    struct Borrowed<'a> {
-        time: EventTime,
-        sort: &'a [u8],
-        value: &'a [u8],
-    }
-    let get = |e: tokio_postgres::Error| corrupt("record row", e);
     let mut out: Vec<Borrowed<'_>> = Vec::with_capacity(rows.len());
     let mut bytes = 0;
     for row in rows {
-        let Some(t) = row.try_get::<_, Option<PgMicros>>(at).map_err(get)? else {
-            continue;
-        };
-        let sort: Option<&[u8]> = row.try_get(at + 1).map_err(get)?;
-        let sort = sort.ok_or_else(|| StoreError::Corrupt("record without sort key".into()))?;
-        SortKey::check(sort).map_err(|e| corrupt("sort key", e))?;
-        let value: &[u8] = if page.include_value {
-            let value: Option<&[u8]> = row.try_get(at + 2).map_err(get)?;
-            value.ok_or_else(|| StoreError::Corrupt("record without value".into()))?
-        } else {
-            &[]
-        };
-        bytes += value.len();
-        out.push(Borrowed {
-            time: micros_time(t, "event_time")?,
-            sort,
-            value,
-        });
-    }
-    // The statement reads the rows in index order, so this is a check in one pass; a
-    // statement is not promised to keep a branch's order, so the fallback sorts.
-    fn key<'a>(r: &Borrowed<'a>) -> (EventTime, &'a [u8]) {
-        (r.time, r.sort)
-    }
-    let ordered = if page.descending {
-        out.is_sorted_by(|a, b| key(a) >= key(b))
-    } else {
-        out.is_sorted_by(|a, b| key(a) <= key(b))
-    };
-    if !ordered {
-        out.sort_by(|a, b| key(a).cmp(&key(b)));
-        if page.descending {
-            out.reverse();
+        if let Some(r) = borrow_record(row, at, page.include_value)? {
+            bytes += r.value.len();
+            out.push(r);
         }
     }
+    in_page_order(&mut out, page.descending);
     let mut batch = EnvelopeBuilder::with_capacity(out.len(), bytes, page.include_value);
     for r in &out {
         batch.push(partition.as_bytes(), r.time, r.sort, r.value);
@@ -2059,4 +2064,50 @@ impl PgStore {
 /// A fresh, opaque, unguessable owner token.
 fn new_token() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_rows_are_put_in_clustering_order_either_way() {
+        let t = |m: i64| EventTime::from_micros(m).unwrap();
+        let rows = || {
+            vec![
+                Borrowed {
+                    time: t(2),
+                    sort: b"a",
+                    value: b"2a",
+                },
+                Borrowed {
+                    time: t(1),
+                    sort: b"z",
+                    value: b"1z",
+                },
+                Borrowed {
+                    time: t(2),
+                    sort: b"",
+                    value: b"2",
+                },
+                Borrowed {
+                    time: t(3),
+                    sort: b"b",
+                    value: b"3b",
+                },
+            ]
+        };
+        fn values<'a>(rs: &[Borrowed<'a>]) -> Vec<&'a [u8]> {
+            rs.iter().map(|r| r.value).collect()
+        }
+        let mut asc = rows();
+        in_page_order(&mut asc, false);
+        assert_eq!(values(&asc), [b"1z".as_ref(), b"2", b"2a", b"3b"]);
+        let mut desc = rows();
+        in_page_order(&mut desc, true);
+        assert_eq!(values(&desc), [b"3b".as_ref(), b"2a", b"2", b"1z"]);
+        // Already ordered input is left as it is.
+        in_page_order(&mut desc, true);
+        assert_eq!(values(&desc), [b"3b".as_ref(), b"2a", b"2", b"1z"]);
+    }
 }
