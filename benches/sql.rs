@@ -3,7 +3,9 @@
 //!
 //! 1. the latest 50 messages of a channel from a hot bucket against a direct tokio-postgres
 //!    prepared query of the same rows: through a prepared Pulpitum query (the comparable
-//!    case: both sides plan once) and through ad-hoc SQL (parsed and planned per call);
+//!    case: both sides plan once) and through ad-hoc SQL (parsed and planned per call); the
+//!    channel has a year of older daily buckets, which the SQL paths list and the direct
+//!    query, naming today's bucket, does not;
 //! 2. the same page from an archived (Parquet) bucket, and its object-store requests;
 //! 3. planning time of a one-day query on a table with 10,000 buckets;
 //! 4. an aggregate over 180 archived Parquet buckets (archived by the real
@@ -127,6 +129,12 @@ async fn main() {
             store.append_batch(&table, c).await.unwrap();
         }
     }
+    // Channel 1 also has a year of quiet history (one message a day, hot), as a real
+    // channel does: the SQL paths list its buckets; the direct query names today's bucket.
+    let history: Vec<Record> = (1..=365)
+        .map(|d| record(1, day0 - d * 86_400_000_000, -d))
+        .collect();
+    store.append_batch(&table, &history).await.unwrap();
     let archived = BucketId {
         table_id: table.clone(),
         partition_key: PartitionKey::new(encode_i64(2).to_vec()).unwrap(),

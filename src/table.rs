@@ -20,10 +20,12 @@ use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveStore, Manifest};
 use crate::model::envelope::last_clustering_key;
-use crate::model::{records_to_batch, BucketId, EventTime, PartitionKey, Record, ScanBounds};
+use crate::model::{
+    records_to_batch, BucketId, BucketKey, EventTime, PartitionKey, Record, ScanBounds,
+};
 use crate::store::{
     AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, FirstPage, HotPage,
-    HotStore, PageRequest, StoreError, TableDefinition,
+    HotStore, PageRequest, StoreError, TableDefinition, LIST_PAGE,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -423,37 +425,14 @@ impl DurableTable {
                 (false, Some(last)) => Some(last.id.bucket_key),
                 (false, None) => first_key,
             };
-            // The interval left: strictly older than the oldest listed bucket, or strictly
-            // newer than the newest (a partition's buckets never overlap, so ending later
-            // than it suffices). `None` when nothing can be left.
-            let left_over = listed_end.and_then(|edge| {
-                if req.descending {
-                    let before = EventTime::from_micros(edge.start().as_micros() - 1).ok()?;
-                    (before >= from).then_some((from, to.min(before)))
-                } else {
-                    (edge.end() <= to).then_some((from.max(edge.end()), to))
-                }
-            });
+            let left_over = listed_end.and_then(|edge| beyond(edge, (from, to), req.descending));
             let rest = match left_over {
                 None => stream::empty().boxed(),
-                Some((from, to)) => {
-                    let table = table.clone();
-                    let partition = partition.clone();
-                    stream::once(async move {
-                        let filter = BucketFilter {
-                            partitions: Some(vec![partition]),
-                            from: Some(from),
-                            to: Some(to),
-                        };
-                        let mut more = table.list_buckets(&filter).await?;
-                        if req.descending {
-                            more.reverse();
-                        }
-                        Ok::<_, TableError>(stream::iter(more.into_iter().map(Ok)))
-                    })
+                Some(interval) => table
+                    .list_in_pages(partition.clone(), interval, req.descending, rem.clone())
+                    .map_ok(|page| stream::iter(page.into_iter().map(Ok)))
                     .try_flatten()
-                    .boxed()
-                }
+                    .boxed(),
             };
             let rem2 = rem.clone();
             let bounds = req.bounds.clone();
@@ -495,6 +474,49 @@ impl DurableTable {
                 let _ = remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
                     (r != usize::MAX).then(|| r.saturating_sub(n))
                 });
+            }
+        })
+        .boxed()
+    }
+
+    /// One partition's buckets overlapping `interval`, in scan order, [`LIST_PAGE`] per
+    /// statement, each listed only when the consumer asks for it and `wanted` (rows the
+    /// scan still needs) is not zero: a scan that stops early (a LIMIT reached) never lists
+    /// the rest of a long history.
+    fn list_in_pages(
+        &self,
+        partition: PartitionKey,
+        interval: (EventTime, EventTime),
+        descending: bool,
+        wanted: Arc<AtomicUsize>,
+    ) -> BoxStream<'static, Result<Vec<BucketMeta>, TableError>> {
+        let table = self.clone();
+        stream::try_unfold(Some(interval), move |left| {
+            let table = table.clone();
+            let partition = partition.clone();
+            let wanted = wanted.clone();
+            async move {
+                let Some((from, to)) = left else {
+                    return Ok(None);
+                };
+                if wanted.load(Ordering::SeqCst) == 0 {
+                    return Ok(None);
+                }
+                let filter = BucketFilter {
+                    partitions: Some(vec![partition]),
+                    from: Some(from),
+                    to: Some(to),
+                    descending,
+                    limit: Some(LIST_PAGE),
+                };
+                let page = table.list_buckets(&filter).await?;
+                let next = match page.last() {
+                    Some(last) if page.len() >= LIST_PAGE => {
+                        beyond(last.id.bucket_key, (from, to), descending)
+                    }
+                    _ => None,
+                };
+                Ok(Some((page, next)))
             }
         })
         .boxed()
@@ -647,5 +669,21 @@ impl DurableTable {
                 bucket: bucket.clone(),
                 source: Box::new(source),
             })
+    }
+}
+
+/// The part of `[from, to]` past `edge` in scan order: strictly older than its start when
+/// descending, else from its end on (a partition's buckets never overlap, so a bucket that
+/// ends after `edge` ends starts there or later). `None` when nothing is left.
+fn beyond(
+    edge: BucketKey,
+    (from, to): (EventTime, EventTime),
+    descending: bool,
+) -> Option<(EventTime, EventTime)> {
+    if descending {
+        let before = EventTime::from_micros(edge.start().as_micros() - 1).ok()?;
+        (before >= from).then_some((from, to.min(before)))
+    } else {
+        (edge.end() <= to).then_some((from.max(edge.end()), to))
     }
 }

@@ -776,6 +776,7 @@ async fn list_buckets_filters_by_partition_and_time() {
         partitions: None,
         from: Some(a2.bucket_key.start()),
         to: Some(EventTime::from_micros(a2.bucket_key.end().as_micros() - 1).unwrap()),
+        ..BucketFilter::default()
     };
     assert_eq!(
         ids(s.list_buckets(&t, &window).await.unwrap()),

@@ -193,6 +193,7 @@ impl PulpitumTable {
                     .map(|p| p.iter().cloned().collect()),
                 from: interval.map(|i| i.0),
                 to: interval.map(|i| i.1),
+                ..BucketFilter::default()
             };
             let mut metas = self.table.list_buckets(&filter).await?;
             metas.sort_by(|a, b| {

@@ -135,9 +135,16 @@ pub enum HotPage {
 }
 
 /// Buckets a store lists at least with a head page (when the partition has that many): a
-/// "latest N" read of a channel with years of daily buckets fetches the metadata of the few
-/// buckets it reads, not of its whole history.
-pub const HEAD_BUCKETS: usize = 32;
+/// "latest N" read of a channel with years of daily buckets fetches the metadata of the
+/// bucket it reads and its neighbour, not of its whole history. Two, because a page that
+/// spills past its first bucket is common (a quiet day) and then needs the next route
+/// anyway; every metadata row costs the head statement time whether it is read or not.
+pub const HEAD_BUCKETS: usize = 2;
+
+/// Buckets a scan lists per round trip once it reads past the head's listing: enough that
+/// a scan over years of daily buckets lists in a few statements, few enough that a listing
+/// the scan never reaches costs little.
+pub const LIST_PAGE: usize = 64;
 
 /// A partition's bucket listing and the first page of its first bucket in scan order (see
 /// [`HotStore::read_head`]).
@@ -208,10 +215,14 @@ pub struct PageRequest {
 pub struct BucketFilter {
     /// Only these partitions (`None`: all).
     pub partitions: Option<Vec<PartitionKey>>,
-    /// Only buckets with `bucket_end > start_after_or_at` ... i.e. overlapping `[from, to]`.
+    /// Only buckets with `bucket_end > from`, i.e. overlapping `[from, to]`.
     pub from: Option<EventTime>,
     /// Only buckets with `bucket_start <= to`.
     pub to: Option<EventTime>,
+    /// Within each partition, newest bucket first.
+    pub descending: bool,
+    /// At most this many buckets, the first in the listing's order (`None`: all).
+    pub limit: Option<usize>,
 }
 
 /// Why the archiver should look at a bucket.
@@ -400,7 +411,8 @@ pub trait HotStore: Send + Sync + 'static {
         records: &[Record],
     ) -> StoreResult<BatchOutcome>;
 
-    /// Buckets of a table matching the filter, ordered by partition key, then bucket start.
+    /// Buckets of a table matching the filter, ordered by partition key, then bucket start
+    /// (descending when [`BucketFilter::descending`]), cut at [`BucketFilter::limit`].
     async fn list_buckets(
         &self,
         table_id: &TableId,
@@ -435,21 +447,24 @@ pub trait HotStore: Send + Sync + 'static {
             partitions: Some(vec![partition.clone()]),
             from,
             to,
+            descending: page.descending,
+            // One more than listed, to learn whether the listing is complete.
+            limit: Some(HEAD_BUCKETS + 1),
         };
-        let buckets = self.list_buckets(table_id, &filter).await?;
-        let first_id = if page.descending {
-            buckets.last()
-        } else {
-            buckets.first()
-        };
-        let first = match first_id {
+        let mut buckets = self.list_buckets(table_id, &filter).await?;
+        let complete = buckets.len() <= HEAD_BUCKETS;
+        buckets.truncate(HEAD_BUCKETS);
+        let first = match buckets.first() {
             None => FirstPage::Missing,
             Some(m) => FirstPage::from_page(self.read_page(&m.id, page).await?, page.include_value),
         };
+        if page.descending {
+            buckets.reverse();
+        }
         Ok(HeadPage {
             buckets,
             first,
-            complete: true,
+            complete,
         })
     }
 

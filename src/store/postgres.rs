@@ -1409,7 +1409,16 @@ impl HotStore for PgStore {
                 push(&mut params, to.to_datetime())
             ));
         }
-        sql.push_str(" ORDER BY partition_key, bucket_start");
+        sql.push_str(if filter.descending {
+            " ORDER BY partition_key, bucket_start DESC"
+        } else {
+            " ORDER BY partition_key, bucket_start"
+        });
+        if let Some(limit) = filter.limit {
+            // Not `limit_param`: a limit of zero lists nothing, as in the embedded store.
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            sql.push_str(&format!(" LIMIT {}", push(&mut params, limit)));
+        }
         self.run("list_buckets", || async {
             let client = self.pooled().await?;
             // A handful of statement texts (with or without each bound): cached per

@@ -466,18 +466,20 @@ async fn cached_plans_run_concurrently_with_fresh_state() {
     env.cleanup().await;
 }
 
-/// A channel with more daily buckets than one head statement lists: a short "latest" page
-/// never lists more, while pages and full scans that reach past the listed buckets list the
-/// rest once and return every row once, in order, both ways.
+/// A channel with more daily buckets than one head statement lists: a "latest" page that
+/// the listed buckets answer never lists more; pages and full scans that reach past the listed buckets list the rest
+/// a page of buckets at a time, only as far as they read, and return every row once, in
+/// order, both ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_histories_list_the_head_then_the_rest() {
     use pulpitum::model::SortKey;
     use pulpitum::provider::surface::encode_i64;
-    use pulpitum::store::HEAD_BUCKETS;
+    use pulpitum::store::{HEAD_BUCKETS, LIST_PAGE};
 
     let env = Env::new("preplong").await;
     let (counting, ctx) = counting_session(&env).await;
-    let days = HEAD_BUCKETS as i64 + 6;
+    // The head's buckets, one full listing page, and six more.
+    let days = (HEAD_BUCKETS + LIST_PAGE) as i64 + 6;
     let day0 = EventTime::parse_rfc3339("2024-01-01T08:00:00Z")
         .unwrap()
         .as_micros();
@@ -498,6 +500,24 @@ async fn long_histories_list_the_head_then_the_rest() {
     let all: Vec<i64> = (0..days * 2).collect();
     let one = [ScalarValue::Int64(Some(1))];
 
+    // Latest 3: the newest bucket from the head statement, one row of the second listed.
+    let short = prepare(
+        &ctx,
+        "SELECT id FROM chat WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT 3",
+    )
+    .await
+    .unwrap();
+    counting.take();
+    let page = short.execute(&one).await.unwrap();
+    assert_eq!(
+        ids(&page),
+        all.iter().rev().take(3).copied().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        counting.take(),
+        BTreeMap::from([("read_head", 1), ("read_page", 1)])
+    );
+    // Latest 5 reaches a third bucket, past the head's listing: one listing page.
     let latest = prepare(&ctx, LATEST).await.unwrap();
     counting.take();
     let page = latest.execute(&one).await.unwrap();
@@ -507,28 +527,70 @@ async fn long_histories_list_the_head_then_the_rest() {
     );
     assert_eq!(
         counting.take(),
-        BTreeMap::from([("read_head", 1), ("read_page", 2)])
+        BTreeMap::from([("read_head", 1), ("list_buckets", 1), ("read_page", 2)])
     );
 
-    // 2 * (HEAD_BUCKETS + 2) rows: two buckets past the listed ones.
-    let want = 2 * (HEAD_BUCKETS + 2);
-    let deep = prepare(
-        &ctx,
-        &format!(
-            "SELECT id FROM chat WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT {want}"
-        ),
-    )
-    .await
-    .unwrap();
-    counting.take();
-    let page = deep.execute(&one).await.unwrap();
-    assert_eq!(
-        ids(&page),
-        all.iter().rev().take(want).copied().collect::<Vec<_>>()
-    );
-    let calls = counting.take();
-    assert_eq!(calls.get("read_head"), Some(&1));
-    assert_eq!(calls.get("list_buckets"), Some(&1), "{calls:?}");
+    // Two buckets past the listed ones; exactly the rows of the head's buckets and the
+    // first listing page (the scan stops there without listing the next page); one row more
+    // (it lists the next).
+    for (want, listings) in [
+        (2 * (HEAD_BUCKETS + 2), 1),
+        (2 * (HEAD_BUCKETS + LIST_PAGE), 1),
+        (2 * (HEAD_BUCKETS + LIST_PAGE) + 1, 2),
+    ] {
+        let deep = prepare(
+            &ctx,
+            &format!(
+                "SELECT id FROM chat WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT {want}"
+            ),
+        )
+        .await
+        .unwrap();
+        counting.take();
+        let page = deep.execute(&one).await.unwrap();
+        assert_eq!(
+            ids(&page),
+            all.iter().rev().take(want).copied().collect::<Vec<_>>()
+        );
+        let calls = counting.take();
+        assert_eq!(
+            calls.get("list_buckets"),
+            Some(&listings),
+            "{want}: {calls:?}"
+        );
+    }
+    // The same limit below SQL, with the stream drained to its end (DataFusion's limit stops
+    // polling once it has its rows; a consumer that does not must not list the rest).
+    {
+        use futures::StreamExt;
+        use pulpitum::model::ScanBounds;
+        use pulpitum::table::{BucketScan, DurableTable};
+        let tid = TableId::new("chat").unwrap();
+        let def = counting.table(&tid).await.unwrap().unwrap();
+        let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
+        let table = DurableTable::new(counting.clone() as Arc<dyn HotStore>, archive, def);
+        let want = 2 * (HEAD_BUCKETS + LIST_PAGE);
+        let req = BucketScan {
+            bounds: ScanBounds::all(),
+            descending: true,
+            include_value: false,
+            include_keys: true,
+            page_rows: 50,
+            limit: Some(want),
+        };
+        counting.take();
+        let chunks: Vec<_> = table
+            .scan_key(PartitionKey::new(encode_i64(1).to_vec()).unwrap(), req)
+            .collect()
+            .await;
+        let rows: usize = chunks
+            .iter()
+            .map(|c| c.as_ref().unwrap().batch.num_rows())
+            .sum();
+        assert_eq!(rows, want);
+        let calls = counting.take();
+        assert_eq!(calls.get("list_buckets"), Some(&1), "{calls:?}");
+    }
 
     // Unlimited, ascending, and with a time window that starts inside the history.
     let asc = prepare(
@@ -539,7 +601,8 @@ async fn long_histories_list_the_head_then_the_rest() {
     .unwrap();
     counting.take();
     assert_eq!(ids(&asc.execute(&one).await.unwrap()), all);
-    assert_eq!(counting.take().get("list_buckets"), Some(&1));
+    // A full listing page, then the six left.
+    assert_eq!(counting.take().get("list_buckets"), Some(&2));
     let window = prepare(
         &ctx,
         "SELECT id FROM chat WHERE channel_id = $1 AND timestamp >= $2 ORDER BY timestamp, id",

@@ -865,7 +865,20 @@ impl HotStore for SqliteStore {
                     sql.push_str(" AND partition_key = ?");
                     args.push(Value::Blob(p.as_bytes().to_vec()));
                 }
-                sql.push_str(" ORDER BY partition_key, bucket_start");
+                sql.push_str(if filter.descending {
+                    " ORDER BY partition_key, bucket_start DESC"
+                } else {
+                    " ORDER BY partition_key, bucket_start"
+                });
+                if let Some(limit) = filter.limit {
+                    // The limit is over the whole listing, partitions in key order.
+                    let left = limit.saturating_sub(out.len());
+                    if left == 0 {
+                        break;
+                    }
+                    sql.push_str(" LIMIT ?");
+                    args.push(Value::Integer(i64::try_from(left).unwrap_or(i64::MAX)));
+                }
                 let mut stmt = tx.prepare_cached(&sql)?;
                 let rows = stmt.query_map(params_from_iter(args.iter()), meta_from_row)?;
                 for row in rows {
