@@ -24,6 +24,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rand::seq::SliceRandom;
+
 use datafusion::datasource::file_format::options::ParquetReadOptions;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use pulpitum::archive::{ArchiveStore, FaultLayer, FaultPlan, PayloadFormat};
@@ -181,8 +183,11 @@ async fn main() {
         .unwrap();
     let pk = encode_i64(1).to_vec();
     let bk = archived.bucket_key.to_string();
-    // Interleaved: every round runs each variant once, in a rotating order, so the load of
-    // this shared machine (PostgreSQL runs on the same two cores) falls on all of them alike.
+    // Interleaved: every round runs each variant once, in a fresh random order, so the load
+    // of this shared machine (PostgreSQL runs on the same two cores) falls on all of them
+    // alike, and no variant always runs right after the same other one. (A fixed rotation
+    // put the prepared query straight after the ad-hoc one every time, whose 3 ms of
+    // planning left it cold caches and background work: 1.70x instead of 1.4x-1.5x.)
     // Which of the five hot variants run (all by default; one, to profile it alone).
     let names = ["adhoc", "prepared", "plan", "head", "direct"];
     let variants: Vec<usize> = match std::env::var("SQL_BENCH_VARIANTS") {
@@ -193,12 +198,10 @@ async fn main() {
         Err(_) => (0..5).collect(),
     };
     let mut times: [Vec<Duration>; 5] = Default::default();
+    let mut order = variants.clone();
     for round in 0..if on("hot") { n + n / 10 } else { 0 } {
-        for k in 0..5 {
-            let which = (round + k) % 5;
-            if !variants.contains(&which) {
-                continue;
-            }
+        order.shuffle(&mut rand::rng());
+        for &which in &order {
             let t = Instant::now();
             match which {
                 0 => {
@@ -241,6 +244,18 @@ async fn main() {
             if round >= n / 10 {
                 times[which].push(t.elapsed());
             }
+        }
+    }
+    if on("hot") && variants.len() < 5 {
+        // A subset (profiling): each variant's percentiles, and its ratio to the direct
+        // query when that ran too.
+        let direct = (!times[4].is_empty()).then(|| percentiles(times[4].clone()).0);
+        for &v in &variants {
+            let (p50, p99) = percentiles(times[v].clone());
+            let ratio = direct.map_or(String::new(), |d| {
+                format!("; {:.2}x of direct", p50.as_secs_f64() / d.as_secs_f64())
+            });
+            println!("hot {}: p50 {p50:?} p99 {p99:?}{ratio}", names[v]);
         }
     }
     if on("hot") && variants.len() == 5 {
@@ -334,9 +349,10 @@ async fn aggregate_bench(store: &Arc<PgStore>, day0: i64) -> (Duration, Duration
     let ctx = session_with(store, &archive).await;
     create_daily_table(&ctx, "agg").await;
     let table = TableId::new("agg").unwrap();
-    // Days day0-100 .. day0-41: all end before the cutoff below, while the other tables'
-    // buckets (day0 and the `big` table, loaded later) are left alone.
-    let first = day0 - 100 * DAY;
+    // Days day0-500 .. day0-441: all end before the cutoff below, while the other tables'
+    // buckets (channel 1's year of history up to day0, and the `big` table, loaded later)
+    // are left alone.
+    let first = day0 - 500 * DAY;
     let mut id = 0i64;
     for day in 0..AGG_DAYS {
         for ch in 0..AGG_CHANNELS {
@@ -352,7 +368,7 @@ async fn aggregate_bench(store: &Arc<PgStore>, day0: i64) -> (Duration, Duration
         }
     }
     let mut config = ArchiverConfig::with_defaults();
-    config.eligible_before = EventTime::from_micros(day0 - 40 * DAY).unwrap();
+    config.eligible_before = EventTime::from_micros(day0 - 440 * DAY).unwrap();
     config.cleanup_delay = Duration::ZERO;
     config.format = PayloadFormat::Parquet;
     config.scan_limit = 10_000;
