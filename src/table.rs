@@ -430,7 +430,7 @@ impl DurableTable {
                 None => stream::empty().boxed(),
                 Some(interval) => table
                     .list_in_pages(partition.clone(), interval, req.descending, rem.clone())
-                    .map_ok(|page| stream::iter(page.into_iter().map(Ok)))
+                    .map_ok(|page| stream::iter(page.into_iter().map(|m| Ok(m.into()))))
                     .try_flatten()
                     .boxed(),
             };

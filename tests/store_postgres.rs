@@ -8,10 +8,12 @@ mod conformance;
 
 use std::sync::Arc;
 
-use pulpitum::model::{BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::model::{
+    BucketStrategy, EventTime, PartitionKey, Record, ScanBounds, SortKey, TableId,
+};
 use pulpitum::store::migrate::{self, Migration, MIGRATIONS};
 use pulpitum::store::postgres::{PgStore, PgStoreConfig};
-use pulpitum::store::{BucketFilter, HotStore, StoreError, TableDefinition};
+use pulpitum::store::{BucketFilter, HotStore, PageRequest, StoreError, TableDefinition};
 
 fn url() -> String {
     std::env::var("PULPITUM_TEST_PG_URL")
@@ -225,6 +227,24 @@ async fn corrupt_rows_are_reported_not_guessed() {
     };
     store.append(&tbl, &r).await.unwrap();
     let client = store.raw_client().await.unwrap();
+    let head = PageRequest {
+        bounds: ScanBounds::all(),
+        descending: true,
+        limit: 10,
+        include_value: true,
+    };
+    let head_is_corrupt = || async {
+        matches!(
+            store
+                .read_head(&tbl, &r.partition_key, None, None, &head)
+                .await,
+            Err(StoreError::Corrupt(_))
+        )
+    };
+    assert!(store
+        .read_head(&tbl, &r.partition_key, None, None, &head)
+        .await
+        .is_ok());
     for (column, bad) in [
         ("bucket_key", "year:21"),
         ("bucket_strategy", "calendar_week_utc"),
@@ -244,6 +264,12 @@ async fn corrupt_rows_are_reported_not_guessed() {
             ),
             "{column} = {bad} must be reported as corrupt"
         );
+        // The head statement lists keys and routes only; a key that does not parse or does
+        // not match the stored start is corrupt there too (the strategy column it does not
+        // read).
+        if column == "bucket_key" {
+            assert!(head_is_corrupt().await, "{column} = {bad}: read_head");
+        }
         client
             .execute(
                 "UPDATE pulpitum_v4_bucket_metadata SET bucket_key = 'year:2021', bucket_strategy = 'calendar_year_utc'",
@@ -260,6 +286,38 @@ async fn corrupt_rows_are_reported_not_guessed() {
             .len(),
         1
     );
+    // A published route without its object key, or a state this build does not know.
+    for (state, object_key) in [("archived", None), ("frozen", Some("k"))] {
+        client
+            .execute(
+                "ALTER TABLE pulpitum_v4_bucket_metadata DROP CONSTRAINT IF EXISTS pulpitum_v4_bucket_metadata_state_check",
+                &[],
+            )
+            .await
+            .unwrap();
+        client
+            .execute(
+                "UPDATE pulpitum_v4_bucket_metadata SET state = $1, object_key = $2",
+                &[&state, &object_key],
+            )
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.list_buckets(&tbl, &BucketFilter::default()).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(
+            head_is_corrupt().await,
+            "state {state} with object key {object_key:?}"
+        );
+    }
+    client
+        .execute(
+            "UPDATE pulpitum_v4_bucket_metadata SET state = 'hot', object_key = NULL",
+            &[],
+        )
+        .await
+        .unwrap();
     client
         .execute(
             "UPDATE pulpitum_v4_tables SET bucket_strategy = 'weekly'",

@@ -146,13 +146,34 @@ pub const HEAD_BUCKETS: usize = 2;
 /// the scan never reaches costs little.
 pub const LIST_PAGE: usize = 64;
 
+/// A bucket as a scan needs to know it: its identity and its route. The head statement lists
+/// only this much (the lease, owner and times of [`BucketMeta`] are the archiver's business):
+/// every column of the listing costs the latency-bound head page time on the server and in
+/// decoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedBucket {
+    /// Identity.
+    pub id: BucketId,
+    /// State at the moment of the listing (for Archived, the route).
+    pub state: BucketState,
+}
+
+impl From<BucketMeta> for RoutedBucket {
+    fn from(m: BucketMeta) -> Self {
+        Self {
+            id: m.id,
+            state: m.state,
+        }
+    }
+}
+
 /// A partition's bucket listing and the first page of its first bucket in scan order (see
 /// [`HotStore::read_head`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeadPage {
     /// The partition's first buckets in scan order among those overlapping the interval
     /// (all of them, or at least [`HEAD_BUCKETS`]), ascending by start.
-    pub buckets: Vec<BucketMeta>,
+    pub buckets: Vec<RoutedBucket>,
     /// Whether `buckets` holds every bucket overlapping the interval. When false, the rest
     /// lie beyond the last listed bucket in scan order and are listed with
     /// [`HotStore::list_buckets`] when a scan gets that far.
@@ -462,7 +483,7 @@ pub trait HotStore: Send + Sync + 'static {
             buckets.reverse();
         }
         Ok(HeadPage {
-            buckets,
+            buckets: buckets.into_iter().map(RoutedBucket::from).collect(),
             first,
             complete,
         })

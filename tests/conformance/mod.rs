@@ -54,7 +54,7 @@ use pulpitum::model::{
 };
 use pulpitum::store::{
     AppendOutcome, BatchOutcome, BucketFilter, BucketState, Claim, FirstPage, HotPage, HotStore,
-    PageRequest, StoreError, TableDefinition, WorkKind, HEAD_BUCKETS,
+    PageRequest, RoutedBucket, StoreError, TableDefinition, WorkKind, HEAD_BUCKETS,
 };
 
 /// A store under test.
@@ -1255,6 +1255,12 @@ pub async fn read_page_missing_and_empty(store: Store) {
         .is_empty());
 }
 
+/// `list_buckets` as `read_head` lists: each bucket's identity and route.
+async fn routed(store: &Store, tbl: &TableId, filter: &BucketFilter) -> Vec<RoutedBucket> {
+    let listed = store.list_buckets(tbl, filter).await.unwrap();
+    listed.into_iter().map(RoutedBucket::from).collect()
+}
+
 /// `read_head` returns what `list_buckets` for the partition and `read_page` of the first
 /// bucket in scan order return, over hot, archiving and archived first buckets, both
 /// directions, open and closed intervals, cursors and limits.
@@ -1335,7 +1341,7 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
                         to,
                         ..Default::default()
                     };
-                    let listed = store.list_buckets(&tbl, &filter).await.unwrap();
+                    let listed = routed(&store, &tbl, &filter).await;
                     // All of them, or the first `HEAD_BUCKETS` or more in scan order.
                     let n = head.buckets.len();
                     let prefix = if descending {
@@ -1409,7 +1415,7 @@ pub async fn read_head_lists_a_long_history_in_part(store: Store) {
             to,
             ..Default::default()
         };
-        let listed = store.list_buckets(&tbl, &filter).await.unwrap();
+        let listed = routed(&store, &tbl, &filter).await;
         for descending in [false, true] {
             let req = PageRequest {
                 bounds: ScanBounds::all(),
