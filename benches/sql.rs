@@ -4,8 +4,9 @@
 //! 1. the latest 50 messages of a channel from a hot bucket against a direct tokio-postgres
 //!    prepared query of the same rows: through a prepared Pulpitum query (the comparable
 //!    case: both sides plan once) and through ad-hoc SQL (parsed and planned per call); the
-//!    channel has a year of older daily buckets, which the SQL paths list and the direct
-//!    query, naming today's bucket, does not;
+//!    channel has a year of older daily buckets, which the SQL paths must not trip over (the
+//!    ad-hoc query lists them while planning) and the direct query, naming today's bucket,
+//!    never sees;
 //! 2. the same page from an archived (Parquet) bucket, and its object-store requests;
 //! 3. planning time of a one-day query on a table with 10,000 buckets;
 //! 4. an aggregate over 180 archived Parquet buckets (archived by the real
@@ -132,7 +133,7 @@ async fn main() {
         }
     }
     // Channel 1 also has a year of quiet history (one message a day, hot), as a real
-    // channel does: the SQL paths list its buckets; the direct query names today's bucket.
+    // channel does: the SQL paths find today's bucket among them; the direct query names it.
     let history: Vec<Record> = (1..=365)
         .map(|d| record(1, day0 - d * 86_400_000_000, -d))
         .collect();

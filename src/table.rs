@@ -25,7 +25,7 @@ use crate::model::{
 };
 use crate::store::{
     AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, FirstPage, HotPage,
-    HotStore, PageRequest, StoreError, TableDefinition, LIST_PAGE,
+    HotStore, PageRequest, StoreError, TableDefinition, HEAD_READS, LIST_PAGE,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -333,26 +333,53 @@ impl DurableTable {
         self.scan_bucket_from(bucket, known_archived, req, true)
     }
 
-    /// Streams one partition's matching rows across all its buckets in scan order, listing
-    /// the buckets at call time: one [`HotStore::read_head`] statement returns the listing
-    /// and the first bucket's route and first page together, so a "latest N" page that one
-    /// hot bucket answers costs one round trip. Later buckets are read one after another
-    /// as with [`scan_bucket`](Self::scan_bucket) (archived routes from the listing are used
-    /// directly; Hot and Archiving ones are re-read with each page), and reading stops once
-    /// `req.limit` rows have been produced.
+    /// Streams one partition's matching rows across all its buckets in scan order, finding
+    /// the buckets at call time: one [`HotStore::read_head`] statement finds the first
+    /// bucket and returns its route and first page together, so a "latest N" page that one
+    /// hot bucket answers costs one round trip. A scan that reads past it finds the next
+    /// bucket the same way (the first [`HEAD_READS`] buckets), then lists the rest
+    /// [`LIST_PAGE`] at a time, reading each bucket as [`scan_bucket`](Self::scan_bucket)
+    /// does (archived routes from the listing are used directly; Hot and Archiving ones are
+    /// re-read with each page). Nothing past a bucket is looked up once `req.limit` rows
+    /// have been produced.
     pub fn scan_key(
         &self,
         partition: PartitionKey,
         req: BucketScan,
     ) -> BoxStream<'static, Result<BucketChunk, TableError>> {
-        let table = self.clone();
-        let Some((from, to)) = req.bounds.time_interval() else {
+        let Some(interval) = req.bounds.time_interval() else {
             return stream::empty().boxed();
         };
         let remaining = Arc::new(AtomicUsize::new(req.limit.unwrap_or(usize::MAX)));
-        let rem = remaining.clone();
+        self.scan_from_head(partition, interval, req, remaining.clone(), HEAD_READS)
+            .inspect(move |item| {
+                if let Ok(chunk) = item {
+                    let n = chunk.batch.num_rows();
+                    let _ = remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
+                        (r != usize::MAX).then(|| r.saturating_sub(n))
+                    });
+                }
+            })
+            .boxed()
+    }
+
+    /// [`scan_key`](Self::scan_key) over `interval`: a head read of its first bucket, then
+    /// (while `remaining`, which the caller counts down, is not zero) the interval beyond
+    /// it, with `heads` more head reads before listing.
+    fn scan_from_head(
+        &self,
+        partition: PartitionKey,
+        (from, to): (EventTime, EventTime),
+        req: BucketScan,
+        remaining: Arc<AtomicUsize>,
+        heads: usize,
+    ) -> BoxStream<'static, Result<BucketChunk, TableError>> {
+        let table = self.clone();
         stream::once(async move {
-            let limit = rem.load(Ordering::SeqCst);
+            let limit = remaining.load(Ordering::SeqCst);
+            if limit == 0 {
+                return Ok(stream::empty().boxed());
+            }
             let page = PageRequest {
                 bounds: req.bounds.clone(),
                 descending: req.descending,
@@ -370,113 +397,110 @@ impl DurableTable {
                 .store
                 .read_head(&table_id, &partition, lower, upper, &page)
                 .await?;
-            let mut metas = head.buckets;
-            if req.descending {
-                metas.reverse();
-            }
-            let first_key = metas.first().map(|m| m.id.bucket_key);
-            let mut metas = metas.into_iter();
-            // The first bucket in scan order, as the head statement read it.
-            let first: BoxStream<'static, Result<BucketChunk, TableError>> =
-                match (metas.next(), head.first) {
-                    (None, _) | (Some(_), FirstPage::Missing) => stream::empty().boxed(),
-                    (Some(m), FirstPage::Archived { object_key }) => {
-                        table.scan_bucket(m.id, Some(object_key), req.clone())
-                    }
-                    (Some(m), FirstPage::Hot { rows: batch, .. }) => {
-                        let n = batch.num_rows();
-                        let full = n >= page.limit;
-                        let last = if full && limit > n {
-                            last_clustering_key(&batch).map_err(|e| TableError::Store(e.into()))?
-                        } else {
-                            None
-                        };
-                        let chunk = BucketChunk {
-                            tier: Tier::Hot,
-                            pages: 1,
-                            first_of_bucket: true,
-                            batch,
-                        };
-                        let head = stream::once(async move { Ok(chunk) });
-                        match last {
-                            Some(last) => {
-                                let bounds = if req.descending {
-                                    req.bounds.with_before(last)
-                                } else {
-                                    req.bounds.with_after(last)
-                                };
-                                let rest = BucketScan {
-                                    bounds,
-                                    limit: req.limit.map(|_| limit - n),
-                                    ..req.clone()
-                                };
-                                head.chain(table.scan_bucket_from(m.id, None, rest, false))
-                                    .boxed()
-                            }
-                            None => head.boxed(),
+            let Some(bucket) = head.bucket else {
+                return Ok(stream::empty().boxed());
+            };
+            let edge = bucket.id.bucket_key;
+            let first: BoxStream<'static, Result<BucketChunk, TableError>> = match head.first {
+                FirstPage::Missing => stream::empty().boxed(),
+                FirstPage::Archived { object_key } => {
+                    table.scan_bucket(bucket.id, Some(object_key), req.clone())
+                }
+                FirstPage::Hot { rows: batch, .. } => {
+                    let n = batch.num_rows();
+                    let full = n >= page.limit;
+                    let last = if full && limit > n {
+                        last_clustering_key(&batch).map_err(|e| TableError::Store(e.into()))?
+                    } else {
+                        None
+                    };
+                    let chunk = BucketChunk {
+                        tier: Tier::Hot,
+                        pages: 1,
+                        first_of_bucket: true,
+                        batch,
+                    };
+                    let head = stream::once(async move { Ok(chunk) });
+                    match last {
+                        Some(last) => {
+                            let bounds = if req.descending {
+                                req.bounds.with_before(last)
+                            } else {
+                                req.bounds.with_after(last)
+                            };
+                            let rest = BucketScan {
+                                bounds,
+                                limit: req.limit.map(|_| limit - n),
+                                ..req.clone()
+                            };
+                            head.chain(table.scan_bucket_from(bucket.id, None, rest, false))
+                                .boxed()
                         }
+                        None => head.boxed(),
                     }
-                };
-            // Buckets after the listed ones in scan order, when the head listed only the
-            // first few: listed when the scan gets there, which a "latest N" page answered
-            // by the listed buckets never does.
-            let listed_end = match (head.complete, metas.as_slice().last()) {
-                (true, _) => None,
-                (false, Some(last)) => Some(last.id.bucket_key),
-                (false, None) => first_key,
+                }
             };
-            let left_over = listed_end.and_then(|edge| beyond(edge, (from, to), req.descending));
-            let rest = match left_over {
-                None => stream::empty().boxed(),
-                Some(interval) => table
-                    .list_in_pages(partition.clone(), interval, req.descending, rem.clone())
-                    .map_ok(|page| stream::iter(page.into_iter().map(|m| Ok(m.into()))))
-                    .try_flatten()
-                    .boxed(),
-            };
-            let rem2 = rem.clone();
-            let bounds = req.bounds.clone();
-            let later = stream::iter(metas.map(Ok))
-                .chain(rest)
-                .filter(move |m| {
-                    let keep = match m {
-                        Ok(m) => bounds.may_overlap(&m.id.bucket_key),
-                        Err(_) => true,
-                    };
-                    futures::future::ready(keep)
-                })
-                .map(move |m| {
-                    let m = match m {
-                        Ok(m) => m,
-                        Err(e) => return stream::once(futures::future::ready(Err(e))).boxed(),
-                    };
-                    let left = rem2.load(Ordering::SeqCst);
-                    if left == 0 {
-                        return stream::empty().boxed();
+            // The buckets beyond this one in scan order, looked up only when the scan gets
+            // there still wanting rows (both ways check `remaining` first), which a "latest
+            // N" page that this bucket answers never does.
+            let rest = stream::once(async move {
+                match beyond(edge, (from, to), req.descending) {
+                    None => stream::empty().boxed(),
+                    Some(interval) if heads > 1 => {
+                        table.scan_from_head(partition, interval, req, remaining, heads - 1)
                     }
-                    let route = match m.state {
-                        BucketState::Archived { object_key, .. } => Some(object_key),
-                        BucketState::Hot | BucketState::Archiving => None,
-                    };
-                    let req = BucketScan {
-                        limit: (left != usize::MAX).then_some(left),
-                        ..req.clone()
-                    };
-                    table.scan_bucket(m.id, route, req)
-                })
-                .flatten();
-            Ok::<_, TableError>(first.chain(later))
+                    Some(interval) => table.scan_listed(partition, interval, req, remaining),
+                }
+            })
+            .flatten();
+            Ok::<_, TableError>(first.chain(rest).boxed())
         })
         .try_flatten()
-        .inspect(move |item| {
-            if let Ok(chunk) = item {
-                let n = chunk.batch.num_rows();
-                let _ = remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
-                    (r != usize::MAX).then(|| r.saturating_sub(n))
-                });
-            }
-        })
         .boxed()
+    }
+
+    /// The buckets of `interval` in scan order, listed [`LIST_PAGE`] at a time and read one
+    /// after another while `remaining` is not zero.
+    fn scan_listed(
+        &self,
+        partition: PartitionKey,
+        interval: (EventTime, EventTime),
+        req: BucketScan,
+        remaining: Arc<AtomicUsize>,
+    ) -> BoxStream<'static, Result<BucketChunk, TableError>> {
+        let table = self.clone();
+        let bounds = req.bounds.clone();
+        self.list_in_pages(partition, interval, req.descending, remaining.clone())
+            .map_ok(|page| stream::iter(page.into_iter().map(Ok)))
+            .try_flatten()
+            .filter(move |m| {
+                let keep = match m {
+                    Ok(m) => bounds.may_overlap(&m.id.bucket_key),
+                    Err(_) => true,
+                };
+                futures::future::ready(keep)
+            })
+            .map(move |m| {
+                let m = match m {
+                    Ok(m) => m,
+                    Err(e) => return stream::once(futures::future::ready(Err(e))).boxed(),
+                };
+                let left = remaining.load(Ordering::SeqCst);
+                if left == 0 {
+                    return stream::empty().boxed();
+                }
+                let route = match m.state {
+                    BucketState::Archived { object_key, .. } => Some(object_key),
+                    BucketState::Hot | BucketState::Archiving => None,
+                };
+                let req = BucketScan {
+                    limit: (left != usize::MAX).then_some(left),
+                    ..req.clone()
+                };
+                table.scan_bucket(m.id, route, req)
+            })
+            .flatten()
+            .boxed()
     }
 
     /// One partition's buckets overlapping `interval`, in scan order, [`LIST_PAGE`] per

@@ -134,22 +134,23 @@ pub enum HotPage {
     },
 }
 
-/// Buckets a store lists at least with a head page (when the partition has that many): a
-/// "latest N" read of a channel with years of daily buckets fetches the metadata of the
-/// bucket it reads and its neighbour, not of its whole history. Two, because a page that
-/// spills past its first bucket is common (a quiet day) and then needs the next route
-/// anyway; every metadata row costs the head statement time whether it is read or not.
-pub const HEAD_BUCKETS: usize = 2;
+/// Buckets a scan reads with head statements ([`HotStore::read_head`]: the next bucket's
+/// route and first rows together) before it lists the rest [`LIST_PAGE`] at a time. A
+/// "latest N" page mostly ends in its first bucket or spills into the next (a quiet day),
+/// and a head statement finds that next bucket and reads its rows in one round trip where a
+/// listing and a read take two; past that, a scan is reading history, where one listing
+/// per [`LIST_PAGE`] buckets is cheaper than one route lookup per bucket.
+pub const HEAD_READS: usize = 2;
 
-/// Buckets a scan lists per round trip once it reads past the head's listing: enough that
+/// Buckets a scan lists per round trip once it reads past its head reads: enough that
 /// a scan over years of daily buckets lists in a few statements, few enough that a listing
 /// the scan never reaches costs little.
 pub const LIST_PAGE: usize = 64;
 
-/// A bucket as a scan needs to know it: its identity and its route. The head statement lists
-/// only this much (the lease, owner and times of [`BucketMeta`] are the archiver's business):
-/// every column of the listing costs the latency-bound head page time on the server and in
-/// decoding.
+/// A bucket as a scan needs to know it: its identity and its route (the lease, owner and
+/// times of [`BucketMeta`] are the archiver's business). The head statement returns only
+/// this much with every row it reads, so every column here costs the latency-bound head
+/// page time on the server and in decoding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedBucket {
     /// Identity.
@@ -167,18 +168,15 @@ impl From<BucketMeta> for RoutedBucket {
     }
 }
 
-/// A partition's bucket listing and the first page of its first bucket in scan order (see
+/// The first bucket of a partition in scan order and its first page (see
 /// [`HotStore::read_head`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeadPage {
-    /// The partition's first buckets in scan order among those overlapping the interval
-    /// (all of them, or at least [`HEAD_BUCKETS`]), ascending by start.
-    pub buckets: Vec<RoutedBucket>,
-    /// Whether `buckets` holds every bucket overlapping the interval. When false, the rest
-    /// lie beyond the last listed bucket in scan order and are listed with
-    /// [`HotStore::list_buckets`] when a scan gets that far.
-    pub complete: bool,
-    /// Route and first page of the first bucket in scan order.
+    /// The first bucket in scan order among those overlapping the interval, with its route
+    /// at the moment of the read; `None` when no bucket overlaps.
+    pub bucket: Option<RoutedBucket>,
+    /// Route and first page of that bucket ([`FirstPage::Missing`] exactly when `bucket`
+    /// is `None`).
     pub first: FirstPage,
 }
 
@@ -446,16 +444,15 @@ pub trait HotStore: Send + Sync + 'static {
     /// The route and one page of hot rows, from one statement.
     async fn read_page(&self, bucket: &BucketId, req: &PageRequest) -> StoreResult<HotPage>;
 
-    /// One partition's buckets overlapping `[from, to]` (ascending start, as
-    /// [`list_buckets`](Self::list_buckets) orders them) together with the route and first
-    /// page of the first bucket in scan order: the newest when `page.descending`, else the
-    /// oldest. `first` is [`HotPage::Missing`] when no bucket overlaps. A store may list
-    /// only the first [`HEAD_BUCKETS`] or more in scan order, saying so in
-    /// [`HeadPage::complete`].
+    /// The first of one partition's buckets overlapping `[from, to]` in scan order (the
+    /// newest when `page.descending`, else the oldest), with its route and first page, as
+    /// of one moment. `first` is [`FirstPage::Missing`] when no bucket overlaps.
     ///
-    /// This is how a scan that starts at execution time learns its buckets and its first rows
-    /// in one round trip. The default runs the two reads one after another; a store that can
-    /// answer both in one statement should.
+    /// This is how a scan that starts at execution time finds its first bucket and reads its
+    /// first rows in one round trip; the buckets after it are found by further calls on the
+    /// interval beyond it, then by [`list_buckets`](Self::list_buckets) (see
+    /// [`HEAD_READS`]). The default runs a listing of one and a page read one after
+    /// another; a store that can answer both in one statement should.
     async fn read_head(
         &self,
         table_id: &TableId,
@@ -469,23 +466,16 @@ pub trait HotStore: Send + Sync + 'static {
             from,
             to,
             descending: page.descending,
-            // One more than listed, to learn whether the listing is complete.
-            limit: Some(HEAD_BUCKETS + 1),
+            limit: Some(1),
         };
-        let mut buckets = self.list_buckets(table_id, &filter).await?;
-        let complete = buckets.len() <= HEAD_BUCKETS;
-        buckets.truncate(HEAD_BUCKETS);
-        let first = match buckets.first() {
+        let bucket = self.list_buckets(table_id, &filter).await?.pop();
+        let first = match &bucket {
             None => FirstPage::Missing,
             Some(m) => FirstPage::from_page(self.read_page(&m.id, page).await?, page.include_value),
         };
-        if page.descending {
-            buckets.reverse();
-        }
         Ok(HeadPage {
-            buckets: buckets.into_iter().map(RoutedBucket::from).collect(),
+            bucket: bucket.map(RoutedBucket::from),
             first,
-            complete,
         })
     }
 

@@ -35,7 +35,7 @@ macro_rules! every_case {
             read_page_missing_and_empty,
             list_buckets_filters,
             read_head_matches_listing_and_page,
-            read_head_lists_a_long_history_in_part,
+            read_head_finds_the_first_bucket_of_a_long_history,
             discover_orders_and_limits,
             bad_input_is_typed_and_writes_nothing,
         );
@@ -54,7 +54,7 @@ use pulpitum::model::{
 };
 use pulpitum::store::{
     AppendOutcome, BatchOutcome, BucketFilter, BucketState, Claim, FirstPage, HotPage, HotStore,
-    PageRequest, RoutedBucket, StoreError, TableDefinition, WorkKind, HEAD_BUCKETS,
+    PageRequest, RoutedBucket, StoreError, TableDefinition, WorkKind,
 };
 
 /// A store under test.
@@ -1342,21 +1342,12 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
                         ..Default::default()
                     };
                     let listed = routed(&store, &tbl, &filter).await;
-                    // All of them, or the first `HEAD_BUCKETS` or more in scan order.
-                    let n = head.buckets.len();
-                    let prefix = if descending {
-                        &listed[listed.len().saturating_sub(n)..]
-                    } else {
-                        &listed[..n.min(listed.len())]
-                    };
-                    assert_eq!(head.buckets, prefix, "listing {from:?}..{to:?}");
-                    assert_eq!(head.complete, n == listed.len(), "{from:?}..{to:?}");
-                    assert!(n >= HEAD_BUCKETS.min(listed.len()), "{n} of {listed:?}");
                     let first = if descending {
                         listed.last()
                     } else {
                         listed.first()
                     };
+                    assert_eq!(head.bucket.as_ref(), first, "bucket {from:?}..{to:?}");
                     let want = match first {
                         None => HotPage::Missing,
                         Some(m) => store.read_page(&m.id, &req).await.unwrap(),
@@ -1385,13 +1376,13 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
     );
 }
 
-/// On a partition with more buckets than [`HEAD_BUCKETS`], `read_head` lists at least the
-/// first `HEAD_BUCKETS` in scan order (or all), ascending, says whether it listed all, and
-/// still reads the first bucket's page.
-pub async fn read_head_lists_a_long_history_in_part(store: Store) {
+/// On a partition with a long history, `read_head` finds the first bucket in scan order of
+/// any window (the whole history, windows inside it, one that starts between buckets) and
+/// reads that bucket's page.
+pub async fn read_head_finds_the_first_bucket_of_a_long_history(store: Store) {
     let s = BucketStrategy::CalendarDayUtc;
     let tbl = table(&store, "events", s).await;
-    let days = HEAD_BUCKETS as i64 + 8;
+    let days = 10;
     let day0 = t("2021-01-01T12:00:00Z").as_micros();
     let recs: Vec<Record> = (0..days)
         .map(|d| {
@@ -1402,51 +1393,47 @@ pub async fn read_head_lists_a_long_history_in_part(store: Store) {
     store.append_batch(&tbl, &recs).await.unwrap();
     let p = pk("p");
     let at = |d: i64| Some(EventTime::from_micros(day0 + d * 86_400_000_000).unwrap());
-    // Whole history, a window larger than the head, one exactly as large, a small one.
-    for (from, to) in [
-        (None, None),
-        (at(2), at(days - 3)),
-        (at(4), at(4 + HEAD_BUCKETS as i64 - 1)),
-        (at(days - 5), at(days - 3)),
+    // Day `d`'s message is at noon: a window from 13:00 on day 2 overlaps day 2's bucket
+    // (which holds no matching row), and one to 11:00 on day 7 overlaps day 7's.
+    let hour = 3_600_000_000;
+    let skew = |d: i64, h: i64| {
+        Some(EventTime::from_micros(day0 + d * 86_400_000_000 + h * hour).unwrap())
+    };
+    for (from, to, asc_day, desc_day) in [
+        (None, None, 0, days - 1),
+        (at(2), at(days - 3), 2, days - 3),
+        (at(4), at(4), 4, 4),
+        (skew(2, 1), skew(7, -1), 2, 7),
     ] {
-        let filter = BucketFilter {
-            partitions: Some(vec![p.clone()]),
-            from,
-            to,
-            ..Default::default()
-        };
-        let listed = routed(&store, &tbl, &filter).await;
         for descending in [false, true] {
+            let mut bounds = ScanBounds::all();
+            if let Some(f) = from {
+                bounds.time_lower = Bound::Included(f);
+            }
+            if let Some(u) = to {
+                bounds.time_upper = Bound::Included(u);
+            }
             let req = PageRequest {
-                bounds: ScanBounds::all(),
+                bounds,
                 descending,
                 limit: 5,
                 include_value: true,
             };
             let head = store.read_head(&tbl, &p, from, to, &req).await.unwrap();
-            let n = head.buckets.len();
-            assert!(n <= listed.len());
-            // The first `n` in scan order, kept ascending.
-            let want = if descending {
-                &listed[listed.len() - n..]
-            } else {
-                &listed[..n]
-            };
-            assert_eq!(head.buckets, want, "{from:?}..{to:?} desc {descending}");
-            assert_eq!(head.complete, n == listed.len(), "{from:?}..{to:?}");
-            assert!(
-                n >= HEAD_BUCKETS.min(listed.len()),
-                "{n} of {}",
-                listed.len()
-            );
-            let first = if descending {
-                listed.last()
-            } else {
-                listed.first()
-            };
-            let page = store.read_page(&first.unwrap().id, &req).await.unwrap();
+            let day = if descending { desc_day } else { asc_day };
+            let want = bucket_of(&tbl, s, &recs[day as usize]);
+            let bucket = head.bucket.as_ref().expect("a bucket overlaps");
+            assert_eq!(bucket.id, want, "{from:?}..{to:?} desc {descending}");
+            assert_eq!(bucket.state, BucketState::Hot);
+            let page = store.read_page(&want, &req).await.unwrap();
             assert_eq!(head.first, FirstPage::from_page(page, req.include_value));
-            assert!(matches!(head.first, FirstPage::Hot { ref rows, .. } if rows.num_rows() == 1));
+            // The skewed window's edge buckets hold no row inside it.
+            let rows = usize::from(from != skew(2, 1));
+            assert!(
+                matches!(head.first, FirstPage::Hot { rows: ref r, .. } if r.num_rows() == rows),
+                "{from:?}..{to:?} desc {descending}: {:?}",
+                head.first
+            );
         }
     }
 }

@@ -197,11 +197,8 @@ async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() 
         .await
         .unwrap();
     assert_eq!(ids(&page), vec![8, 7, 6, 5, 4]);
-    // The newest bucket held 2 rows: one more page from the next bucket.
-    assert_eq!(
-        counting.take(),
-        BTreeMap::from([("read_head", 1), ("read_page", 1)])
-    );
+    // The newest bucket held 2 rows: the next bucket and its rows from one more head read.
+    assert_eq!(counting.take(), BTreeMap::from([("read_head", 2)]));
     // The second execution for channel 1 ran a cached physical plan: it still listed the
     // buckets anew (the newer bucket was read) and cost the same one call.
     assert_eq!(latest.cached_plans(), 1);
@@ -466,20 +463,20 @@ async fn cached_plans_run_concurrently_with_fresh_state() {
     env.cleanup().await;
 }
 
-/// A channel with more daily buckets than one head statement lists: a "latest" page that
-/// the listed buckets answer never lists more; pages and full scans that reach past the listed buckets list the rest
-/// a page of buckets at a time, only as far as they read, and return every row once, in
-/// order, both ways.
+/// A channel with a long history of daily buckets: a "latest" page that the head reads
+/// answer never lists buckets; pages and full scans that read past them list the rest a page
+/// of buckets at a time, only as far as they read, and return every row once, in order, both
+/// ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_histories_list_the_head_then_the_rest() {
+async fn long_histories_read_heads_then_list_the_rest() {
     use pulpitum::model::SortKey;
     use pulpitum::provider::surface::encode_i64;
-    use pulpitum::store::{HEAD_BUCKETS, LIST_PAGE};
+    use pulpitum::store::{HEAD_READS, LIST_PAGE};
 
     let env = Env::new("preplong").await;
     let (counting, ctx) = counting_session(&env).await;
-    // The head's buckets, one full listing page, and six more.
-    let days = (HEAD_BUCKETS + LIST_PAGE) as i64 + 6;
+    // The head reads, one full listing page, and six more.
+    let days = (HEAD_READS + LIST_PAGE) as i64 + 6;
     let day0 = EventTime::parse_rfc3339("2024-01-01T08:00:00Z")
         .unwrap()
         .as_micros();
@@ -500,25 +497,25 @@ async fn long_histories_list_the_head_then_the_rest() {
     let all: Vec<i64> = (0..days * 2).collect();
     let one = [ScalarValue::Int64(Some(1))];
 
-    // Latest 3: the newest bucket from the head statement, one row of the second listed
-    // (no listing). Latest 5 reaches a third bucket, past the head's listing: one listing
-    // page; so do two buckets past the listed ones, and exactly the rows of the head's
-    // buckets and the first listing page (the scan stops there without listing the next
-    // page); one row more lists the next. Short pages also check every store call.
+    // Latest 3: the newest bucket from the first head statement, one row of the next from
+    // the second (no listing). Latest 5 reaches a third bucket, past the head reads: one
+    // listing page; so do two buckets past them, and exactly the rows of the head reads and
+    // the first listing page (the scan stops there without listing the next page); one row
+    // more lists the next. Short pages also check every store call.
     for (want, listings, exact) in [
-        (3, 0, Some(vec![("read_head", 1), ("read_page", 1)])),
+        (3, 0, Some(vec![("read_head", 2)])),
         (
             5,
             1,
             Some(vec![
-                ("read_head", 1),
+                ("read_head", 2),
                 ("list_buckets", 1),
-                ("read_page", 2),
+                ("read_page", 1),
             ]),
         ),
-        (2 * (HEAD_BUCKETS + 2), 1, None),
-        (2 * (HEAD_BUCKETS + LIST_PAGE), 1, None),
-        (2 * (HEAD_BUCKETS + LIST_PAGE) + 1, 2, None),
+        (2 * (HEAD_READS + 2), 1, None),
+        (2 * (HEAD_READS + LIST_PAGE), 1, None),
+        (2 * (HEAD_READS + LIST_PAGE) + 1, 2, None),
     ] {
         let latest = prepare(
             &ctx,
@@ -540,13 +537,19 @@ async fn long_histories_list_the_head_then_the_rest() {
             listings,
             "{want}: {calls:?}"
         );
-        assert_eq!(calls.get("read_head"), Some(&1), "{want}: {calls:?}");
+        assert_eq!(
+            calls.get("read_head"),
+            Some(&HEAD_READS),
+            "{want}: {calls:?}"
+        );
         if let Some(exact) = exact {
             assert_eq!(calls, BTreeMap::from_iter(exact), "latest {want}");
         }
     }
-    // The same limit below SQL, with the stream drained to its end (DataFusion's limit stops
-    // polling once it has its rows; a consumer that does not must not list the rest).
+    // Limits below SQL, with the stream drained to its end (DataFusion's limit stops polling
+    // once it has its rows; a consumer that does not must not look further): the newest
+    // bucket's two rows need one head read, three rows a second, and the rows of the head
+    // reads and one listing page no second listing.
     {
         use futures::StreamExt;
         use pulpitum::model::ScanBounds;
@@ -555,27 +558,42 @@ async fn long_histories_list_the_head_then_the_rest() {
         let def = counting.table(&tid).await.unwrap().unwrap();
         let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
         let table = DurableTable::new(counting.clone() as Arc<dyn HotStore>, archive, def);
-        let want = 2 * (HEAD_BUCKETS + LIST_PAGE);
-        let req = BucketScan {
-            bounds: ScanBounds::all(),
-            descending: true,
-            include_value: false,
-            include_keys: true,
-            page_rows: 50,
-            limit: Some(want),
-        };
-        counting.take();
-        let chunks: Vec<_> = table
-            .scan_key(PartitionKey::new(encode_i64(1).to_vec()).unwrap(), req)
-            .collect()
-            .await;
-        let rows: usize = chunks
-            .iter()
-            .map(|c| c.as_ref().unwrap().batch.num_rows())
-            .sum();
-        assert_eq!(rows, want);
-        let calls = counting.take();
-        assert_eq!(calls.get("list_buckets"), Some(&1), "{calls:?}");
+        for (want, calls) in [
+            (2, vec![("read_head", 1)]),
+            (3, vec![("read_head", 2)]),
+            (
+                2 * (HEAD_READS + LIST_PAGE),
+                vec![
+                    ("read_head", HEAD_READS),
+                    ("list_buckets", 1),
+                    ("read_page", LIST_PAGE),
+                ],
+            ),
+        ] {
+            let req = BucketScan {
+                bounds: ScanBounds::all(),
+                descending: true,
+                include_value: false,
+                include_keys: true,
+                page_rows: 50,
+                limit: Some(want),
+            };
+            counting.take();
+            let chunks: Vec<_> = table
+                .scan_key(PartitionKey::new(encode_i64(1).to_vec()).unwrap(), req)
+                .collect()
+                .await;
+            let rows: usize = chunks
+                .iter()
+                .map(|c| c.as_ref().unwrap().batch.num_rows())
+                .sum();
+            assert_eq!(rows, want);
+            assert_eq!(
+                counting.take(),
+                BTreeMap::from_iter(calls),
+                "drained {want}"
+            );
+        }
     }
 
     // Unlimited, ascending, and with a time window that starts inside the history.
