@@ -380,6 +380,12 @@ impl DurableTable {
             if limit == 0 {
                 return Ok(stream::empty().boxed());
             }
+            // What is left of the limit, not the scan's whole limit: a head read past the
+            // first bucket reads only the rows still wanted, in either tier.
+            let req = BucketScan {
+                limit: req.limit.map(|_| limit),
+                ..req
+            };
             let page = PageRequest {
                 bounds: req.bounds.clone(),
                 descending: req.descending,

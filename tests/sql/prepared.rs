@@ -619,3 +619,68 @@ async fn long_histories_read_heads_then_list_the_rest() {
     assert_eq!(got, all[6..].to_vec());
     env.cleanup().await;
 }
+
+/// A scan drained below SQL stops at its limit whichever tier each bucket is in: the limit is
+/// counted across a hot bucket found by the first head read and an archived one found by the
+/// second, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_scans_count_the_limit_across_tiers() {
+    use datafusion::arrow::array::{Array, BinaryArray};
+    use futures::StreamExt;
+    use pulpitum::archive::PayloadFormat;
+    use pulpitum::model::{BucketStrategy, ScanBounds};
+    use pulpitum::provider::surface::{decode_i64, encode_i64};
+    use pulpitum::table::{BucketScan, DurableTable};
+
+    let env = Env::new("preptiers").await;
+    env.sql(CREATE).await;
+    // Day 1 holds ids 1-4 and is archived; day 2 holds ids 5 and 6 and stays hot.
+    env.sql(
+        "INSERT INTO chat VALUES (1, TIMESTAMP '2024-05-01T10:00:00Z', 1, 'a'), \
+         (1, TIMESTAMP '2024-05-01T11:00:00Z', 2, 'b'), (1, TIMESTAMP '2024-05-01T12:00:00Z', 3, 'c'), \
+         (1, TIMESTAMP '2024-05-01T13:00:00Z', 4, 'd'), (1, TIMESTAMP '2024-05-02T09:00:00Z', 5, 'e'), \
+         (1, TIMESTAMP '2024-05-02T10:00:00Z', 6, 'f')",
+    )
+    .await;
+    let tid = TableId::new("chat").unwrap();
+    let partition = PartitionKey::new(encode_i64(1).to_vec()).unwrap();
+    let day1 = BucketId {
+        table_id: tid.clone(),
+        partition_key: partition.clone(),
+        bucket_key: BucketStrategy::CalendarDayUtc
+            .bucket_of(EventTime::parse_rfc3339("2024-05-01T10:00:00Z").unwrap()),
+    };
+    let mut loaded = crate::dataset::Loaded::default();
+    crate::dataset::archive(&env, &day1, PayloadFormat::Parquet, false, &mut loaded).await;
+    let def = env.store.table(&tid).await.unwrap().unwrap();
+    let table = DurableTable::new(
+        env.store.clone() as Arc<dyn HotStore>,
+        env.archive.clone(),
+        def,
+    );
+    for (descending, want) in [
+        (true, vec![6, 5, 4]),
+        (true, vec![6, 5, 4, 3, 2]),
+        (false, vec![1, 2, 3]),
+        (false, vec![1, 2, 3, 4, 5]),
+    ] {
+        let req = BucketScan {
+            bounds: ScanBounds::all(),
+            descending,
+            include_value: false,
+            include_keys: true,
+            page_rows: 50,
+            limit: Some(want.len()),
+        };
+        let chunks: Vec<_> = table.scan_key(partition.clone(), req).collect().await;
+        let mut got = Vec::new();
+        for chunk in chunks {
+            let batch = chunk.unwrap().batch;
+            let keys = batch.column_by_name("sort_key").unwrap();
+            let keys = keys.as_any().downcast_ref::<BinaryArray>().unwrap();
+            got.extend((0..keys.len()).map(|i| decode_i64(keys.value(i)).unwrap()));
+        }
+        assert_eq!(got, want, "descending {descending}");
+    }
+    env.cleanup().await;
+}
