@@ -9,11 +9,13 @@ mod conformance;
 use std::sync::Arc;
 
 use pulpitum::model::{
-    BucketStrategy, EventTime, PartitionKey, Record, ScanBounds, SortKey, TableId,
+    BucketId, BucketStrategy, EventTime, PartitionKey, Record, ScanBounds, SortKey, TableId,
 };
 use pulpitum::store::migrate::{self, Migration, MIGRATIONS};
 use pulpitum::store::postgres::{PgStore, PgStoreConfig};
-use pulpitum::store::{BucketFilter, HotStore, PageRequest, StoreError, TableDefinition};
+use pulpitum::store::{
+    BucketFilter, FirstPage, HotStore, PageRequest, StoreError, TableDefinition,
+};
 
 fn url() -> String {
     std::env::var("PULPITUM_TEST_PG_URL")
@@ -318,6 +320,43 @@ async fn corrupt_rows_are_reported_not_guessed() {
         )
         .await
         .unwrap();
+    // A record with a sort key longer than any valid key, or an infinite time: corrupt in a
+    // page and in the head's arrays alike, and fine again once repaired.
+    let bucket = BucketId::of_record(&tbl, BucketStrategy::CalendarYearUtc, &r);
+    let page_is_corrupt = || async {
+        matches!(
+            store.read_page(&bucket, &head).await,
+            Err(StoreError::Corrupt(_))
+        )
+    };
+    let long_key = vec![7u8; 600];
+    let breaks: [(&str, &(dyn tokio_postgres::types::ToSql + Sync)); 2] = [
+        ("UPDATE pulpitum_v4_records SET sort_key = $1", &long_key),
+        (
+            "UPDATE pulpitum_v4_records SET event_time = 'infinity'::TIMESTAMPTZ WHERE $1::INT8 = 0",
+            &0i64,
+        ),
+    ];
+    for (sql, param) in breaks {
+        client.execute(sql, &[param]).await.unwrap();
+        assert!(head_is_corrupt().await, "{sql}: read_head");
+        assert!(page_is_corrupt().await, "{sql}: read_page");
+        client
+            .execute(
+                "UPDATE pulpitum_v4_records SET sort_key = $1, event_time = $2",
+                &[&r.sort_key.as_bytes(), &r.event_time.to_datetime()],
+            )
+            .await
+            .unwrap();
+        let page = store
+            .read_head(&tbl, &r.partition_key, None, None, &head)
+            .await
+            .unwrap();
+        assert!(
+            matches!(page.first, FirstPage::Hot { ref rows, .. } if rows.num_rows() == 1),
+            "repaired after {sql}"
+        );
+    }
     client
         .execute(
             "UPDATE pulpitum_v4_tables SET bucket_strategy = 'weekly'",

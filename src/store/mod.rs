@@ -149,8 +149,7 @@ pub const LIST_PAGE: usize = 64;
 
 /// A bucket as a scan needs to know it: its identity and its route (the lease, owner and
 /// times of [`BucketMeta`] are the archiver's business). The head statement returns only
-/// this much with every row it reads, so every column here costs the latency-bound head
-/// page time on the server and in decoding.
+/// this much of the bucket beside its rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedBucket {
     /// Identity.
