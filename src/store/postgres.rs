@@ -930,11 +930,11 @@ fn decode_meta(row: &Row) -> StoreResult<BucketMeta> {
 /// the ones the statement filtered on.
 fn decode_routed(
     row: &Row,
-    key: &str,
     table_id: &TableId,
     partition: &PartitionKey,
 ) -> StoreResult<RoutedBucket> {
     let get = |e: tokio_postgres::Error| corrupt("bucket metadata row", e);
+    let key: &str = row.try_get(0).map_err(get)?;
     let bucket_key = BucketKey::parse_any(key).map_err(|e| corrupt("bucket key", e))?;
     let start: PgMicros = row.try_get(4).map_err(get)?;
     if bucket_key.start().as_micros() != start.0 {
@@ -1632,10 +1632,7 @@ impl HotStore for PgStore {
                     .into())
                 }
             };
-            let key: &str = head
-                .try_get(0)
-                .map_err(|e| corrupt("bucket metadata row", e))?;
-            let bucket = decode_routed(head, key, table_id, partition)?;
+            let bucket = decode_routed(head, table_id, partition)?;
             let first = match &bucket.state {
                 BucketState::Archived { object_key, .. } => FirstPage::Archived {
                     object_key: object_key.clone(),
