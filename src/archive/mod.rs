@@ -366,7 +366,7 @@ pub struct ArchiveStore {
 
 impl ArchiveStore {
     /// Builds a store from a URL: `file:///abs/path`, `s3://bucket/prefix`, `memory://`.
-    /// See [`url`] for the S3 environment variables.
+    /// See `archive/url.rs` (and the README) for the S3 environment variables.
     pub fn from_url(url: &str) -> Result<Self, ArchiveError> {
         url::store_from_url(url)
     }

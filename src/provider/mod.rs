@@ -121,7 +121,7 @@ impl Default for ProviderOptions {
 /// `list_at_execution`, a scan whose filters name its channels (`=` or `IN`) lists each
 /// channel's buckets when it runs, in the same statement as the first page: the plan costs
 /// no I/O and a "latest N" page one round trip. Prepared queries
-/// ([`crate::session::PreparedQuery`]) use it; `EXPLAIN` then shows `buckets=at execution`.
+/// ([`crate::prepared::PreparedQuery`]) use it; `EXPLAIN` then shows `buckets=at execution`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScanPlanning {
     /// List buckets when the scan runs instead of when it is planned.

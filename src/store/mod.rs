@@ -174,8 +174,9 @@ pub struct HeadPage {
     /// The first bucket in scan order among those overlapping the interval, with its route
     /// at the moment of the read; `None` when no bucket overlaps.
     pub bucket: Option<RoutedBucket>,
-    /// Route and first page of that bucket ([`FirstPage::Missing`] exactly when `bucket`
-    /// is `None`).
+    /// Route and first page of that bucket ([`FirstPage::Missing`] when `bucket` is `None`).
+    /// This, not `bucket.state`, decides the tier a scan reads: a store that reads the two
+    /// apart (the default [`HotStore::read_head`]) may see the bucket published in between.
     pub first: FirstPage,
 }
 
@@ -444,8 +445,8 @@ pub trait HotStore: Send + Sync + 'static {
     async fn read_page(&self, bucket: &BucketId, req: &PageRequest) -> StoreResult<HotPage>;
 
     /// The first of one partition's buckets overlapping `[from, to]` in scan order (the
-    /// newest when `page.descending`, else the oldest), with its route and first page, as
-    /// of one moment. `first` is [`FirstPage::Missing`] when no bucket overlaps.
+    /// newest when `page.descending`, else the oldest), with its route and first page.
+    /// `first` is [`FirstPage::Missing`] when no bucket overlaps.
     ///
     /// This is how a scan that starts at execution time finds its first bucket and reads its
     /// first rows in one round trip; the buckets after it are found by further calls on the
