@@ -4,8 +4,12 @@
 //! 1. One 1M-row bucket: claim, fenced snapshot pages, Parquet upload, verification,
 //!    publication and cleanup, against `COPY (SELECT ...) TO STDOUT` of the same rows.
 //! 2. 1,000 ten-row buckets: the fixed per-bucket cost, in buckets per second.
+//! 3. The same 1,000 buckets under the daemon's defaults (scan limit 64, cleanup delay 60 s,
+//!    interval 15 s, concurrency 4): buckets published per second by `Runner::run`, the
+//!    figure an operator sees, within a time budget (`PULPITUM_BENCH_BUDGET_SECONDS`, 180).
 //!
-//! `cargo bench --profile dev-bench --bench archiver` (rows: `PULPITUM_BENCH_ROWS`).
+//! `cargo bench --profile dev-bench --bench archiver` (rows: `PULPITUM_BENCH_ROWS`; parts:
+//! `PULPITUM_BENCH_PARTS`, a comma list of `large`, `small`, `defaults`; all by default).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,7 +73,7 @@ async fn setup(
 
 fn config() -> ArchiverConfig {
     let mut c = ArchiverConfig::with_defaults();
-    c.eligible_before = EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap();
+    c.eligible_before = Some(EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap());
     c.cleanup_delay = Duration::ZERO;
     c.format = PayloadFormat::Parquet;
     c.concurrency = 8;
@@ -136,9 +140,12 @@ fn main() {
             eprintln!("archiver bench: PostgreSQL unreachable at {}; skipped", pg_url());
             return;
         }
+        let parts = std::env::var("PULPITUM_BENCH_PARTS").unwrap_or_else(|_| "large,small,defaults".into());
+        let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
         let rows: u64 = std::env::var("PULPITUM_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
         let table = TableId::new("bench").unwrap();
 
+        if part("large") {
         // 1. One large bucket.
         let (store, archive, schema, _dir) = setup("large").await;
         store
@@ -159,7 +166,8 @@ fn main() {
         let runner = Runner::new(store.clone(), archive.clone(), big).unwrap();
         let db_start = store.now().await.unwrap();
         let started = Instant::now();
-        let report = runner.run_cycle(&CancellationToken::new(), &|_, _| {}).await.unwrap();
+        // Publication, then (cleanup delay zero) the cleanup as the drain's next item.
+        let report = runner.drain(&CancellationToken::new(), &|_, _| {}).await.unwrap().totals;
         let archive_time = started.elapsed();
         drop(_log);
         assert_eq!((report.archived, report.cleaned, report.failed), (1, 1, 0), "{report:?}");
@@ -196,7 +204,9 @@ fn main() {
         println!("ratio to publication / COPY rows/s: {:.2}x (target >= 0.5x)", pub_rps / copy_rps);
         println!("ratio end to end incl. cleanup / COPY rows/s: {:.2}x", arch_rps / copy_rps);
         let _ = store.drop_schema().await;
+        }
 
+        if part("small") {
         // 2. Many small buckets.
         let (store, archive, _schema, _dir2) = setup("small").await;
         store
@@ -207,7 +217,7 @@ fn main() {
         load(&store, &table, 3, 3_340, true).await;
         let runner = Runner::new(store.clone(), archive.clone(), config()).unwrap();
         let started = Instant::now();
-        let report = runner.run_cycle(&CancellationToken::new(), &|_, _| {}).await.unwrap();
+        let report = runner.drain(&CancellationToken::new(), &|_, _| {}).await.unwrap().totals;
         let took = started.elapsed();
         assert_eq!(report.failed, 0, "{report:?}");
         println!(
@@ -217,5 +227,68 @@ fn main() {
             report.archived as f64 / took.as_secs_f64()
         );
         let _ = store.drop_schema().await;
+        }
+
+        if part("defaults") {
+            small_buckets_with_defaults(&table).await;
+        }
     });
+}
+
+/// Part 3: the daemon loop with its default pacing, stopped when every bucket is published
+/// or the budget is spent.
+async fn small_buckets_with_defaults(table: &TableId) {
+    let budget = Duration::from_secs(
+        std::env::var("PULPITUM_BENCH_BUDGET_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(180),
+    );
+    let (store, archive, _schema, _dir) = setup("defaults").await;
+    store
+        .register_table(&TableDefinition::new(
+            table.clone(),
+            BucketStrategy::CalendarDayUtc,
+            "chat",
+        ))
+        .await
+        .unwrap();
+    load(&store, table, 3, 3_340, true).await;
+    let total = store
+        .list_buckets(table, &pulpitum::store::BucketFilter::default())
+        .await
+        .unwrap()
+        .len();
+    let mut c = ArchiverConfig::with_defaults();
+    c.eligible_before = Some(EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap());
+    let runner = Arc::new(Runner::new(store.clone(), archive.clone(), c).unwrap());
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let task = tokio::spawn({
+        let (runner, shutdown) = (runner.clone(), shutdown.clone());
+        async move { runner.run(shutdown).await }
+    });
+    let mut published = 0;
+    while started.elapsed() < budget {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        published = store
+            .list_buckets(table, &pulpitum::store::BucketFilter::default())
+            .await
+            .unwrap()
+            .iter()
+            .filter(|m| matches!(m.state, pulpitum::store::BucketState::Archived { .. }))
+            .count();
+        if published == total {
+            break;
+        }
+    }
+    let took = started.elapsed();
+    shutdown.cancel();
+    task.abort();
+    println!(
+        "archive small buckets, daemon defaults (scan limit 64, cleanup delay 60 s, interval 15 s, concurrency 4): {published} of {total} published in {:.1} s = {:.2} buckets/s",
+        took.as_secs_f64(),
+        published as f64 / took.as_secs_f64()
+    );
+    let _ = store.drop_schema().await;
 }

@@ -369,7 +369,7 @@ async fn aggregate_bench(store: &Arc<PgStore>, day0: i64) -> (Duration, Duration
         }
     }
     let mut config = ArchiverConfig::with_defaults();
-    config.eligible_before = EventTime::from_micros(day0 - 440 * DAY).unwrap();
+    config.eligible_before = Some(EventTime::from_micros(day0 - 440 * DAY).unwrap());
     config.cleanup_delay = Duration::ZERO;
     config.format = PayloadFormat::Parquet;
     config.scan_limit = 10_000;

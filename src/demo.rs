@@ -183,7 +183,7 @@ pub async fn load_and_archive(
     }
 
     let mut config = ArchiverConfig::with_defaults();
-    config.eligible_before = cutoff;
+    config.eligible_before = Some(cutoff);
     // Nobody reads yet, so the hot rows may go as soon as the route is published.
     config.cleanup_delay = Duration::ZERO;
     config.format = PayloadFormat::Parquet;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use archiver_support::*;
 use pulpitum::archive::ArchiveStore;
+use pulpitum::archiver::{collect_garbage, ArchiverMetrics};
 use pulpitum::failpoint;
 use pulpitum::model::{
     BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
@@ -76,8 +77,9 @@ fn configured(mut c: tokio::process::Command) -> tokio::process::Command {
         "1",
         "--cleanup-delay-seconds",
         "0",
-        "--gc-delay-seconds",
-        "0",
+        // GC runs in the checks below, at zero delay once no worker is left (a zero delay is
+        // no legal setting for a running archiver).
+        "--no-gc",
         "--snapshot-page-rows",
         "100",
         "--retry-seconds",
@@ -103,7 +105,15 @@ async fn check_everything_archived(f: &Fixture) {
         let got = read_bucket(&*f.store, &f.archive, bucket).await;
         assert_eq!(&got, rows, "rows of {bucket} differ after recovery");
     }
-    // GC with no delay: only referenced generations remain.
+    // GC with no delay (every worker has exited): only referenced generations remain.
+    collect_garbage(
+        &*f.store,
+        &f.archive,
+        Duration::ZERO,
+        &ArchiverMetrics::default(),
+    )
+    .await
+    .unwrap();
     let refs: Vec<String> = f.store.referenced_object_keys().await.unwrap();
     let dirs: Vec<&str> = refs.iter().map(|k| k.rsplit_once('/').unwrap().0).collect();
     for obj in f.archive.list_objects().await.unwrap() {
@@ -186,7 +196,7 @@ fn signal(pid: u32, sig: &str) {
 async fn a_worker_paused_past_its_lease_cannot_publish() {
     let f = fixture("pausepub").await;
     let mut paused = configured(archiver(&f.db, &f.archive_url))
-        .args(["--concurrency", "1", "--no-gc"])
+        .args(["--concurrency", "1"])
         .env("PULPITUM_FAILPOINT", "after_verify:stop")
         .spawn()
         .unwrap();
@@ -249,13 +259,7 @@ async fn hot_row_count(db: &str, bucket: &BucketId) -> i64 {
 async fn a_worker_paused_past_its_lease_cannot_delete_hot_rows() {
     let f = fixture("pausedel").await;
     let mut paused = configured(archiver(&f.db, &f.archive_url))
-        .args([
-            "--concurrency",
-            "1",
-            "--no-gc",
-            "--cleanup-batch-rows",
-            "100",
-        ])
+        .args(["--concurrency", "1", "--cleanup-batch-rows", "100"])
         .env("PULPITUM_FAILPOINT", "mid_cleanup:stop")
         .spawn()
         .unwrap();

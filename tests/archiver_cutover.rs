@@ -64,7 +64,7 @@ async fn sql_during_real_archiving_sees_every_row_once() {
     store.append_batch(&table, &records).await.unwrap();
 
     let mut config = ArchiverConfig::with_defaults();
-    config.eligible_before = EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap();
+    config.eligible_before = Some(EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap());
     config.cleanup_delay = Duration::ZERO;
     config.interval = Duration::from_millis(50);
     config.scan_limit = 8;

@@ -145,3 +145,59 @@ async fn gc_deletes_only_old_unreferenced_generations() {
     // The published bucket still reads back completely.
     assert_eq!(read_bucket(&*store, &archive, &bucket_a).await, a);
 }
+
+/// The data-loss interleaving: a bucket whose claim GC sees as in flight is published in the
+/// gap between GC's two metadata reads, with objects older than the delay. Reading routes
+/// first and claims second would see it in neither set and delete a published archive
+/// (seen: the pre-fix order fails this test with both objects deleted); claims first, routes
+/// second cannot miss it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_keeps_a_bucket_published_between_its_reads() {
+    let db = fresh_database("gcgap").await;
+    let archive_url = fresh_archive_url("gcgap");
+    let (store, archive) = open(&db, &archive_url).await;
+    let table = TableId::new("chat").unwrap();
+    let strategy = BucketStrategy::CalendarDayUtc;
+    store
+        .register_table(&TableDefinition::new(table.clone(), strategy, "chat"))
+        .await
+        .unwrap();
+    let rows = records(4, "2021-05-04", 10);
+    store.append_batch(&table, &rows).await.unwrap();
+    let bucket = BucketId::of_record(&table, strategy, &rows[0]);
+    let claim = store
+        .claim(&bucket, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let page = stream::iter(vec![Ok::<_, ArchiveError>(rows.clone())]);
+    let written = archive
+        .write_bucket(&bucket, claim.generation, PayloadFormat::Parquet, page)
+        .await
+        .unwrap();
+    // Older than the delay by the time GC looks.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let hooked = archiver_support::hooked::Hooked::new(store.clone());
+    let (publisher, key) = (store.clone(), written.manifest_key.clone());
+    let published = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = published.clone();
+    hooked.in_gc_gap(async move {
+        publisher.publish_archive(&claim, &key).await.unwrap();
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let metrics = ArchiverMetrics::default();
+    let report = collect_garbage(&*hooked, &archive, Duration::from_secs(1), &metrics)
+        .await
+        .unwrap();
+    assert!(
+        published.load(std::sync::atomic::Ordering::SeqCst),
+        "the publication never ran in the gap"
+    );
+    assert_eq!(
+        report.deleted, 0,
+        "GC deleted a just-published archive: {report:?}"
+    );
+    assert_eq!(report.referenced, 2, "{report:?}");
+    assert_eq!(read_bucket(&*store, &archive, &bucket).await, rows);
+}

@@ -22,8 +22,10 @@ pub const OBSOLETE_SETTINGS: &[&str] = &[
 /// How one archiver process behaves.
 #[derive(Debug, Clone)]
 pub struct ArchiverConfig {
-    /// A bucket is eligible when `bucket_end <= eligible_before`.
-    pub eligible_before: EventTime,
+    /// A bucket is eligible when `bucket_end <= eligible_before`. `None` (the default): January
+    /// 1 of the previous UTC year, recomputed every cycle so a long-running daemon's cutoff
+    /// moves at each new year.
+    pub eligible_before: Option<EventTime>,
     /// Pause between discovery cycles.
     pub interval: Duration,
     /// Owner-lease duration of claims; renewed every third of it.
@@ -34,7 +36,7 @@ pub struct ArchiverConfig {
     pub scan_limit: usize,
     /// Payload format of new archives.
     pub format: PayloadFormat,
-    /// Orphaned objects younger than this are never deleted.
+    /// Orphaned objects younger than this are never deleted; above [`Self::min_gc_delay`].
     pub gc_delay: Duration,
     /// How long after publication the hot rows are kept, so readers that cached the old
     /// route finish; at least the readers' archived-route cache bound.
@@ -52,10 +54,10 @@ pub struct ArchiverConfig {
 }
 
 impl ArchiverConfig {
-    /// The documented defaults, with the cutoff at January 1 of the previous UTC year.
+    /// The documented defaults, with the moving cutoff (January 1 of the previous UTC year).
     pub fn with_defaults() -> Self {
         Self {
-            eligible_before: default_eligible_before(),
+            eligible_before: None,
             interval: Duration::from_secs(15),
             lease: Duration::from_secs(60),
             retry: Duration::from_secs(15),
@@ -90,23 +92,48 @@ impl ArchiverConfig {
         if self.concurrency == 0 {
             return bad("ARCHIVER_CONCURRENCY", "must be at least 1".into());
         }
-        if self.upload_deadline >= self.gc_delay && !self.gc_delay.is_zero() {
-            // An upload still running when GC's safety delay passes could lose its objects.
+        let floor = self.min_gc_delay();
+        if self.gc_delay <= floor {
+            // An object younger than this may belong to a publication still in progress.
             return bad(
                 "ARCHIVER_GC_DELAY_SECONDS",
                 format!(
-                    "must exceed the upload deadline ({} s)",
-                    self.upload_deadline.as_secs()
+                    "{} s is too short: it must be above {} s, the upload deadline ({} s) plus \
+                     the publication retry window ({} s, from the operation deadline) plus {} s \
+                     of clock-skew allowance",
+                    self.gc_delay.as_secs_f64(),
+                    floor.as_secs_f64(),
+                    self.upload_deadline.as_secs_f64(),
+                    super::runner::publication_window(self.op_deadline).as_secs_f64(),
+                    CLOCK_SKEW_ALLOWANCE.as_secs(),
                 ),
             );
         }
         Ok(())
     }
+
+    /// The GC delay must exceed this: the longest a claimed generation's first object can
+    /// wait for its publication (upload deadline, then every publication attempt and
+    /// re-read), plus [`CLOCK_SKEW_ALLOWANCE`] between this host and the object store.
+    pub fn min_gc_delay(&self) -> Duration {
+        self.upload_deadline
+            .saturating_add(super::runner::publication_window(self.op_deadline))
+            .saturating_add(CLOCK_SKEW_ALLOWANCE)
+    }
 }
+
+/// How far the object store's clock (which dates objects) may be from this host's (which
+/// ages them) for [`ArchiverConfig::min_gc_delay`].
+pub const CLOCK_SKEW_ALLOWANCE: Duration = Duration::from_secs(5);
 
 /// January 1 of the previous UTC year.
 pub fn default_eligible_before() -> EventTime {
-    let y = Utc::now().year() - 1;
+    january_first_of_previous_year(Utc::now())
+}
+
+/// January 1 of the UTC year before `now`'s: the default cutoff at the instant `now`.
+pub fn january_first_of_previous_year(now: chrono::DateTime<Utc>) -> EventTime {
+    let y = now.year() - 1;
     let dt = Utc
         .with_ymd_and_hms(y, 1, 1, 0, 0, 0)
         .single()
@@ -174,6 +201,31 @@ mod tests {
         let mut c = ArchiverConfig::with_defaults();
         c.gc_delay = Duration::from_secs(60);
         assert!(c.validate().unwrap_err().to_string().contains("GC_DELAY"));
+    }
+
+    #[test]
+    fn gc_delay_must_exceed_upload_deadline_and_publication_window() {
+        let mut c = ArchiverConfig::with_defaults();
+        c.upload_deadline = Duration::from_secs(3);
+        c.op_deadline = Duration::from_secs(1);
+        let floor = c.min_gc_delay();
+        assert_eq!(
+            floor,
+            Duration::from_secs(3)
+                + super::super::runner::publication_window(c.op_deadline)
+                + CLOCK_SKEW_ALLOWANCE
+        );
+        for bad in [Duration::ZERO, Duration::from_secs(3), floor] {
+            c.gc_delay = bad;
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("ARCHIVER_GC_DELAY_SECONDS"), "{err}");
+            assert!(
+                err.contains(&format!("above {} s", floor.as_secs_f64())),
+                "{err}"
+            );
+        }
+        c.gc_delay = floor + Duration::from_millis(1);
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -2,9 +2,16 @@
 //!
 //! An object is deleted only when no published route references its generation directory,
 //! no in-flight claim holds that generation, and it is older than the safety delay. The
-//! object listing is taken *before* the routes are read, so a route published in between
-//! protects its objects; anything without a modification time is kept (leak rather than
-//! delete when unsure).
+//! reads come in one order, each after the last: the object listing, then the in-flight
+//! claims, then the published routes. A generation only ever moves forward from Archiving to
+//! Archived (publication keeps its key for good), so a generation claimed when the claims
+//! are read is either still claimed then or published by the time the routes are read:
+//! reading the routes first would let a publication that lands between the two reads slip
+//! through both. Objects written after the listing are not candidates at all, ages are
+//! measured from before the listing, and anything without a modification time is kept
+//! (leak rather than delete when unsure). The delay itself is a second, independent guard:
+//! [`super::ArchiverConfig::min_gc_delay`] keeps it above the longest time a generation can
+//! wait for its publication.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -35,20 +42,18 @@ fn generation_dir(key: &str) -> &str {
     key.rsplit_once('/').map_or(key, |(dir, _)| dir)
 }
 
-/// One GC pass.
+/// One GC pass. `delay` is taken as given (a test may pass zero when no worker runs); the
+/// archiver passes its validated [`super::ArchiverConfig::gc_delay`].
 pub async fn collect_garbage(
     store: &dyn HotStore,
     archive: &ArchiveStore,
     delay: Duration,
     metrics: &ArchiverMetrics,
 ) -> Result<GcReport, ArchiverError> {
+    let now = Utc::now();
     let objects = archive.list_objects().await?;
-    let mut protected: HashSet<String> = store
-        .referenced_object_keys()
-        .await?
-        .iter()
-        .map(|k| generation_dir(k).to_string())
-        .collect();
+    // Claims strictly before routes (see the module comment): never the other way round.
+    let mut protected: HashSet<String> = HashSet::new();
     for table in store.tables().await? {
         for meta in store
             .list_buckets(&table.table_id, &BucketFilter::default())
@@ -61,7 +66,13 @@ pub async fn collect_garbage(
             }
         }
     }
-    let now = Utc::now();
+    protected.extend(
+        store
+            .referenced_object_keys()
+            .await?
+            .iter()
+            .map(|k| generation_dir(k).to_string()),
+    );
     let mut report = GcReport {
         listed: objects.len(),
         ..GcReport::default()

@@ -2,18 +2,22 @@
 //! switches their read route, surviving a crash or pause at any step.
 //!
 //! It uses the hot store and the archive directly and never the SQL surface. [`Runner`]
-//! drives discovery cycles and the per-bucket protocol; [`gc`] removes objects that no route
+//! drives discovery cycles and the per-bucket protocol (publication and cleanup are separate
+//! work items); `lease` renews claims; [`gc`] removes objects that no route or claim
 //! references; [`metrics`] counts what happened; [`config`] holds and validates settings.
 
 pub mod config;
 pub mod gc;
+mod lease;
 pub mod metrics;
 mod runner;
 
 pub use config::ArchiverConfig;
 pub use gc::{collect_garbage, GcReport};
 pub use metrics::ArchiverMetrics;
-pub use runner::{is_fully_archived, BucketOutcome, CycleReport, Runner};
+pub use runner::{
+    is_fully_archived, BucketOutcome, Clock, CycleReport, DrainReport, Runner, REMAINING_COUNT_CAP,
+};
 
 use crate::archive::ArchiveError;
 use crate::model::BucketId;

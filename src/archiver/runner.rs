@@ -1,16 +1,20 @@
 //! The per-bucket archival protocol and the discovery loop around it.
 //!
-//! For each discovered bucket: claim, snapshot in pages under the fence, upload and verify,
-//! publish the route in one conditional transaction, wait out the readers' route-cache bound,
-//! then delete the hot rows in small transactions. A heartbeat renews the lease the whole
-//! time; losing it stops the bucket before anything else is written. Every step is
-//! idempotent and every ambiguous result is settled by re-reading the store, so dropping the
-//! work at any await point (a crash, a deadline, SIGKILL) leaves state another worker can
-//! finish.
+//! Publication and cleanup are separate work items. An archival item claims a bucket,
+//! snapshots it in pages under the fence, uploads and verifies, and publishes the route in
+//! one conditional transaction; then it is done. The bucket's cleanup (deleting the hot rows
+//! in small transactions under a fresh claim) is discovered by a later cycle once the
+//! readers' route-cache bound (the cleanup delay) has passed, so no cycle ever waits for it.
+//! A heartbeat renews each claim's lease (see [`super::lease`]); losing it stops the work
+//! before anything else is written. Every step is idempotent and every ambiguous result is
+//! settled by re-reading the store, so dropping the work at any await point (a crash, a
+//! deadline, SIGKILL) leaves state another worker can finish.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use futures::stream::{self, FuturesUnordered, StreamExt};
 use tokio::sync::{Mutex, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -18,22 +22,43 @@ use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::archive::{ArchiveError, ArchiveStore};
 use crate::failpoint;
-use crate::model::{BucketId, ClusteringKey, Record};
+use crate::model::{BucketId, ClusteringKey, EventTime, Record};
 use crate::store::{BucketState, Claim, HotStore, StoreError, WorkItem, WorkKind};
 
+use super::config::january_first_of_previous_year;
+use super::lease::LeaseKeeper;
 use super::{ArchiverConfig, ArchiverError, ArchiverMetrics};
+
+/// Publication attempts before its outcome is reported unresolved.
+const PUBLISH_ATTEMPTS: u32 = 5;
+
+/// Pause before publication attempt `attempt` (from 1).
+fn publish_backoff(attempt: u32) -> Duration {
+    Duration::from_millis(100 << attempt)
+}
+
+/// The longest publication can take after the upload: every attempt and its re-read at the
+/// operation deadline, plus the pauses between attempts. Part of the GC delay's floor.
+pub(crate) fn publication_window(op_deadline: Duration) -> Duration {
+    let pauses: Duration = (1..PUBLISH_ATTEMPTS).map(publish_backoff).sum();
+    op_deadline
+        .saturating_mul(2 * PUBLISH_ATTEMPTS)
+        .saturating_add(pauses)
+}
+
+/// Upper bound on the backlog a drain counts at its end (one statement; a larger backlog is
+/// reported as "at least" this).
+pub const REMAINING_COUNT_CAP: usize = 10_000;
 
 /// What happened to one work item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BucketOutcome {
-    /// Published (and cleaned up when `cleaned`).
+    /// Published; its cleanup is a later work item.
     Archived {
         /// Rows in the archive.
         rows: u64,
         /// Payload bytes.
         bytes: u64,
-        /// Whether the hot rows were deleted in the same attempt.
-        cleaned: bool,
     },
     /// A published bucket's hot rows were deleted.
     Cleaned {
@@ -45,8 +70,11 @@ pub enum BucketOutcome {
         /// Why.
         reason: String,
     },
-    /// Another worker owns the bucket or it is no longer eligible.
+    /// Another worker owns the bucket, it is no longer eligible, or its cleanup is not due.
     Skipped,
+    /// Shutdown stopped the work: an unpublished bucket was handed back (claimable at once),
+    /// a cleanup stopped between transactions (claimable once its lease expires).
+    Interrupted,
     /// The claim was lost mid-way; nothing more was written under it.
     LeaseLost,
 }
@@ -58,34 +86,70 @@ impl BucketOutcome {
     }
 }
 
-/// Totals of one discovery cycle.
+/// Totals of one discovery cycle (or, summed, of a drain).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CycleReport {
     /// Work items discovered.
     pub discovered: usize,
     /// Buckets published.
     pub archived: usize,
-    /// Buckets cleaned up (including those archived in this cycle).
+    /// Buckets cleaned up.
     pub cleaned: usize,
     /// Buckets deferred.
     pub deferred: usize,
     /// Items that failed (deferred, lease lost, or errors).
     pub failed: usize,
-    /// Items skipped because someone else owns them.
+    /// Items skipped because someone else owns them or they are not due.
     pub skipped: usize,
+    /// Items stopped or not started because of shutdown.
+    pub interrupted: usize,
     /// One line per failure.
     pub errors: Vec<String>,
+}
+
+impl CycleReport {
+    fn add(&mut self, other: CycleReport) {
+        self.discovered += other.discovered;
+        self.archived += other.archived;
+        self.cleaned += other.cleaned;
+        self.deferred += other.deferred;
+        self.failed += other.failed;
+        self.skipped += other.skipped;
+        self.interrupted += other.interrupted;
+        self.errors.extend(other.errors);
+    }
+}
+
+/// What [`Runner::drain`] (`--once`) did and what it left.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Totals over every batch.
+    pub totals: CycleReport,
+    /// Batches (discovery cycles) run.
+    pub batches: usize,
+    /// Buckets still to archive or clean that are due now (failed ones retried too soon,
+    /// or all of them when interrupted), at most [`REMAINING_COUNT_CAP`].
+    pub remaining: usize,
+    /// Published buckets whose cleanup waits for its delay (left for a later run).
+    pub cleanups_waiting: usize,
+    /// Shutdown stopped the drain early.
+    pub interrupted: bool,
 }
 
 /// How a cleanup attempt ended.
 enum Cleanup {
     /// All hot rows deleted (this many by us).
     Done(u64),
-    /// Already clean, or another worker holds the cleanup.
+    /// Already clean, not due yet, or another worker holds the cleanup.
     NotOurs,
+    /// Shutdown stopped it between transactions.
+    Interrupted,
     /// Our cleanup claim went stale mid-way.
     LeaseLost,
 }
+
+/// Where the default cutoff reads the time (injectable for tests).
+pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
 
 /// One archiver process's worker.
 pub struct Runner {
@@ -93,19 +157,7 @@ pub struct Runner {
     archive: Arc<ArchiveStore>,
     config: ArchiverConfig,
     metrics: Arc<ArchiverMetrics>,
-}
-
-/// Renews a claim in the background until dropped; `lost` fires when renewal fails for good.
-struct LeaseKeeper {
-    lost: CancellationToken,
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for LeaseKeeper {
-    fn drop(&mut self) {
-        // Cancellation safety: whoever drops the work also stops renewing its lease.
-        self.handle.abort();
-    }
+    clock: Clock,
 }
 
 impl Runner {
@@ -121,7 +173,15 @@ impl Runner {
             archive,
             config,
             metrics: Arc::new(ArchiverMetrics::default()),
+            clock: Arc::new(Utc::now),
         })
+    }
+
+    /// Replaces the wall clock the default cutoff is computed from.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// This runner's counters.
@@ -134,7 +194,16 @@ impl Runner {
         &self.config
     }
 
-    /// Discovers work once and processes all of it, `config.concurrency` buckets at a time.
+    /// The cutoff in force now: the configured one, or January 1 of the previous UTC year by
+    /// the clock at this instant (so it moves when the year turns).
+    pub fn cutoff(&self) -> EventTime {
+        self.config
+            .eligible_before
+            .unwrap_or_else(|| january_first_of_previous_year((self.clock)()))
+    }
+
+    /// Discovers one batch (at most `scan_limit` items: eligible buckets, expired claims and
+    /// cleanups whose delay has passed) and processes all of it, `concurrency` at a time.
     /// `progress(done, total)` is called after each item. Items not yet started when
     /// `shutdown` fires are left for the next process.
     pub async fn run_cycle(
@@ -142,13 +211,26 @@ impl Runner {
         shutdown: &CancellationToken,
         progress: &(dyn Fn(usize, usize) + Sync),
     ) -> Result<CycleReport, ArchiverError> {
-        let items = self
-            .op(
-                "discover",
-                self.store
-                    .discover(self.config.eligible_before, self.config.scan_limit),
-            )
-            .await?;
+        let items = self.discover().await?;
+        Ok(self.run_items(&items, shutdown, progress).await)
+    }
+
+    async fn discover(&self) -> Result<Vec<WorkItem>, ArchiverError> {
+        let cutoff = self.cutoff();
+        self.op(
+            "discover",
+            self.store
+                .discover_ready(cutoff, self.config.scan_limit, self.config.cleanup_delay),
+        )
+        .await
+    }
+
+    async fn run_items(
+        &self,
+        items: &[WorkItem],
+        shutdown: &CancellationToken,
+        progress: &(dyn Fn(usize, usize) + Sync),
+    ) -> CycleReport {
         let total = items.len();
         let mut report = CycleReport {
             discovered: total,
@@ -161,10 +243,7 @@ impl Runner {
             .map(|item| {
                 let permits = permits.clone();
                 async move {
-                    if shutdown.is_cancelled() {
-                        return (item, Ok(BucketOutcome::Skipped));
-                    }
-                    let r = self.process(item, &permits).await;
+                    let r = self.process(item, &permits, shutdown).await;
                     (item, r)
                 }
             })
@@ -174,12 +253,10 @@ impl Runner {
             done += 1;
             progress(done, total);
             match result {
-                Ok(BucketOutcome::Archived { cleaned, .. }) => {
-                    report.archived += 1;
-                    report.cleaned += usize::from(cleaned);
-                }
+                Ok(BucketOutcome::Archived { .. }) => report.archived += 1,
                 Ok(BucketOutcome::Cleaned { .. }) => report.cleaned += 1,
                 Ok(BucketOutcome::Skipped) => report.skipped += 1,
+                Ok(BucketOutcome::Interrupted) => report.interrupted += 1,
                 Ok(BucketOutcome::Deferred { reason }) => {
                     report.deferred += 1;
                     report.failed += 1;
@@ -198,25 +275,99 @@ impl Runner {
                 }
             }
         }
+        report
+    }
+
+    /// `--once`: runs batches of at most `scan_limit` items until discovery finds nothing it
+    /// has not already tried in this drain, so everything eligible at the start (and every
+    /// cleanup that comes due meanwhile) is handled once. A failed item is not retried in
+    /// the same drain; cleanups whose delay has not passed are left, and counted.
+    pub async fn drain(
+        &self,
+        shutdown: &CancellationToken,
+        progress: &(dyn Fn(usize, usize) + Sync),
+    ) -> Result<DrainReport, ArchiverError> {
+        let mut report = DrainReport::default();
+        let mut tried: HashSet<(BucketId, WorkKind)> = HashSet::new();
+        let mut done_before = 0;
+        loop {
+            if shutdown.is_cancelled() {
+                report.interrupted = true;
+                break;
+            }
+            let fresh: Vec<WorkItem> = self
+                .discover()
+                .await?
+                .into_iter()
+                .filter(|i| !tried.contains(&(i.bucket.clone(), i.kind)))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            tried.extend(fresh.iter().map(|i| (i.bucket.clone(), i.kind)));
+            let batch = self
+                .run_items(&fresh, shutdown, &|done, _| {
+                    progress(done_before + done, tried.len())
+                })
+                .await;
+            done_before += batch.discovered;
+            report.batches += 1;
+            report.totals.add(batch);
+        }
+        report.interrupted |= shutdown.is_cancelled();
+        let left = self
+            .op(
+                "discover",
+                self.store.discover(self.cutoff(), REMAINING_COUNT_CAP),
+            )
+            .await?;
+        let due = self
+            .op(
+                "discover",
+                self.store.discover_ready(
+                    self.cutoff(),
+                    REMAINING_COUNT_CAP,
+                    self.config.cleanup_delay,
+                ),
+            )
+            .await?;
+        report.remaining = due.len();
+        report.cleanups_waiting = left
+            .iter()
+            .filter(|i| i.kind == WorkKind::CleanupPending)
+            .count()
+            - due
+                .iter()
+                .filter(|i| i.kind == WorkKind::CleanupPending)
+                .count();
         Ok(report)
     }
 
-    /// Loops discovery cycles (and periodic GC) until `shutdown` fires; the cycle in progress
-    /// finishes its started buckets first.
+    /// Loops discovery cycles (and periodic GC) until `shutdown` fires. A cycle that filled
+    /// its batch and made progress is followed at once by the next (a backlog drains at full
+    /// speed); otherwise the loop pauses for the interval. On shutdown, items not started are
+    /// left and unpublished work in progress is handed back (see [`BucketOutcome::Interrupted`]).
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), ArchiverError> {
         let gc_every = self.config.interval.max(Duration::from_secs(600));
         let mut last_gc: Option<Instant> = None;
         while !shutdown.is_cancelled() {
+            let mut backlog = false;
             match self.run_cycle(&shutdown, &|_, _| {}).await {
-                Ok(r) if r.discovered > 0 => info!(
-                    discovered = r.discovered,
-                    archived = r.archived,
-                    cleaned = r.cleaned,
-                    failed = r.failed,
-                    "cycle finished"
-                ),
+                Ok(r) if r.discovered > 0 => {
+                    info!(
+                        discovered = r.discovered,
+                        archived = r.archived,
+                        cleaned = r.cleaned,
+                        failed = r.failed,
+                        "cycle finished"
+                    );
+                    backlog = r.discovered >= self.config.scan_limit && r.archived + r.cleaned > 0;
+                }
                 Ok(_) => debug!("cycle found no work"),
                 Err(e) => warn!(error = %e, "cycle failed; retrying after the interval"),
+            }
+            if shutdown.is_cancelled() {
+                break;
             }
             if last_gc.is_none_or(|t| t.elapsed() >= gc_every) {
                 match super::gc::collect_garbage(
@@ -232,6 +383,9 @@ impl Runner {
                 }
                 last_gc = Some(Instant::now());
             }
+            if backlog {
+                continue;
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(self.config.interval) => {}
@@ -246,12 +400,17 @@ impl Runner {
         &self,
         item: &WorkItem,
         permits: &Semaphore,
+        shutdown: &CancellationToken,
     ) -> Result<BucketOutcome, ArchiverError> {
         let span = info_span!("bucket", bucket = %item.bucket, kind = ?item.kind);
         async {
-            let permit = permits.acquire().await.expect("semaphore never closed");
+            let _permit = permits.acquire().await.expect("semaphore never closed");
+            if shutdown.is_cancelled() {
+                return Ok(BucketOutcome::Interrupted);
+            }
             let outcome = match item.kind {
                 WorkKind::Eligible | WorkKind::ExpiredClaim => {
+                    let sent = Instant::now();
                     let Some(claim) = self
                         .op("claim", self.store.claim(&item.bucket, self.config.lease))
                         .await?
@@ -261,13 +420,13 @@ impl Runner {
                     };
                     info!(generation = claim.generation, "claimed");
                     failpoint::hit("after_claim");
-                    self.archive_claimed(claim, permit, permits).await?
+                    self.archive_claimed(claim, sent, shutdown).await?
                 }
                 WorkKind::CleanupPending => {
-                    drop(permit);
-                    match self.finish_cleanup(&item.bucket, permits).await? {
+                    match self.finish_cleanup(&item.bucket, shutdown).await? {
                         Cleanup::Done(rows_deleted) => BucketOutcome::Cleaned { rows_deleted },
                         Cleanup::NotOurs => BucketOutcome::Skipped,
+                        Cleanup::Interrupted => BucketOutcome::Interrupted,
                         Cleanup::LeaseLost => BucketOutcome::LeaseLost,
                     }
                 }
@@ -282,14 +441,24 @@ impl Runner {
         .await
     }
 
+    fn keep_lease(&self, claim: Claim, sent: Instant) -> LeaseKeeper {
+        LeaseKeeper::start(
+            self.store.clone(),
+            claim,
+            sent,
+            self.config.lease,
+            self.config.op_deadline,
+        )
+    }
+
     async fn archive_claimed(
         &self,
         claim: Claim,
-        permit: tokio::sync::SemaphorePermit<'_>,
-        permits: &Semaphore,
+        sent: Instant,
+        shutdown: &CancellationToken,
     ) -> Result<BucketOutcome, ArchiverError> {
         let started = Instant::now();
-        let keeper = self.keep_lease(claim.clone());
+        let keeper = self.keep_lease(claim.clone(), sent);
         let store_error: Arc<Mutex<Option<StoreError>>> = Arc::new(Mutex::new(None));
         let pages = snapshot_pages(
             self.store.clone(),
@@ -304,6 +473,12 @@ impl Runner {
         let written = tokio::select! {
             biased;
             _ = keeper.lost.cancelled() => return Ok(BucketOutcome::LeaseLost),
+            _ = shutdown.cancelled() => {
+                // Hand the bucket back at once rather than keep the process alive for an
+                // upload that may take minutes; the dropped upload leaves only orphans.
+                self.defer(&claim, "archiver shutting down".into(), Duration::ZERO).await;
+                return Ok(BucketOutcome::Interrupted);
+            }
             r = tokio::time::timeout(self.config.upload_deadline, upload) => match r {
                 Ok(Ok(w)) => w,
                 Ok(Err(e)) => {
@@ -312,9 +487,14 @@ impl Runner {
                         Some(se) => format!("snapshot failed: {se}"),
                         None => format!("upload failed: {e}"),
                     };
-                    return self.defer(&claim, reason).await;
+                    self.defer(&claim, reason.clone(), self.config.retry).await;
+                    return Ok(BucketOutcome::Deferred { reason });
                 }
-                Err(_) => return self.defer(&claim, "upload deadline passed".into()).await,
+                Err(_) => {
+                    let reason = "upload deadline passed".to_string();
+                    self.defer(&claim, reason.clone(), self.config.retry).await;
+                    return Ok(BucketOutcome::Deferred { reason });
+                }
             },
         };
         failpoint::hit("after_verify");
@@ -324,7 +504,7 @@ impl Runner {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "snapshotted, uploaded and verified"
         );
-        if keeper.lost.is_cancelled() {
+        if !keeper.holds() {
             return Ok(BucketOutcome::LeaseLost);
         }
         if !self.publish(&claim, &written.manifest_key).await? {
@@ -339,18 +519,9 @@ impl Runner {
             .bytes_archived
             .inc_by(written.manifest.byte_length);
         info!(key = %written.manifest_key, elapsed_ms = started.elapsed().as_millis() as u64, "published");
-        // Publication released the claim; cleanup is a separate, freshly claimed step.
-        drop(keeper);
-        drop(permit);
-        let cleaned = match self.finish_cleanup(&claim.bucket, permits).await? {
-            Cleanup::Done(_) => true,
-            Cleanup::NotOurs => false,
-            Cleanup::LeaseLost => return Ok(BucketOutcome::LeaseLost),
-        };
         Ok(BucketOutcome::Archived {
             rows: written.manifest.row_count,
             bytes: written.manifest.byte_length,
-            cleaned,
         })
     }
 
@@ -358,10 +529,13 @@ impl Runner {
     /// claim turned out not to be current (nothing was published under it).
     async fn publish(&self, claim: &Claim, manifest_key: &str) -> Result<bool, ArchiverError> {
         let mut last_error = None;
-        for attempt in 0..5u32 {
+        for attempt in 0..PUBLISH_ATTEMPTS {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                tokio::time::sleep(publish_backoff(attempt)).await;
             }
+            // The store answered that the conditional update matched nothing: definitive,
+            // unless an earlier attempt's commit is what changed the row (the re-read tells).
+            let mut refused = false;
             match tokio::time::timeout(
                 self.config.op_deadline,
                 self.store.publish_archive(claim, manifest_key),
@@ -369,6 +543,10 @@ impl Runner {
             .await
             {
                 Ok(Ok(())) => return Ok(true),
+                Ok(Err(e @ StoreError::StaleClaim { .. })) => {
+                    refused = true;
+                    last_error = Some(e.to_string());
+                }
                 Ok(Err(e)) => last_error = Some(e.to_string()),
                 Err(_) => last_error = Some("publish deadline passed".into()),
             }
@@ -380,11 +558,15 @@ impl Runner {
                     BucketState::Archived { object_key, .. } if object_key == manifest_key => {
                         return Ok(true)
                     }
+                    // Still ours by token and generation, so the update was refused for the
+                    // lease alone: it expired.
                     BucketState::Archiving
                         if meta.generation == claim.generation
                             && meta.owner_token.as_deref() == Some(claim.token.as_str()) =>
                     {
-                        continue;
+                        if refused {
+                            return Ok(false);
+                        }
                     }
                     _ => return Ok(false),
                 },
@@ -400,28 +582,27 @@ impl Runner {
         })
     }
 
-    /// Waits out the cleanup delay (without holding a concurrency slot or a lease), claims
-    /// the cleanup, then deletes the hot rows in small transactions under that claim.
+    /// Claims a published bucket's cleanup once its delay has passed (never waiting for it:
+    /// a bucket not yet due is left for a later cycle), then deletes the hot rows in small
+    /// transactions under that claim, stopping between transactions on shutdown.
     async fn finish_cleanup(
         &self,
         bucket: &BucketId,
-        permits: &Semaphore,
+        shutdown: &CancellationToken,
     ) -> Result<Cleanup, ArchiverError> {
         let meta = self.op("bucket", self.store.bucket(bucket)).await?;
         let Some(published_at) = meta.and_then(|m| m.published_at) else {
             return Ok(Cleanup::NotOurs);
         };
         let now = self.op("now", self.store.now()).await?;
-        let ready_at = published_at.as_micros() + self.config.cleanup_delay.as_micros() as i64;
-        let wait = ready_at - now.as_micros();
-        if wait > 0 {
-            debug!(
-                wait_ms = wait / 1000,
-                "waiting for readers' route-cache bound"
-            );
-            tokio::time::sleep(Duration::from_micros(wait as u64 + 1_000)).await;
+        let due = published_at.as_micros().saturating_add(
+            i64::try_from(self.config.cleanup_delay.as_micros()).unwrap_or(i64::MAX),
+        );
+        if due > now.as_micros() {
+            debug!("cleanup not due yet (readers' route-cache bound)");
+            return Ok(Cleanup::NotOurs);
         }
-        let _permit = permits.acquire().await.expect("semaphore never closed");
+        let sent = Instant::now();
         let Some(claim) = self
             .op(
                 "claim_cleanup",
@@ -433,13 +614,16 @@ impl Runner {
             return Ok(Cleanup::NotOurs);
         };
         debug!(generation = claim.generation, "claimed cleanup");
-        let keeper = self.keep_lease(claim.clone());
+        let keeper = self.keep_lease(claim.clone(), sent);
         let started = Instant::now();
         let mut deleted = 0u64;
         let mut steps = 0u32;
         loop {
-            if keeper.lost.is_cancelled() {
+            if !keeper.holds() {
                 return Ok(Cleanup::LeaseLost);
+            }
+            if shutdown.is_cancelled() {
+                return Ok(Cleanup::Interrupted);
             }
             let step = self.store.cleanup_step(
                 &claim,
@@ -475,11 +659,12 @@ impl Runner {
         }
     }
 
-    async fn defer(&self, claim: &Claim, reason: String) -> Result<BucketOutcome, ArchiverError> {
+    /// Hands a claimed bucket back to Hot, claimable after `retry`.
+    async fn defer(&self, claim: &Claim, reason: String, retry: Duration) {
         warn!(%reason, "deferring bucket");
         match tokio::time::timeout(
             self.config.op_deadline,
-            self.store.defer_archive(claim, self.config.retry),
+            self.store.defer_archive(claim, retry),
         )
         .await
         {
@@ -489,43 +674,6 @@ impl Runner {
             Err(_) => warn!("defer deadline passed; the lease will expire instead"),
         }
         self.metrics.buckets_deferred.inc();
-        Ok(BucketOutcome::Deferred { reason })
-    }
-
-    fn keep_lease(&self, claim: Claim) -> LeaseKeeper {
-        let lost = CancellationToken::new();
-        let store = self.store.clone();
-        let lease = self.config.lease;
-        let deadline = self.config.op_deadline.min(lease / 2);
-        let signal = lost.clone();
-        let handle = tokio::spawn(async move {
-            let mut current = claim;
-            // Conservative local bound: the store's expiry is at least `lease` after the
-            // moment the last successful renewal (or the claim) was *sent*.
-            let mut valid_until = Instant::now() + lease;
-            loop {
-                tokio::time::sleep(lease / 3).await;
-                let sent = Instant::now();
-                match tokio::time::timeout(deadline, store.renew(&current, lease)).await {
-                    Ok(Ok(c)) => {
-                        current = c;
-                        valid_until = sent + lease;
-                    }
-                    Ok(Err(
-                        StoreError::StaleClaim { .. } | StoreError::InvalidTransition { .. },
-                    )) => {
-                        signal.cancel();
-                        return;
-                    }
-                    _ if Instant::now() + lease / 3 >= valid_until => {
-                        signal.cancel();
-                        return;
-                    }
-                    _ => {}
-                }
-            }
-        });
-        LeaseKeeper { lost, handle }
     }
 
     async fn op<T>(

@@ -35,7 +35,7 @@ struct Args {
     /// Archive URL (s3://bucket/prefix, file:///path). Default: ./pulpitum-data/archive.
     #[arg(long, env = "PULPITUM_ARCHIVE_URL")]
     archive_url: Option<String>,
-    /// RFC 3339 cutoff: a bucket is eligible when bucket_end <= this. Default: January 1 of the previous UTC year.
+    /// RFC 3339 cutoff: a bucket is eligible when bucket_end <= this. Default: January 1 of the previous UTC year, recomputed every cycle.
     #[arg(long, env = "ARCHIVER_ELIGIBLE_BEFORE")]
     eligible_before: Option<String>,
     /// Seconds between discovery cycles.
@@ -71,7 +71,10 @@ struct Args {
     /// Deadline in seconds for one bucket's snapshot, upload and verification (below the GC delay).
     #[arg(long, env = "ARCHIVER_UPLOAD_DEADLINE_SECONDS", default_value = "3600")]
     upload_deadline_seconds: String,
-    /// Run one cycle (and a GC pass) to completion, then exit; non-zero if any bucket failed.
+    /// Deadline in seconds of any single database operation (also sets the publication retry window).
+    #[arg(long, env = "ARCHIVER_OP_DEADLINE_SECONDS", default_value = "30")]
+    op_deadline_seconds: String,
+    /// Archive everything eligible now and every cleanup already due (in batches of the scan limit), run a GC pass, then exit; non-zero if any bucket failed.
     #[arg(long)]
     once: bool,
     /// Skip orphan GC.
@@ -93,10 +96,13 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
     reject_obsolete(|k| std::env::var(k).ok())?;
     let mut c = ArchiverConfig::with_defaults();
     if let Some(raw) = &args.eligible_before {
-        c.eligible_before = EventTime::parse_rfc3339(raw).map_err(|e| ArchiverError::Config {
-            setting: "ARCHIVER_ELIGIBLE_BEFORE",
-            reason: format!("{raw:?}: {e}"),
-        })?;
+        c.eligible_before =
+            Some(
+                EventTime::parse_rfc3339(raw).map_err(|e| ArchiverError::Config {
+                    setting: "ARCHIVER_ELIGIBLE_BEFORE",
+                    reason: format!("{raw:?}: {e}"),
+                })?,
+            );
     }
     c.interval = parse_seconds("ARCHIVER_INTERVAL_SECONDS", &args.interval_seconds)?;
     c.lease = parse_seconds("ARCHIVER_LEASE_SECONDS", &args.lease_seconds)?;
@@ -121,6 +127,7 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
         "ARCHIVER_UPLOAD_DEADLINE_SECONDS",
         &args.upload_deadline_seconds,
     )?;
+    c.op_deadline = parse_seconds("ARCHIVER_OP_DEADLINE_SECONDS", &args.op_deadline_seconds)?;
     c.validate()?;
     Ok(c)
 }
@@ -180,8 +187,8 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         );
         b
     });
-    let report = runner
-        .run_cycle(&shutdown, &|done, total| {
+    let drained = runner
+        .drain(&shutdown, &|done, total| {
             if let Some(b) = &bar {
                 b.set_length(total as u64);
                 b.set_position(done as u64);
@@ -191,14 +198,16 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let mut ok = report.failed == 0;
+    let report = &drained.totals;
+    let mut ok = report.failed == 0 && !drained.interrupted;
     eprintln!(
-        "pulpitum-archiver: discovered {}, archived {}, cleaned {}, deferred {}, skipped {}, failed {}",
-        report.discovered, report.archived, report.cleaned, report.deferred, report.skipped, report.failed
+        "pulpitum-archiver: {} batches: discovered {}, archived {}, cleaned {}, deferred {}, skipped {}, interrupted {}, failed {}",
+        drained.batches, report.discovered, report.archived, report.cleaned, report.deferred, report.skipped, report.interrupted, report.failed
     );
     for e in &report.errors {
         eprintln!("  {e}");
     }
+    eprintln!("{}", once_outcome(&drained));
     if !args.no_gc {
         match collect_garbage(&*store, &archive, config.gc_delay, &runner.metrics()).await {
             Ok(gc) => eprintln!(
@@ -212,6 +221,36 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         }
     }
     Ok(ok)
+}
+
+/// The `--once` summary's last line: what is left, and when it will be done.
+fn once_outcome(d: &pulpitum::archiver::DrainReport) -> String {
+    let cap = pulpitum::archiver::REMAINING_COUNT_CAP;
+    let count = |n: usize| {
+        if n >= cap {
+            format!("at least {n}")
+        } else {
+            n.to_string()
+        }
+    };
+    let mut parts = Vec::new();
+    if d.remaining > 0 {
+        parts.push(format!(
+            "{} buckets still to archive or clean (failed, busy or interrupted; run again)",
+            count(d.remaining)
+        ));
+    }
+    if d.cleanups_waiting > 0 {
+        parts.push(format!(
+            "{} published buckets whose hot rows wait for the cleanup delay (a later run deletes them)",
+            count(d.cleanups_waiting)
+        ));
+    }
+    if parts.is_empty() {
+        "pulpitum-archiver: nothing remains".into()
+    } else {
+        format!("pulpitum-archiver: remaining: {}", parts.join("; "))
+    }
 }
 
 /// Chaos-test hook: `PULPITUM_FAULT_RATE` (0..1) fails that share of every object-store

@@ -245,7 +245,7 @@ pub struct BucketFilter {
 }
 
 /// Why the archiver should look at a bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkKind {
     /// A Hot bucket that ended at or before the cutoff and whose retry time has passed.
     Eligible,
@@ -522,6 +522,35 @@ pub trait HotStore: Send + Sync + 'static {
     /// expired pre-publication claims, and published buckets with cleanup pending whose
     /// owner lease (if any) expired, up to `limit`, oldest buckets first.
     async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>>;
+
+    /// [`discover`](Self::discover), except that a published bucket's cleanup is work only
+    /// once `cleanup_delay` has passed since its publication, so cleanups not yet due never
+    /// fill the batch ahead of eligible buckets. The default filters `discover`'s answer
+    /// (and so can still return fewer than `limit` items); a store should push the condition
+    /// into its statement.
+    async fn discover_ready(
+        &self,
+        cutoff: EventTime,
+        limit: usize,
+        cleanup_delay: Duration,
+    ) -> StoreResult<Vec<WorkItem>> {
+        let now = self.now().await?.as_micros();
+        let delay = i64::try_from(cleanup_delay.as_micros()).unwrap_or(i64::MAX);
+        let mut out = Vec::new();
+        for item in self.discover(cutoff, limit).await? {
+            if item.kind == WorkKind::CleanupPending {
+                let published = self
+                    .bucket(&item.bucket)
+                    .await?
+                    .and_then(|m| m.published_at);
+                if !published.is_some_and(|p| p.as_micros().saturating_add(delay) <= now) {
+                    continue;
+                }
+            }
+            out.push(item);
+        }
+        Ok(out)
+    }
 
     /// Every object key referenced by a published route (for orphan GC).
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>>;

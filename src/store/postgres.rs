@@ -1932,6 +1932,15 @@ impl HotStore for PgStore {
     }
 
     async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.discover_ready(cutoff, limit, Duration::ZERO).await
+    }
+
+    async fn discover_ready(
+        &self,
+        cutoff: EventTime,
+        limit: usize,
+        cleanup_delay: Duration,
+    ) -> StoreResult<Vec<WorkItem>> {
         let cols = "table_id, partition_key, bucket_key, bucket_strategy, bucket_start, bucket_end";
         let sql = format!(
             "SELECT * FROM ( \
@@ -1944,16 +1953,18 @@ impl HotStore for PgStore {
                SELECT {cols}, 2::INT4 AS kind FROM {META} \
                  WHERE state = 'archived' AND NOT hot_deleted \
                    AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
+                   AND published_at + $3::INT8 * INTERVAL '1 microsecond' <= now() \
              ) w ORDER BY bucket_end, table_id, partition_key, bucket_key LIMIT $2"
         );
         let cutoff = cutoff.to_datetime();
         let n = limit_param(limit);
+        let delay = micros(cleanup_delay);
         if limit == 0 {
             return Ok(Vec::new());
         }
         self.run("discover", || async {
             let client = self.pooled().await?;
-            let rows = client.query(&sql, &[&cutoff, &n]).await?;
+            let rows = client.query(&sql, &[&cutoff, &n, &delay]).await?;
             let mut out = Vec::with_capacity(rows.len());
             for row in &rows {
                 let get = |e: tokio_postgres::Error| corrupt("bucket metadata row", e);

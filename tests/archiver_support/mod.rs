@@ -3,6 +3,8 @@
 //! returns one bucket's rows from whichever tier the route names.
 #![allow(dead_code)]
 
+pub mod hooked;
+
 use std::sync::Arc;
 
 use pulpitum::archive::ArchiveStore;

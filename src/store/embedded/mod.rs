@@ -1261,6 +1261,16 @@ impl HotStore for SqliteStore {
     }
 
     async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.discover_ready(cutoff, limit, Duration::ZERO).await
+    }
+
+    async fn discover_ready(
+        &self,
+        cutoff: EventTime,
+        limit: usize,
+        cleanup_delay: Duration,
+    ) -> StoreResult<Vec<WorkItem>> {
+        let delay = i64::try_from(cleanup_delay.as_micros()).unwrap_or(i64::MAX);
         self.run("discover", Mode::Read, move |tx, now| {
             let mut stmt = tx.prepare_cached(
                 "SELECT table_id, partition_key, bucket_key, bucket_strategy, state \
@@ -1268,11 +1278,18 @@ impl HotStore for SqliteStore {
                  WHERE (state = 'hot' AND bucket_end <= ?1 AND (retry_at IS NULL OR retry_at <= ?2)) \
                     OR (state = 'archiving' AND (lease_expires_at IS NULL OR lease_expires_at <= ?2)) \
                     OR (state = 'archived' AND hot_deleted = 0 \
-                        AND (lease_expires_at IS NULL OR lease_expires_at <= ?2)) \
+                        AND (lease_expires_at IS NULL OR lease_expires_at <= ?2) \
+                        AND published_at <= ?4) \
                  ORDER BY bucket_end, table_id, partition_key, bucket_key \
                  LIMIT ?3",
             )?;
-            let mut rows = stmt.query(params![cutoff.as_micros(), now, to_i64(limit)])?;
+            let published_by = now.saturating_sub(delay);
+            let mut rows = stmt.query(params![
+                cutoff.as_micros(),
+                now,
+                to_i64(limit),
+                published_by
+            ])?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
                 let table_id: String = r.get(0)?;

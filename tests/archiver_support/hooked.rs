@@ -1,0 +1,182 @@
+//! A hot store that delegates to the real one and lets a test disturb the archiver's view at
+//! exact points: run a step in the gap between GC's two metadata reads, delay a claim's
+//! answer after it committed, cut or silently drop lease renewals.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pulpitum::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
+use pulpitum::store::{
+    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage, HotStore,
+    PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
+};
+
+/// What [`Hooked::renew`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Renewal {
+    /// Renew in the store.
+    Pass = 0,
+    /// Fail as a cut connection does (nothing reaches the store).
+    Cut = 1,
+    /// Answer success without renewing: the renewal task as good as disabled.
+    Ignore = 2,
+}
+
+type Step = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The wrapper; every method not hooked goes straight to `inner`.
+pub struct Hooked {
+    inner: Arc<dyn HotStore>,
+    gap: Mutex<Option<Step>>,
+    claim_reply_delay: Mutex<Duration>,
+    renewal: AtomicU8,
+    /// When the last claim statement was sent.
+    pub claim_sent: Mutex<Option<Instant>>,
+}
+
+impl Hooked {
+    /// A transparent wrapper.
+    pub fn new(inner: Arc<dyn HotStore>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            gap: Mutex::new(None),
+            claim_reply_delay: Mutex::new(Duration::ZERO),
+            renewal: AtomicU8::new(Renewal::Pass as u8),
+            claim_sent: Mutex::new(None),
+        })
+    }
+
+    /// Runs `step` once, right after whichever of GC's two metadata reads (the bucket
+    /// listing for claims, the referenced keys for routes) comes first returns.
+    pub fn in_gc_gap(&self, step: impl Future<Output = ()> + Send + 'static) {
+        *self.gap.lock().unwrap() = Some(Box::pin(step));
+    }
+
+    /// Holds every claim's answer back for `d` after the claim committed.
+    pub fn delay_claim_replies(&self, d: Duration) {
+        *self.claim_reply_delay.lock().unwrap() = d;
+    }
+
+    /// Sets what renewals do from now on.
+    pub fn renewals(&self, r: Renewal) {
+        self.renewal.store(r as u8, Ordering::SeqCst);
+    }
+
+    async fn gap(&self) {
+        let step = self.gap.lock().unwrap().take();
+        if let Some(step) = step {
+            step.await;
+        }
+    }
+}
+
+#[async_trait]
+impl HotStore for Hooked {
+    async fn migrate(&self) -> StoreResult<()> {
+        self.inner.migrate().await
+    }
+    async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {
+        self.inner.register_table(def).await
+    }
+    async fn table(&self, t: &TableId) -> StoreResult<Option<TableDefinition>> {
+        self.inner.table(t).await
+    }
+    async fn tables(&self) -> StoreResult<Vec<TableDefinition>> {
+        self.inner.tables().await
+    }
+    async fn append(&self, t: &TableId, r: &Record) -> StoreResult<AppendOutcome> {
+        self.inner.append(t, r).await
+    }
+    async fn append_batch(&self, t: &TableId, r: &[Record]) -> StoreResult<BatchOutcome> {
+        self.inner.append_batch(t, r).await
+    }
+    async fn list_buckets(&self, t: &TableId, f: &BucketFilter) -> StoreResult<Vec<BucketMeta>> {
+        let r = self.inner.list_buckets(t, f).await;
+        self.gap().await;
+        r
+    }
+    async fn bucket(&self, b: &BucketId) -> StoreResult<Option<BucketMeta>> {
+        self.inner.bucket(b).await
+    }
+    async fn read_page(&self, b: &BucketId, r: &PageRequest) -> StoreResult<HotPage> {
+        self.inner.read_page(b, r).await
+    }
+    async fn read_head(
+        &self,
+        t: &TableId,
+        p: &PartitionKey,
+        from: Option<EventTime>,
+        to: Option<EventTime>,
+        page: &PageRequest,
+    ) -> StoreResult<HeadPage> {
+        self.inner.read_head(t, p, from, to, page).await
+    }
+    async fn claim(&self, b: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
+        *self.claim_sent.lock().unwrap() = Some(Instant::now());
+        let r = self.inner.claim(b, lease).await;
+        let delay = *self.claim_reply_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        r
+    }
+    async fn claim_cleanup(&self, b: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
+        self.inner.claim_cleanup(b, lease).await
+    }
+    async fn renew(&self, c: &Claim, lease: Duration) -> StoreResult<Claim> {
+        match self.renewal.load(Ordering::SeqCst) {
+            0 => self.inner.renew(c, lease).await,
+            1 => Err(StoreError::Backend {
+                operation: "renew",
+                detail: "connection reset (injected by the test)".into(),
+            }),
+            _ => Ok(c.clone()),
+        }
+    }
+    async fn snapshot_page(
+        &self,
+        c: &Claim,
+        after: Option<&ClusteringKey>,
+        limit: usize,
+    ) -> StoreResult<Vec<Record>> {
+        self.inner.snapshot_page(c, after, limit).await
+    }
+    async fn defer_archive(&self, c: &Claim, retry_after: Duration) -> StoreResult<()> {
+        self.inner.defer_archive(c, retry_after).await
+    }
+    async fn publish_archive(&self, c: &Claim, key: &str) -> StoreResult<()> {
+        self.inner.publish_archive(c, key).await
+    }
+    async fn cleanup_step(
+        &self,
+        c: &Claim,
+        limit: usize,
+        min_age: Duration,
+    ) -> StoreResult<(u64, bool)> {
+        self.inner.cleanup_step(c, limit, min_age).await
+    }
+    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.inner.discover(cutoff, limit).await
+    }
+    async fn discover_ready(
+        &self,
+        cutoff: EventTime,
+        limit: usize,
+        cleanup_delay: Duration,
+    ) -> StoreResult<Vec<WorkItem>> {
+        self.inner
+            .discover_ready(cutoff, limit, cleanup_delay)
+            .await
+    }
+    async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
+        let r = self.inner.referenced_object_keys().await;
+        self.gap().await;
+        r
+    }
+    async fn now(&self) -> StoreResult<EventTime> {
+        self.inner.now().await
+    }
+}
