@@ -80,6 +80,7 @@ pub struct FaultPlan {
     seed: u64,
     damage: Option<(WriteFault, String)>,
     ignore_conditions: bool,
+    fail_closes: u64,
 }
 
 impl FaultPlan {
@@ -127,6 +128,14 @@ impl FaultPlan {
         self
     }
 
+    /// Fail the first `n` writer closes before they reach the store, after every chunk was
+    /// accepted (a multipart completion that fails: the upload is left open).
+    #[must_use]
+    pub fn fail_closes(mut self, n: u64) -> Self {
+        self.fail_closes = n;
+        self
+    }
+
     /// Drop the create-if-absent condition from every write while still advertising it: a
     /// store that silently overwrites, which the start-up probe must refuse.
     #[must_use]
@@ -166,6 +175,7 @@ struct FaultState {
     ambiguous: AtomicU64,
     corrupted: AtomicU64,
     damaged: AtomicU64,
+    closes: AtomicU64,
     rng: Mutex<StdRng>,
 }
 
@@ -227,6 +237,7 @@ impl FaultLayer {
                 ambiguous: AtomicU64::new(0),
                 corrupted: AtomicU64::new(0),
                 damaged: AtomicU64::new(0),
+                closes: AtomicU64::new(0),
                 rng: Mutex::new(StdRng::seed_from_u64(seed)),
             }),
         }
@@ -456,6 +467,17 @@ impl<W: oio::Write> oio::Write for FaultyWriter<W> {
 
     async fn close(&mut self) -> Result<Metadata> {
         self.state.gate(FaultOp::Write).await?;
+        if self.state.closes.fetch_add(1, Ordering::SeqCst) < self.state.plan.fail_closes {
+            self.state.failures.fetch_add(1, Ordering::SeqCst);
+            // Chunks still held by this layer are written first, so the backend has its
+            // upload open with everything but the completion.
+            if let Some(held) = self.held.take() {
+                self.inner.write(held).await?;
+            }
+            return Err(
+                Error::new(ErrorKind::Unexpected, "injected fault: close failed").set_temporary(),
+            );
+        }
         if self.damage == Some(WriteFault::Vanish) {
             self.damaged();
             // Whatever the backend began (a multipart upload, a temp file) goes away.
