@@ -1269,3 +1269,6 @@ async fn a_payload_larger_than_one_upload_chunk_round_trips() {
         );
     }
 }
+
+#[path = "archive/write_safety.rs"]
+mod write_safety;

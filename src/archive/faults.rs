@@ -1,6 +1,10 @@
 //! A fault-injecting OpenDAL layer for tests and chaos runs: fail the first N calls of chosen
 //! operations or a seeded random fraction of them, report a committed write as failed (the
 //! "outcome unknown" case retries must resolve), flip a byte in read data, and add latency.
+//! Write-side faults damage what reaches the store while the caller is told all is well (a
+//! flipped bit, a truncated object, a dropped chunk, a write that stores nothing), and a store
+//! can be made to ignore create-if-absent: the archive's read-back verification and its
+//! start-up probe must catch each of these.
 //!
 //! It is a real [`opendal::raw::Layer`], so the archive code under test runs unchanged on top
 //! of it: `ArchiveStore::with_faults(FaultLayer::new(plan))`, or `op.layer(layer)` directly.
@@ -16,7 +20,7 @@ use opendal::raw::{
     OpWrite, RpCreateDir, RpPresign, RpRead, RpRename, RpStat, Service, ServiceInfo, Servicer,
 };
 use opendal::{
-    Buffer, BytesRange, Capability, Error, ErrorKind, Metadata, OperationContext, Result,
+    Buffer, BytesRange, Capability, EntryMode, Error, ErrorKind, Metadata, OperationContext, Result,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -50,6 +54,21 @@ impl FaultOp {
     }
 }
 
+/// Damage done to a write that still reports success (see [`FaultPlan::damage_writes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WriteFault {
+    /// One bit flipped in the middle of the first chunk.
+    FlipBit,
+    /// The last chunk loses its second half.
+    Truncate,
+    /// The first chunk never reaches the store (a lost part; a one-chunk write stores an
+    /// empty object).
+    DropChunk,
+    /// Nothing is stored: chunks are discarded and the upload aborted, yet the close reports
+    /// success. (On a filesystem the create already made an empty file, which stays.)
+    Vanish,
+}
+
 /// What to inject. Built with the `#[must_use]` builder methods; the default injects nothing.
 #[derive(Debug, Clone, Default)]
 pub struct FaultPlan {
@@ -59,6 +78,9 @@ pub struct FaultPlan {
     corrupt_read_ratio: f64,
     latency: Duration,
     seed: u64,
+    damage: Option<(WriteFault, String)>,
+    ignore_conditions: bool,
+    fail_closes: u64,
 }
 
 impl FaultPlan {
@@ -98,6 +120,30 @@ impl FaultPlan {
         self
     }
 
+    /// Damage every write whose path contains `path_contains` (`""`: every write) with
+    /// `fault`, and report it successful.
+    #[must_use]
+    pub fn damage_writes(mut self, fault: WriteFault, path_contains: &str) -> Self {
+        self.damage = Some((fault, path_contains.to_string()));
+        self
+    }
+
+    /// Fail the first `n` writer closes before they reach the store, after every chunk was
+    /// accepted (a multipart completion that fails: the upload is left open).
+    #[must_use]
+    pub fn fail_closes(mut self, n: u64) -> Self {
+        self.fail_closes = n;
+        self
+    }
+
+    /// Drop the create-if-absent condition from every write while still advertising it: a
+    /// store that silently overwrites, which the start-up probe must refuse.
+    #[must_use]
+    pub fn ignore_create_conditions(mut self) -> Self {
+        self.ignore_conditions = true;
+        self
+    }
+
     /// Delay every disturbed call by `d`.
     #[must_use]
     pub fn latency(mut self, d: Duration) -> Self {
@@ -117,6 +163,8 @@ pub struct FaultStats {
     pub ambiguous_writes: u64,
     /// Read results with a flipped byte.
     pub corrupted_reads: u64,
+    /// Writes damaged by a [`WriteFault`] (counted when the damage is done).
+    pub damaged_writes: u64,
 }
 
 #[derive(Debug)]
@@ -126,6 +174,8 @@ struct FaultState {
     failures: AtomicU64,
     ambiguous: AtomicU64,
     corrupted: AtomicU64,
+    damaged: AtomicU64,
+    closes: AtomicU64,
     rng: Mutex<StdRng>,
 }
 
@@ -186,6 +236,8 @@ impl FaultLayer {
                 failures: AtomicU64::new(0),
                 ambiguous: AtomicU64::new(0),
                 corrupted: AtomicU64::new(0),
+                damaged: AtomicU64::new(0),
+                closes: AtomicU64::new(0),
                 rng: Mutex::new(StdRng::seed_from_u64(seed)),
             }),
         }
@@ -203,6 +255,7 @@ impl FaultLayer {
             failures: s.failures.load(Ordering::SeqCst),
             ambiguous_writes: s.ambiguous.load(Ordering::SeqCst),
             corrupted_reads: s.corrupted.load(Ordering::SeqCst),
+            damaged_writes: s.damaged.load(Ordering::SeqCst),
         }
     }
 }
@@ -231,7 +284,7 @@ pub struct Faulty<R> {
 
 impl Service for FaultService {
     type Reader = Faulty<oio::Reader>;
-    type Writer = Faulty<oio::Writer>;
+    type Writer = FaultyWriter<oio::Writer>;
     type Lister = Faulty<oio::Lister>;
     type Deleter = Faulty<oio::Deleter>;
     type Copier = oio::Copier;
@@ -267,10 +320,22 @@ impl Service for FaultService {
     }
 
     fn write(&self, ctx: &OperationContext, path: &str, args: OpWrite) -> Result<Self::Writer> {
+        let args = if self.state.plan.ignore_conditions {
+            args.with_if_not_exists(false)
+        } else {
+            args
+        };
+        let damage = match &self.state.plan.damage {
+            Some((fault, filter)) if path.contains(filter.as_str()) => Some(*fault),
+            _ => None,
+        };
         let inner = self.inner.write(ctx, path, args)?;
-        Ok(Faulty {
+        Ok(FaultyWriter {
             inner,
             state: self.state.clone(),
+            damage,
+            chunks: 0,
+            held: None,
         })
     }
 
@@ -349,14 +414,81 @@ impl<R: oio::Read> oio::Read for Faulty<R> {
     }
 }
 
-impl<W: oio::Write> oio::Write for Faulty<W> {
+#[doc(hidden)]
+pub struct FaultyWriter<W> {
+    inner: W,
+    state: Arc<FaultState>,
+    damage: Option<WriteFault>,
+    /// Chunks handed to this writer so far.
+    chunks: u64,
+    /// [`WriteFault::Truncate`] holds each chunk back until it knows whether it is the last.
+    held: Option<Buffer>,
+}
+
+impl<W: oio::Write> FaultyWriter<W> {
+    fn damaged(&self) {
+        self.state.damaged.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Passes one chunk on, damaged as the plan says.
+    async fn forward(&mut self, bs: Buffer) -> Result<()> {
+        let first = self.chunks == 0;
+        self.chunks += 1;
+        match self.damage {
+            None => self.inner.write(bs).await,
+            Some(WriteFault::FlipBit) if first && !bs.is_empty() => {
+                self.damaged();
+                let mut v = bs.to_vec();
+                let at = v.len() / 2;
+                v[at] ^= 0x01;
+                self.inner.write(Buffer::from(v)).await
+            }
+            Some(WriteFault::DropChunk) if first => {
+                self.damaged();
+                Ok(())
+            }
+            Some(WriteFault::Vanish) => Ok(()),
+            Some(WriteFault::Truncate) => {
+                if let Some(prev) = self.held.replace(bs) {
+                    self.inner.write(prev).await?;
+                }
+                Ok(())
+            }
+            Some(_) => self.inner.write(bs).await,
+        }
+    }
+}
+
+impl<W: oio::Write> oio::Write for FaultyWriter<W> {
     async fn write(&mut self, bs: Buffer) -> Result<()> {
         self.state.gate(FaultOp::Write).await?;
-        self.inner.write(bs).await
+        self.forward(bs).await
     }
 
     async fn close(&mut self) -> Result<Metadata> {
         self.state.gate(FaultOp::Write).await?;
+        if self.state.closes.fetch_add(1, Ordering::SeqCst) < self.state.plan.fail_closes {
+            self.state.failures.fetch_add(1, Ordering::SeqCst);
+            // Chunks still held by this layer are written first, so the backend has its
+            // upload open with everything but the completion.
+            if let Some(held) = self.held.take() {
+                self.inner.write(held).await?;
+            }
+            return Err(
+                Error::new(ErrorKind::Unexpected, "injected fault: close failed").set_temporary(),
+            );
+        }
+        if self.damage == Some(WriteFault::Vanish) {
+            self.damaged();
+            // Whatever the backend began (a multipart upload, a temp file) goes away.
+            let _ = self.inner.abort().await;
+            return Ok(Metadata::new(EntryMode::FILE));
+        }
+        if let Some(mut last) = self.held.take() {
+            self.damaged();
+            last.truncate(last.len() / 2);
+            self.inner.write(last).await?;
+        }
         let meta = self.inner.close().await?;
         if self.state.ambiguous_now() {
             return Err(Error::new(
@@ -369,6 +501,7 @@ impl<W: oio::Write> oio::Write for Faulty<W> {
     }
 
     async fn abort(&mut self) -> Result<()> {
+        self.held = None;
         self.inner.abort().await
     }
 }

@@ -30,10 +30,11 @@ mod integrity;
 mod json;
 mod manifest;
 mod parquet;
+mod probe;
 mod url;
 mod write;
 
-pub use faults::{FaultLayer, FaultOp, FaultPlan, FaultStats};
+pub use faults::{FaultLayer, FaultOp, FaultPlan, FaultStats, WriteFault};
 pub use integrity::BLOCK_SIZE;
 pub use manifest::{Manifest, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION};
 pub use parquet::{
@@ -201,6 +202,15 @@ pub enum ArchiveError {
         #[source]
         source: opendal::Error,
     },
+    /// The store does not refuse a second create of an existing key (create-if-absent is
+    /// unsupported or ignored), so archives there could be silently overwritten.
+    #[error("archive store {store} does not honour create-if-absent: {reason}")]
+    CreateOnceUnsupported {
+        /// The store (scheme, bucket or root, prefix; never credentials).
+        store: String,
+        /// What the probe saw.
+        reason: String,
+    },
     /// The record source feeding a write failed (for the archiver: a snapshot page).
     #[error("the record source failed: {0}")]
     Source(String),
@@ -362,6 +372,9 @@ pub struct ArchiveStore {
     block_size: u64,
     /// Verified Parquet footers of payloads already opened (shared by clones).
     footers: Arc<parquet::FooterCache>,
+    /// Test hook (set only through `with_lossy_encoder`, a `failpoints` build): the encoder
+    /// loses one row, so the bytes verify but the decoded row count does not.
+    lossy_encoder: bool,
 }
 
 impl ArchiveStore {
@@ -379,7 +392,23 @@ impl ArchiveStore {
             row_group_rows: ROW_GROUP_ROWS,
             block_size: BLOCK_SIZE,
             footers: Arc::default(),
+            lossy_encoder: false,
         }
+    }
+
+    /// The same store with an encoder that silently loses one row of every payload, as a
+    /// buggy encoder would: the stored bytes match what was encoded, so only the writer's
+    /// decode check can notice. For tests of that check; `failpoints` builds only.
+    #[cfg(feature = "failpoints")]
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_lossy_encoder(mut self) -> Self {
+        self.lossy_encoder = true;
+        self
+    }
+
+    pub(crate) fn lossy_encoder(&self) -> bool {
+        self.lossy_encoder
     }
 
     /// The same store writing Parquet row groups of `rows` rows (default [`ROW_GROUP_ROWS`]).

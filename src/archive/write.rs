@@ -45,10 +45,12 @@ struct Rechunker<'a> {
     last: Option<(EventTime, Vec<u8>)>,
     buf: Vec<Record>,
     stats: RowStats,
+    /// Test hook: drop one row from the first chunk encoded (see `with_lossy_encoder`).
+    lose_a_row: bool,
 }
 
 impl<'a> Rechunker<'a> {
-    fn new(bucket: &'a BucketId) -> Self {
+    fn new(bucket: &'a BucketId, lossy: bool) -> Self {
         let (start, end) = bucket.bucket_key.bounds();
         Self {
             bucket,
@@ -56,6 +58,7 @@ impl<'a> Rechunker<'a> {
             last: None,
             buf: Vec::with_capacity(ENCODE_BATCH_ROWS),
             stats: RowStats::default(),
+            lose_a_row: lossy,
         }
     }
 
@@ -100,17 +103,24 @@ impl<'a> Rechunker<'a> {
             self.stats.max = Some(r.event_time);
             self.buf.push(r);
             if self.buf.len() == ENCODE_BATCH_ROWS {
-                ready.push(std::mem::replace(
-                    &mut self.buf,
-                    Vec::with_capacity(ENCODE_BATCH_ROWS),
-                ));
+                let full = std::mem::replace(&mut self.buf, Vec::with_capacity(ENCODE_BATCH_ROWS));
+                ready.push(self.emit(full));
             }
         }
         Ok(ready)
     }
 
     fn rest(&mut self) -> Vec<Record> {
-        std::mem::take(&mut self.buf)
+        let rest = std::mem::take(&mut self.buf);
+        self.emit(rest)
+    }
+
+    fn emit(&mut self, mut chunk: Vec<Record>) -> Vec<Record> {
+        if self.lose_a_row && !chunk.is_empty() {
+            self.lose_a_row = false;
+            chunk.pop();
+        }
+        chunk
     }
 }
 
@@ -119,6 +129,7 @@ async fn encode_parquet<S>(
     row_group_rows: usize,
     key: &str,
     bucket: &BucketId,
+    lossy: bool,
     pages: S,
 ) -> (PayloadSink, Result<RowStats, ArchiveError>)
 where
@@ -132,7 +143,7 @@ where
         Ok(w) => w,
         Err(e) => unreachable_writer(e),
     };
-    let mut chunker = Rechunker::new(bucket);
+    let mut chunker = Rechunker::new(bucket, lossy);
     let result: Result<(), ArchiveError> = async {
         futures::pin_mut!(pages);
         while let Some(page) = pages.next().await {
@@ -171,12 +182,13 @@ async fn encode_json<S>(
     mut sink: PayloadSink,
     key: &str,
     bucket: &BucketId,
+    lossy: bool,
     pages: S,
 ) -> (PayloadSink, Result<RowStats, ArchiveError>)
 where
     S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
 {
-    let mut chunker = Rechunker::new(bucket);
+    let mut chunker = Rechunker::new(bucket, lossy);
     let result: Result<(), ArchiveError> = async {
         let put_err = |e| ArchiveError::storage("write", key, e);
         sink.put(json::header_line().into())
@@ -202,7 +214,7 @@ where
     (sink, result.map(|()| chunker.stats))
 }
 
-fn is_condition_failure(e: &opendal::Error) -> bool {
+pub(crate) fn is_condition_failure(e: &opendal::Error) -> bool {
     matches!(
         e.kind(),
         opendal::ErrorKind::ConditionNotMatch | opendal::ErrorKind::AlreadyExists
@@ -253,12 +265,16 @@ where
             Err(e) => return Err(ArchiveError::storage("write", &payload_key, e)),
         }
     };
-    let sink = PayloadSink::new(writer, store.block_size());
+    // From here on, every way out of this function that leaves the upload unfinished (an
+    // error, or the future being dropped) aborts it: see `PayloadSink`.
+    let sink = PayloadSink::new(writer, op, &payload_key, store.block_size());
+    let lossy = store.lossy_encoder();
     let (mut sink, encoded) = match format {
         PayloadFormat::Parquet => {
-            encode_parquet(sink, store.row_group_rows(), &payload_key, bucket, pages).await
+            let rows = store.row_group_rows();
+            encode_parquet(sink, rows, &payload_key, bucket, lossy, pages).await
         }
-        PayloadFormat::Json => encode_json(sink, &payload_key, bucket, pages).await,
+        PayloadFormat::Json => encode_json(sink, &payload_key, bucket, lossy, pages).await,
     };
     let stats = match encoded {
         Ok(s) => s,

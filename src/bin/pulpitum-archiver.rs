@@ -149,6 +149,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let store = pulpitum::store::open(&db_url).await?;
     store.migrate().await?;
     let mut archive = ArchiveStore::from_url(&archive_url)?;
+    // Refuse a store that would let a late writer overwrite an archive (before any fault
+    // layer: the probe tests the store itself).
+    archive.check_create_once().await?;
     if let Some(layer) = fault_layer_from_env()? {
         archive = archive.with_faults(layer);
     }
