@@ -6,18 +6,20 @@
 //! Ceph) requests use path-style addressing, which OpenDAL does unless virtual hosts are
 //! enabled. S3 operators retry transient errors with jittered backoff; a retried conditional
 //! create that finds its own object is resolved by the write path's content comparison.
+//!
+//! Every S3 call has a deadline, so an endpoint that accepts a connection and then stops
+//! answering cannot hang a worker or a query: `PULPITUM_S3_TIMEOUT_SECONDS` (default 60)
+//! bounds each control call (stat, delete, ...), `PULPITUM_S3_IO_TIMEOUT_SECONDS` (default
+//! 30) each read, write or list call and each step of their bodies. A call that times out
+//! is retried like any transient error, each attempt with its own deadline.
 
-use opendal::layers::RetryLayer;
+use std::time::Duration;
+
+use opendal::layers::{RetryLayer, TimeoutLayer};
 use opendal::services::{Fs, Memory, S3};
 use opendal::Operator;
 
 use super::{ArchiveError, ArchiveStore};
-
-fn env(names: &[&str]) -> Option<String> {
-    names
-        .iter()
-        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
-}
 
 /// Installs, once per process, the HTTP transport OpenDAL's S3 service sends requests with
 /// (reqwest) and the rustls crypto provider it needs (ring). Idempotent; called by
@@ -32,7 +34,58 @@ pub fn install_http_transport() {
     });
 }
 
+/// Default deadline of one S3 control call (stat, delete, ...).
+pub const S3_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default deadline of one S3 read, write or list call, and of each step of its body.
+pub const S3_IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The S3 timeouts from the environment (`env` looks a variable up), with their defaults.
+fn s3_timeouts(env: impl Fn(&str) -> Option<String>) -> Result<(Duration, Duration), ArchiveError> {
+    let read = |name: &str, default: Duration| -> Result<Duration, ArchiveError> {
+        let Some(raw) = env(name).filter(|v| !v.trim().is_empty()) else {
+            return Ok(default);
+        };
+        raw.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| *v > 0.0)
+            .and_then(|v| Duration::try_from_secs_f64(v).ok())
+            .ok_or_else(|| {
+                ArchiveError::Config(format!(
+                    "{name}={raw:?}: expected a positive number of seconds"
+                ))
+            })
+    };
+    Ok((
+        read("PULPITUM_S3_TIMEOUT_SECONDS", S3_TIMEOUT)?,
+        read("PULPITUM_S3_IO_TIMEOUT_SECONDS", S3_IO_TIMEOUT)?,
+    ))
+}
+
+impl ArchiveStore {
+    /// Like [`ArchiveStore::from_url`], with the S3 settings looked up by `lookup` instead
+    /// of in the process environment (one process talking to two endpoints, tests).
+    pub fn from_url_with_env(
+        url: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ArchiveError> {
+        store_from_url_with(url, lookup)
+    }
+}
+
 pub(crate) fn store_from_url(raw: &str) -> Result<ArchiveStore, ArchiveError> {
+    store_from_url_with(raw, |n| std::env::var(n).ok())
+}
+
+fn store_from_url_with(
+    raw: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<ArchiveStore, ArchiveError> {
+    let env = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|n| lookup(n).filter(|v| !v.is_empty()))
+    };
     let bad = |reason: String| ArchiveError::Config(format!("archive URL {raw:?}: {reason}"));
     let url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
     let config = |e: opendal::Error| bad(e.to_string());
@@ -79,8 +132,16 @@ pub(crate) fn store_from_url(raw: &str) -> Result<ArchiveStore, ArchiveError> {
             if let Some(t) = env(&["AWS_SESSION_TOKEN"]) {
                 b = b.session_token(&t);
             }
+            let (timeout, io_timeout) = s3_timeouts(&lookup)?;
+            // The timeout goes inside the retry layer: each attempt has its own deadline, and
+            // a timed-out attempt is retried (OpenDAL's documented order).
             let op = Operator::new(b)
                 .map_err(config)?
+                .layer(
+                    TimeoutLayer::new()
+                        .with_timeout(timeout)
+                        .with_io_timeout(io_timeout),
+                )
                 .layer(RetryLayer::new().with_jitter().with_max_times(4));
             Ok(ArchiveStore::from_operator(op, url.path()))
         }
@@ -110,6 +171,23 @@ mod tests {
                 matches!(store_from_url(bad), Err(ArchiveError::Config(_))),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn s3_timeouts_have_defaults_and_refuse_bad_values() {
+        assert_eq!(s3_timeouts(|_| None).unwrap(), (S3_TIMEOUT, S3_IO_TIMEOUT));
+        let set =
+            |name: &'static str, v: &'static str| move |n: &str| (n == name).then(|| v.to_string());
+        assert_eq!(
+            s3_timeouts(set("PULPITUM_S3_IO_TIMEOUT_SECONDS", "2.5")).unwrap(),
+            (S3_TIMEOUT, Duration::from_millis(2500))
+        );
+        for bad in ["0", "-1", "abc", "1e30", "NaN", "inf"] {
+            let err = s3_timeouts(set("PULPITUM_S3_TIMEOUT_SECONDS", bad))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("PULPITUM_S3_TIMEOUT_SECONDS"), "{bad}: {err}");
         }
     }
 }

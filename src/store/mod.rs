@@ -19,6 +19,7 @@ use crate::model::{
 
 pub mod embedded;
 pub mod migrate;
+mod pg_timeouts;
 pub mod postgres;
 mod retry;
 

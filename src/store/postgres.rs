@@ -172,10 +172,8 @@ impl PgStore {
             .url
             .parse()
             .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))?;
-        // A server that drops packets must not hang the caller forever.
-        if pg.get_connect_timeout().is_none() {
-            pg.connect_timeout(Duration::from_secs(10));
-        }
+        // A server or network that stops answering must not hang the caller forever.
+        let create_timeout = super::pg_timeouts::apply_socket(&mut pg);
         if let Some(schema) = &config.schema {
             validate_schema_name(schema)?;
             create_schema(&pg, schema).await?;
@@ -189,6 +187,8 @@ impl PgStore {
         if config.generic_plans {
             options.push_str(" -c plan_cache_mode=force_generic_plan");
         }
+        // A statement or transaction its client abandoned must not run (and lock) forever.
+        super::pg_timeouts::apply_session(&mut options);
         pg.options(options.trim());
         let manager = Manager::from_config(
             pg,
@@ -203,6 +203,10 @@ impl PgStore {
             // backends stay warm (their plan and catalog caches, their pages in the CPU
             // caches) instead of every call landing on the one idle the longest.
             .queue_mode(QueueMode::Lifo)
+            // Connecting includes a startup handshake that the TCP connect timeout does not
+            // cover; a peer that accepts and then stays silent must not block a caller.
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(create_timeout))
             .build()
             .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))?;
         let store = Self {
