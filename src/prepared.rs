@@ -91,6 +91,9 @@ pub enum PreparedError {
 #[derive(Debug)]
 pub struct PreparedQuery {
     state: SessionState,
+    /// The plan as parsed, before analysis: values its typed plan would narrow are
+    /// planned from here (see [`PreparedQuery::physical_plan`]).
+    parsed: LogicalPlan,
     plan: LogicalPlan,
     params: Vec<DataType>,
     task: Arc<TaskContext>,
@@ -122,6 +125,31 @@ fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
             .is_some_and(|scan| scan.spec().deferred);
     }
     REUSABLE_OPERATORS.contains(&plan.name()) && children.into_iter().all(reusable)
+}
+
+/// Whether binding `given` as `converted` (its value in the parameter's type) lost
+/// something that decides a comparison: the conversion back does not give the value again.
+/// Only numbers and times are checked (and strings naming a time, at nanosecond precision);
+/// other conversions are exact or fail outright.
+fn narrows(given: &ScalarValue, converted: &ScalarValue) -> bool {
+    use datafusion::arrow::datatypes::TimeUnit;
+    let given_type = given.data_type();
+    let precise = match (&given_type, converted.data_type()) {
+        (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, DataType::Timestamp(_, tz)) => {
+            match given.cast_to(&DataType::Timestamp(TimeUnit::Nanosecond, tz)) {
+                Ok(p) => p,
+                Err(_) => return false,
+            }
+        }
+        (t, _) if t.is_numeric() || t.is_temporal() => given.clone(),
+        _ => return false,
+    };
+    if precise.data_type() == converted.data_type() {
+        return false;
+    }
+    converted
+        .cast_to(&precise.data_type())
+        .map_or(true, |back| back != precise)
 }
 
 /// Prepares `sql` against the tables of `ctx`. Parameters are `$1..$n`; each one's type is
@@ -156,10 +184,12 @@ pub async fn prepare(ctx: &SessionContext, sql: &str) -> Result<PreparedQuery, P
             }
         }
     }
+    let parsed = plan.clone();
     let plan = state.optimize(&plan)?;
     let task = state.task_ctx();
     Ok(PreparedQuery {
         state,
+        parsed,
         plan,
         params,
         task,
@@ -174,11 +204,34 @@ impl PreparedQuery {
     }
 
     /// The physical plan for these values (for `EXPLAIN`-like inspection and tests).
+    ///
+    /// A value finer than its parameter's type (a nanosecond instant for a microsecond
+    /// `timestamp`, `1.5` for a BIGINT) cannot be bound to the prepared plan: converting it
+    /// would change which rows match (`timestamp = $1` would match the truncated instant).
+    /// Such an execution plans the parsed statement with the value itself, so the
+    /// comparison is answered exactly (see [`crate::provider::literals`]); it is slower
+    /// and its plan is not cached.
     pub async fn physical_plan(
         &self,
         values: &[ScalarValue],
     ) -> Result<Arc<dyn ExecutionPlan>, PreparedError> {
         let bound = self.bind(values)?;
+        if values
+            .iter()
+            .zip(&bound)
+            .any(|(given, converted)| narrows(given, converted))
+        {
+            let logical = self
+                .parsed
+                .clone()
+                .with_param_values(ParamValues::from(values.to_vec()))?;
+            let logical = self.state.optimize(&logical)?;
+            return Ok(self
+                .state
+                .query_planner()
+                .create_physical_plan(&logical, &self.state)
+                .await?);
+        }
         let cached = self.plans.lock().expect("plan cache lock").get(&bound);
         if let Some(plan) = cached {
             return Ok(reset_plan_states(plan)?);

@@ -34,7 +34,9 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::archive::{ArchiveError, ArchiveStore};
 use crate::provider::factory::FORMAT_NAME;
-use crate::provider::{ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits};
+use crate::provider::{
+    ExactTimeLiterals, ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits,
+};
 use crate::store::{HotStore, StoreError};
 use crate::table::{RouteCacheConfig, DEFAULT_PAGE_ROWS};
 
@@ -47,6 +49,9 @@ pub struct SessionOptions {
     pub route_cache: RouteCacheConfig,
     /// Rows per hot page and archive batch.
     pub page_rows: usize,
+    /// Most rows one `INSERT` statement may write; larger statements fail before writing
+    /// anything (see [`crate::provider::sink`]).
+    pub max_insert_rows: usize,
     /// DataFusion target partitions (scan parallelism); `None` keeps DataFusion's default
     /// (the number of cores).
     pub target_partitions: Option<usize>,
@@ -60,6 +65,7 @@ impl Default for SessionOptions {
             limits: QueryLimits::default(),
             route_cache: RouteCacheConfig::default(),
             page_rows: DEFAULT_PAGE_ROWS,
+            max_insert_rows: crate::provider::sink::DEFAULT_MAX_INSERT_ROWS,
             target_partitions: None,
             migrate: true,
         }
@@ -99,6 +105,7 @@ pub async fn session(
         ProviderOptions {
             limits: opts.limits,
             page_rows: opts.page_rows,
+            max_insert_rows: opts.max_insert_rows,
         },
         opts.route_cache,
     );
@@ -112,6 +119,9 @@ pub async fn session(
         .with_table_factory(FORMAT_NAME.to_string(), Arc::new(factory.clone()))
         .build();
     let ctx = SessionContext::new_with_state(state);
+    // After DataFusion's type coercion: comparisons with literals finer than a column
+    // must not be truncated by its optimizer (see `provider::literals`).
+    ctx.add_analyzer_rule(Arc::new(ExactTimeLiterals));
     for def in store.tables().await? {
         let name = def.table_id.to_string();
         let provider = factory.provider(def)?;

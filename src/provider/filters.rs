@@ -10,7 +10,9 @@
 //!
 //! Literals that cannot be represented without loss are refused out loud: a nanosecond
 //! timestamp with sub-microsecond digits is `Unsupported` (the store keeps microseconds, so
-//! narrowing it would change which rows match).
+//! narrowing it would change which rows match). In a session such a comparison never gets
+//! here: [`super::literals`] rewrites it first into an exact one with microsecond literals,
+//! which DataFusion's optimizer would otherwise produce by truncating.
 
 use std::collections::BTreeSet;
 use std::ops::Bound;

@@ -9,6 +9,7 @@
 
 pub mod factory;
 pub mod filters;
+pub mod literals;
 pub mod scan;
 pub mod sink;
 pub mod surface;
@@ -29,6 +30,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 pub use factory::PulpitumTableFactory;
 pub use filters::{classify, PushedFilters};
+pub use literals::ExactTimeLiterals;
 pub use scan::{BucketCounts, KeyBuckets, PulpitumScanExec, ScanSpec};
 pub use sink::PulpitumSink;
 pub use surface::Surface;
@@ -55,6 +57,14 @@ pub enum ProviderError {
     /// Rows an INSERT cannot store.
     #[error("invalid INSERT: {0}")]
     InvalidInsert(String),
+    /// An INSERT bringing more rows than one statement may write; nothing was written.
+    #[error("INSERT of at least {rows} rows exceeds max_insert_rows = {max_rows} rows per statement; nothing was written (split it into several statements, each atomic, or raise max_insert_rows)")]
+    InsertTooLarge {
+        /// Rows the statement had brought when it passed the cap.
+        rows: usize,
+        /// The cap.
+        max_rows: usize,
+    },
     /// A stored row that does not fit the table's surface.
     #[error("stored row does not fit the surface: {0}")]
     CorruptRow(String),
@@ -102,6 +112,8 @@ pub struct ProviderOptions {
     pub limits: QueryLimits,
     /// Rows per hot page and archive batch.
     pub page_rows: usize,
+    /// Most rows one `INSERT` statement may write (it is one transaction; see [`sink`]).
+    pub max_insert_rows: usize,
 }
 
 impl Default for ProviderOptions {
@@ -109,6 +121,7 @@ impl Default for ProviderOptions {
         Self {
             limits: QueryLimits::default(),
             page_rows: DEFAULT_PAGE_ROWS,
+            max_insert_rows: sink::DEFAULT_MAX_INSERT_ROWS,
         }
     }
 }
@@ -297,7 +310,11 @@ impl TableProvider for PulpitumTable {
                 "{insert_op} is not supported: Pulpitum tables are append-only (use INSERT INTO)"
             )));
         }
-        let sink = PulpitumSink::new(self.table.clone(), self.surface);
+        let sink = PulpitumSink::new(
+            self.table.clone(),
+            self.surface,
+            self.options.max_insert_rows,
+        );
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
     }
 }

@@ -1,10 +1,14 @@
-//! `INSERT INTO` for Pulpitum tables: rows become records and go through fenced appends.
+//! `INSERT INTO` for Pulpitum tables: rows become records and go through one fenced append.
 //!
-//! Rows are appended in batches of [`INSERT_BATCH_ROWS`]; each batch is one atomic
-//! `append_batch` (all rows or none). A row aimed at a bucket that is Archiving or Archived
-//! fails its batch, and so the statement, with an error naming the bucket. Batches committed
-//! before a failing one stay committed (the statement is not one transaction); re-running
-//! the statement is safe because appending an identical record again is a no-op.
+//! A statement is all or nothing. Its rows are collected, then written by ONE
+//! `append_batch`, which both stores run as one serializable transaction: the Hot check of
+//! every bucket the statement touches and every insert commit together, so a failure
+//! anywhere (a fenced bucket, a key holding another value, a lost connection) leaves
+//! nothing of the statement behind, and a retry cannot duplicate half of it. Collecting is
+//! bounded by a row cap ([`DEFAULT_MAX_INSERT_ROWS`], `ProviderOptions::max_insert_rows`):
+//! a statement that brings more rows fails as soon as it passes the cap, before anything is
+//! written. The count returned is the rows the statement actually inserted; identical
+//! records already stored (a retried statement) are not counted.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,8 +26,11 @@ use super::ProviderError;
 use crate::model::Record;
 use crate::table::DurableTable;
 
-/// Rows per atomic append.
-pub const INSERT_BATCH_ROWS: usize = 500;
+/// Most rows one `INSERT` statement may write by default. The statement is one transaction
+/// held in memory until it commits, so the cap bounds both the memory of a statement and
+/// the size of the transaction the hot store must accept; bulk loads larger than this
+/// belong in several statements (each atomic) or in `append_batch` calls.
+pub const DEFAULT_MAX_INSERT_ROWS: usize = 50_000;
 
 /// The sink behind `INSERT INTO`.
 #[derive(Debug)]
@@ -31,25 +38,49 @@ pub struct PulpitumSink {
     table: DurableTable,
     surface: Surface,
     schema: SchemaRef,
+    max_rows: usize,
 }
 
 impl PulpitumSink {
-    /// A sink for the table's surface.
-    pub fn new(table: DurableTable, surface: Surface) -> Self {
+    /// A sink for the table's surface that refuses statements of more than `max_rows` rows.
+    pub fn new(table: DurableTable, surface: Surface, max_rows: usize) -> Self {
         Self {
             table,
             surface,
             schema: surface.schema(),
+            max_rows,
         }
     }
 
-    async fn flush(&self, pending: &mut Vec<Record>) -> Result<u64, ProviderError> {
+    /// Collects the statement's rows (failing past the cap, before any write), then writes
+    /// them in one atomic append and returns the rows inserted.
+    async fn write(&self, mut data: SendableRecordBatchStream) -> DFResult<u64> {
+        let mut pending: Vec<Record> = Vec::new();
+        while let Some(batch) = data.next().await {
+            let batch = batch?;
+            let rows = pending.len() + batch.num_rows();
+            if rows > self.max_rows {
+                return Err(ProviderError::InsertTooLarge {
+                    rows,
+                    max_rows: self.max_rows,
+                }
+                .into());
+            }
+            pending.extend(
+                self.surface
+                    .batch_to_records(&batch)
+                    .map_err(DataFusionError::from)?,
+            );
+        }
         if pending.is_empty() {
             return Ok(0);
         }
-        let out = self.table.append_batch(pending).await?;
-        pending.clear();
-        Ok(out.inserted + out.already_present)
+        let out = self
+            .table
+            .append_batch(&pending)
+            .await
+            .map_err(|e| DataFusionError::from(ProviderError::from(e)))?;
+        Ok(out.inserted)
     }
 }
 
@@ -57,10 +88,10 @@ impl DisplayAs for PulpitumSink {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "PulpitumSink: table={}, surface={}, batch_rows={}",
+            "PulpitumSink: table={}, surface={}, atomic, max_rows={}",
             self.table.definition().table_id,
             self.surface.as_str(),
-            INSERT_BATCH_ROWS
+            self.max_rows
         )
     }
 }
@@ -73,31 +104,9 @@ impl DataSink for PulpitumSink {
 
     async fn write_all(
         &self,
-        mut data: SendableRecordBatchStream,
+        data: SendableRecordBatchStream,
         _context: &Arc<TaskContext>,
     ) -> DFResult<u64> {
-        let mut pending: Vec<Record> = Vec::with_capacity(INSERT_BATCH_ROWS);
-        let mut written = 0u64;
-        while let Some(batch) = data.next().await {
-            let batch = batch?;
-            let records = self
-                .surface
-                .batch_to_records(&batch)
-                .map_err(DataFusionError::from)?;
-            for r in records {
-                pending.push(r);
-                if pending.len() >= INSERT_BATCH_ROWS {
-                    written += self
-                        .flush(&mut pending)
-                        .await
-                        .map_err(DataFusionError::from)?;
-                }
-            }
-        }
-        written += self
-            .flush(&mut pending)
-            .await
-            .map_err(DataFusionError::from)?;
-        Ok(written)
+        self.write(data).await
     }
 }

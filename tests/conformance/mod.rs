@@ -38,6 +38,7 @@ macro_rules! every_case {
             read_head_finds_the_first_bucket_of_a_long_history,
             discover_orders_and_limits,
             bad_input_is_typed_and_writes_nothing,
+            sql_insert_is_one_transaction,
         );
     };
 }
@@ -1698,4 +1699,147 @@ pub async fn bad_input_is_typed_and_writes_nothing(store: Store) {
         1
     );
     assert_eq!(store.tables().await.unwrap().len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// the SQL INSERT on top of the store
+
+/// `INSERT INTO ... VALUES` of `rows` chat rows on channel 1: `(ts, id, content)`.
+fn insert_sql(table: &str, rows: &[(String, i64, String)]) -> String {
+    let values: Vec<String> = rows
+        .iter()
+        .map(|(ts, id, c)| format!("(1, TIMESTAMP '{ts}', {id}, '{c}')"))
+        .collect();
+    format!("INSERT INTO {table} VALUES {}", values.join(", "))
+}
+
+/// `n` rows spread over the first five days of May 2024 (five new buckets), ids from `from`.
+fn spread_rows(n: i64, from: i64) -> Vec<(String, i64, String)> {
+    (0..n)
+        .map(|i| {
+            let id = from + i;
+            (
+                format!("2024-05-0{}T00:00:{:02}.{:06}Z", 1 + id % 5, id % 60, id),
+                id,
+                format!("m{id}"),
+            )
+        })
+        .collect()
+}
+
+async fn sql_count(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Result<u64, String> {
+    use datafusion::arrow::array::{Array, Int64Array, UInt64Array};
+    let batches = ctx
+        .sql(sql)
+        .await
+        .map_err(|e| e.to_string())?
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let col = batches[0].column(0);
+    if let Some(a) = col.as_any().downcast_ref::<UInt64Array>() {
+        return Ok(a.value(0));
+    }
+    let a = col.as_any().downcast_ref::<Int64Array>().expect("a count");
+    Ok(a.value(0) as u64)
+}
+
+/// An `INSERT` statement is one transaction over every bucket it touches, whatever its
+/// size: a fenced bucket or a conflicting key in its LAST rows (past what used to be the
+/// first commits of a 500-row batching) leaves nothing of it behind; a statement above
+/// the row cap fails before writing; the count is the rows actually inserted.
+pub async fn sql_insert_is_one_transaction(store: Store) {
+    use pulpitum::archive::ArchiveStore;
+    use pulpitum::session::{session, SessionOptions};
+    let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
+    let opts = SessionOptions {
+        max_insert_rows: 1_300,
+        ..SessionOptions::default()
+    };
+    let ctx = session(store.clone(), archive, opts).await.unwrap();
+    ctx.sql(
+        "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+         OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
+    )
+    .await
+    .unwrap();
+    let tbl = tid("chat");
+    let count_all = "SELECT count(*) FROM chat";
+    let buckets = |store: Store| {
+        let tbl = tbl.clone();
+        async move {
+            store
+                .list_buckets(&tbl, &BucketFilter::default())
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+
+    // One stored row on 2024-05-10; its bucket will be fenced.
+    let first = vec![("2024-05-10T12:00:00Z".to_string(), 0, "kept".to_string())];
+    assert_eq!(sql_count(&ctx, &insert_sql("chat", &first)).await, Ok(1));
+
+    // 1,200 rows over five new buckets whose LAST row reuses the stored key with another
+    // value: nothing of the statement commits.
+    let mut rows = spread_rows(1_199, 1);
+    rows.push(("2024-05-10T12:00:00Z".into(), 0, "changed".into()));
+    let err = sql_count(&ctx, &insert_sql("chat", &rows))
+        .await
+        .unwrap_err();
+    assert!(err.contains("a different record already exists"), "{err}");
+    assert_eq!(sql_count(&ctx, count_all).await, Ok(1), "after {err}");
+    assert_eq!(buckets(store.clone()).await, 1);
+
+    // Fence 2024-05-10, then 1,200 rows whose last ten land in it: nothing commits, no
+    // bucket of the statement is even created.
+    let fenced = store
+        .list_buckets(&tbl, &BucketFilter::default())
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .id;
+    let claim = store
+        .claim(&fenced, LONG)
+        .await
+        .unwrap()
+        .expect("claimable");
+    let mut rows = spread_rows(1_190, 1);
+    rows.extend((0..10).map(|i| {
+        (
+            format!("2024-05-10T13:00:0{i}Z"),
+            5_000 + i,
+            "late".to_string(),
+        )
+    }));
+    let err = sql_count(&ctx, &insert_sql("chat", &rows))
+        .await
+        .unwrap_err();
+    assert!(err.contains("is archiving: writes are fenced"), "{err}");
+    assert_eq!(sql_count(&ctx, count_all).await, Ok(1), "after {err}");
+    assert_eq!(buckets(store.clone()).await, 1);
+
+    // Above the cap: refused before anything is written, with the cap in the message.
+    let err = sql_count(&ctx, &insert_sql("chat", &spread_rows(1_301, 1)))
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("exceeds max_insert_rows = 1300") && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert_eq!(sql_count(&ctx, count_all).await, Ok(1));
+
+    // At the cap it commits, all of it; the count is rows inserted, so the same statement
+    // again (a retry) reports 0, and a statement half new, half retried reports the half.
+    let ok = insert_sql("chat", &spread_rows(1_300, 1));
+    assert_eq!(sql_count(&ctx, &ok).await, Ok(1_300));
+    assert_eq!(sql_count(&ctx, &ok).await, Ok(0));
+    assert_eq!(
+        sql_count(&ctx, &insert_sql("chat", &spread_rows(1_000, 1_001))).await,
+        Ok(700)
+    );
+    assert_eq!(sql_count(&ctx, count_all).await, Ok(2_001));
+    assert_eq!(buckets(store.clone()).await, 6);
+    store.defer_archive(&claim, Duration::ZERO).await.unwrap();
 }

@@ -8,6 +8,7 @@ mod cutover;
 mod dataset;
 mod end_to_end;
 mod errors;
+mod literals;
 mod plans;
 mod prepared;
 mod repl;
