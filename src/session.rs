@@ -33,7 +33,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::archive::{ArchiveError, ArchiveStore};
-use crate::provider::factory::FORMAT_NAME;
+use crate::provider::factory::{PulpitumSchema, FORMAT_NAME};
 use crate::provider::{ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits};
 use crate::store::{HotStore, StoreError};
 use crate::table::{RouteCacheConfig, DEFAULT_PAGE_ROWS};
@@ -112,6 +112,7 @@ pub async fn session(
         .with_table_factory(FORMAT_NAME.to_string(), Arc::new(factory.clone()))
         .build();
     let ctx = SessionContext::new_with_state(state);
+    PulpitumSchema::install(&ctx)?;
     for def in store.tables().await? {
         let name = def.table_id.to_string();
         let provider = factory.provider(def)?;
