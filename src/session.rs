@@ -33,7 +33,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::archive::{ArchiveError, ArchiveStore};
-use crate::provider::factory::FORMAT_NAME;
+use crate::provider::factory::{PulpitumSchema, FORMAT_NAME};
 use crate::provider::{
     ExactTimeLiterals, ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits,
 };
@@ -122,6 +122,7 @@ pub async fn session(
     // After DataFusion's type coercion: comparisons with literals finer than a column
     // must not be truncated by its optimizer (see `provider::literals`).
     ctx.add_analyzer_rule(Arc::new(ExactTimeLiterals));
+    PulpitumSchema::install(&ctx)?;
     for def in store.tables().await? {
         let name = def.table_id.to_string();
         let provider = factory.provider(def)?;

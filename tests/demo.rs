@@ -19,6 +19,35 @@ fn pulpitum(dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Runs `pulpitum` with `stdin` piped in (not a terminal).
+fn pulpitum_with_stdin(
+    dir: &std::path::Path,
+    args: &[&str],
+    stdin: &str,
+) -> (bool, String, String) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("PULPITUM_DATABASE_URL")
+        .env_remove("PULPITUM_ARCHIVE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pulpitum");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn single_number(csv: &str) -> u64 {
     let line = csv
         .lines()
@@ -85,11 +114,28 @@ fn demo_runs_on_the_embedded_default_and_both_tiers_answer() {
     let per_channel = count("SELECT count(DISTINCT channel_id) FROM chat");
     assert_eq!(per_channel, 3);
 
-    // Running the demo again reuses the data: nothing loaded, nothing archived twice.
-    let (ok, out, err) = pulpitum(dir.path(), &["demo", "--small", "--no-shell"]);
+    // Running the demo again reuses the data: nothing loaded, nothing archived twice. With
+    // standard input not a terminal, the demo runs it as a script after its examples, as
+    // the shell does, and the script's first error fails the run.
+    let (ok, out, err) = pulpitum_with_stdin(
+        dir.path(),
+        &["demo", "--small", "--format", "csv"],
+        "SELECT count(*) AS from_stdin FROM chat;\n",
+    );
     assert!(ok, "{err}");
     assert_eq!(number_after(&out, "Loaded ", " messages"), 0);
+    assert!(
+        out.ends_with(&format!("from_stdin\n{total}\n")),
+        "the script did not run last: {out}"
+    );
     assert_eq!(count("SELECT count(*) FROM chat"), total);
+    let (ok, _, err) = pulpitum_with_stdin(
+        dir.path(),
+        &["demo", "--small"],
+        "SELECT 1;\nSELECT nope FROM chat;\n",
+    );
+    assert!(!ok, "a failing script must fail the demo");
+    assert!(err.contains("nope"), "{err}");
 
     // A bad statement fails the script with a clear error and a non-zero exit.
     let (ok, _, err) = pulpitum(dir.path(), &["-c", "SELECT nope FROM chat"]);

@@ -977,3 +977,67 @@ async fn extreme_durations_are_clamped_to_the_supported_range() {
     assert_eq!(s.bucket(&id).await.unwrap().unwrap().retry_at, Some(last));
     assert!(s.claim(&id, LONG).await.unwrap().is_none());
 }
+
+/// An older build after an upgrade (simulated: today's code against a ledger where newer
+/// builds recorded migrations it does not know): it keeps running past additive migrations
+/// and past breaking ones it was written for, and stops at a breaking migration that
+/// requires a later build, naming both versions. A ledger from before the compatibility
+/// column gets the column.
+#[tokio::test]
+async fn an_older_build_runs_after_additive_migrations_and_stops_at_a_breaking_one() {
+    let (dir, s) = fresh().await;
+    drop(s);
+    let path = dir.path().join("hot.sqlite");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch("ALTER TABLE pulpitum_v4_schema_migrations DROP COLUMN requires_version")
+        .unwrap();
+    let s = SqliteStore::open(&path).unwrap();
+    s.migrate().await.unwrap();
+    let ours: i64 = raw
+        .query_row(
+            "SELECT max(version) FROM pulpitum_v4_schema_migrations",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let record = |version: i64, name: &str, requires: i64| {
+        raw.execute(
+            "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum, applied_at, requires_version) \
+             VALUES (?1, ?2, 'newer', 0, ?3)",
+            rusqlite::params![version, name, requires],
+        )
+        .unwrap();
+    };
+    record(ours + 1, "newer_additive", 0);
+    record(ours + 2, "newer_prepared_for", ours);
+    let s = SqliteStore::open(&path).unwrap();
+    s.migrate().await.unwrap();
+    s.append(&tid("t"), &rec(b"p", t0(), b"k", b"v"))
+        .await
+        .unwrap();
+
+    record(ours + 3, "newer_breaking", ours + 3);
+    let s = SqliteStore::open(&path).unwrap();
+    match s.migrate().await {
+        Err(StoreError::Migration(msg)) => assert!(
+            msg.contains(&format!("migration {} (newer_breaking)", ours + 3))
+                && msg.contains(&format!("schema version {} or later", ours + 3))
+                && msg.contains(&format!("schema version is {ours}")),
+            "{msg}"
+        ),
+        x => panic!("expected a migration error, got {x:?}"),
+    }
+    // A row without a rule (written by hand) counts as breaking.
+    raw.execute(
+        "UPDATE pulpitum_v4_schema_migrations SET requires_version = NULL WHERE version = ?1",
+        [ours + 1],
+    )
+    .unwrap();
+    raw.execute(
+        "DELETE FROM pulpitum_v4_schema_migrations WHERE version = ?1",
+        [ours + 3],
+    )
+    .unwrap();
+    let s = SqliteStore::open(&path).unwrap();
+    assert!(matches!(s.migrate().await, Err(StoreError::Migration(_))));
+}

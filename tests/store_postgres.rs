@@ -193,7 +193,8 @@ async fn edited_or_unknown_migrations_are_refused() {
         Err(StoreError::Migration(msg)) => assert!(msg.contains("migration 2"), "{msg}"),
         x => panic!("expected a migration error, got {x:?}"),
     }
-    // A version recorded by a newer build is refused too.
+    // A version recorded without a compatibility rule (by hand, or by a build without the
+    // rule) counts as breaking and is refused too.
     client
         .execute(
             "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum) VALUES (99, 'future', 'x')",
@@ -205,6 +206,79 @@ async fn edited_or_unknown_migrations_are_refused() {
         store.migrate().await,
         Err(StoreError::Migration(_))
     ));
+    store.drop_schema().await.unwrap();
+}
+
+/// An older build after an upgrade (simulated: today's code against a ledger where newer
+/// builds recorded migrations it does not know): it keeps running past additive migrations
+/// and past breaking ones it was written for, and stops at a breaking migration that
+/// requires a later build, naming both versions. A ledger from before the compatibility
+/// column gets the column.
+#[tokio::test]
+async fn an_older_build_runs_after_additive_migrations_and_stops_at_a_breaking_one() {
+    let store = fresh_store().await;
+    let client = store.raw_client().await.unwrap();
+    // The ledger as the build before the compatibility rule left it.
+    store.migrate().await.unwrap();
+    client
+        .batch_execute("ALTER TABLE pulpitum_v4_schema_migrations DROP COLUMN requires_version")
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let ours = migrate::schema_version();
+    let requires: Vec<Option<i32>> = client
+        .query(
+            "SELECT requires_version FROM pulpitum_v4_schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(requires.len(), ours as usize);
+    let record = |version: i32, name: &'static str, requires: i32| {
+        let client = &client;
+        async move {
+            client
+                .execute(
+                    "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum, requires_version) \
+                     VALUES ($1, $2, 'newer', $3)",
+                    &[&version, &name, &requires],
+                )
+                .await
+                .unwrap();
+        }
+    };
+    record(ours + 1, "newer_additive", 0).await;
+    record(ours + 2, "newer_prepared_for", ours).await;
+    store.migrate().await.unwrap();
+    let def = TableDefinition::new(
+        TableId::new("chat").unwrap(),
+        BucketStrategy::CalendarYearUtc,
+        "chat",
+    );
+    store.register_table(&def).await.unwrap();
+    // A session opens too (it migrates first).
+    let archive = Arc::new(pulpitum::archive::ArchiveStore::from_url("memory://").unwrap());
+    pulpitum::session::session(store.clone(), archive.clone(), Default::default())
+        .await
+        .unwrap();
+
+    record(ours + 3, "newer_breaking", ours + 3).await;
+    match store.migrate().await {
+        Err(StoreError::Migration(msg)) => assert!(
+            msg.contains(&format!("migration {} (newer_breaking)", ours + 3))
+                && msg.contains(&format!("schema version {} or later", ours + 3))
+                && msg.contains(&format!("schema version is {ours}")),
+            "{msg}"
+        ),
+        x => panic!("expected a migration error, got {x:?}"),
+    }
+    match pulpitum::session::session(store.clone(), archive, Default::default()).await {
+        Err(e) => assert!(e.to_string().contains("newer_breaking"), "{e}"),
+        Ok(_) => panic!("a session opened past a breaking migration"),
+    }
     store.drop_schema().await.unwrap();
 }
 

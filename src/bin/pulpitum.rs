@@ -8,11 +8,13 @@
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::arrow::util::pretty::pretty_format_batches_with_schema;
 use datafusion::prelude::SessionContext;
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
@@ -60,7 +62,8 @@ enum Command {
     /// The interactive shell (what `pulpitum` runs without a subcommand).
     Shell,
     /// Load a synthetic chat history (about a million messages over two years), archive
-    /// everything older than 90 days with the real archiver, then open the shell.
+    /// everything older than 90 days with the real archiver, then open the shell (or, when
+    /// standard input is not a terminal, run it as a script).
     Demo {
         /// A few thousand messages instead of a million (for CI and a quick look).
         #[arg(long)]
@@ -93,25 +96,45 @@ enum Meta {
 impl Shell {
     async fn run_statement(&mut self, sql: &str) -> Result<(), String> {
         let start = Instant::now();
-        let df = self.ctx.sql(sql).await.map_err(|e| e.to_string())?;
+        // What `ctx.sql` does, with the check of statements DataFusion would let through
+        // silently (`DROP TABLE IF EXISTS` on a Pulpitum table) between planning and running.
+        let plan = self
+            .ctx
+            .state()
+            .create_logical_plan(sql)
+            .await
+            .map_err(|e| e.to_string())?;
+        pulpitum::provider::factory::check_statement(&self.ctx, &plan)
+            .await
+            .map_err(|e| e.to_string())?;
+        let df = self
+            .ctx
+            .execute_logical_plan(plan)
+            .await
+            .map_err(|e| e.to_string())?;
+        // The result's columns come from the plan, not from the batches: an empty result may
+        // have no batch at all, and it still prints its header.
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await.map_err(|e| e.to_string())?;
-        self.print(&batches)?;
+        self.print(&schema, &batches)?;
         if self.timing {
             eprintln!("Time: {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
         }
         Ok(())
     }
 
-    fn print(&self, batches: &[RecordBatch]) -> Result<(), String> {
+    /// Prints a result. A statement without result columns (DDL) prints nothing; any other
+    /// result prints its header even with no rows (`(0 rows)` in table format, the header
+    /// line in CSV), so an empty answer is told apart from no answer.
+    fn print(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<(), String> {
+        if schema.fields().is_empty() {
+            return Ok(());
+        }
         let mut out = std::io::stdout().lock();
         match self.format {
             Format::Table => {
-                if batches.iter().all(|b| b.num_rows() == 0)
-                    && batches.first().is_none_or(|b| b.num_columns() == 0)
-                {
-                    return Ok(());
-                }
-                let text = pretty_format_batches(batches).map_err(|e| e.to_string())?;
+                let text = pretty_format_batches_with_schema(schema.clone(), batches)
+                    .map_err(|e| e.to_string())?;
                 writeln!(out, "{text}").map_err(|e| e.to_string())?;
                 let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
                 writeln!(out, "({rows} row{})", if rows == 1 { "" } else { "s" })
@@ -121,6 +144,14 @@ impl Shell {
                 let mut w = datafusion::arrow::csv::WriterBuilder::new()
                     .with_header(true)
                     .build(&mut out);
+                // The writer prints the header with its first batch, so an empty result
+                // gets one empty batch of the result's schema.
+                let empty = [RecordBatch::new_empty(schema.clone())];
+                let batches = if batches.is_empty() {
+                    &empty[..]
+                } else {
+                    batches
+                };
                 for b in batches {
                     w.write(b).map_err(|e| e.to_string())?;
                 }
@@ -179,6 +210,20 @@ impl Shell {
             }
         }
         Ok(())
+    }
+
+    /// The interactive shell on a terminal; otherwise standard input is a script, run to
+    /// its end or its first error (`echo "SELECT 1;" | pulpitum`, and the same after
+    /// `pulpitum demo`).
+    async fn interactive_or_stdin(&mut self) -> Result<(), String> {
+        if std::io::stdin().is_terminal() {
+            return self.interactive().await;
+        }
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| format!("reading standard input: {e}"))?;
+        self.run_script(&text).await
     }
 
     async fn interactive(&mut self) -> Result<(), String> {
@@ -416,10 +461,10 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
         println!("{explain}");
         shell.run_statement(explain).await?;
     }
-    if no_shell || !std::io::stdin().is_terminal() {
+    if no_shell {
         return Ok(());
     }
-    shell.interactive().await
+    shell.interactive_or_stdin().await
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
@@ -444,15 +489,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     if scripted {
         return Ok(());
     }
-    if std::io::stdin().is_terminal() {
-        shell.interactive().await
-    } else {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|e| e.to_string())?;
-        shell.run_script(&text).await
-    }
+    shell.interactive_or_stdin().await
 }
 
 fn main() -> ExitCode {

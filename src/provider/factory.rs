@@ -1,24 +1,37 @@
-//! `CREATE EXTERNAL TABLE name STORED AS PULPITUM LOCATION '' OPTIONS (...)`.
+//! `CREATE EXTERNAL TABLE name STORED AS PULPITUM LOCATION '' OPTIONS (...)`, and what
+//! the session's catalog does with Pulpitum tables.
 //!
-//! The factory validates the options, persists the definition in the hot store's registry
-//! (`HotStore::register_table`: the same definition again is a no-op, a different strategy
-//! or surface for an existing name is refused) and returns the provider. Options:
+//! The factory validates the options and the column list, then compares the definition
+//! with the hot store's registry: the identical definition of an existing table is a
+//! no-op (with or without `IF NOT EXISTS`), a different one is refused naming every field
+//! that differs, and a new one is persisted with `HotStore::register_table`. Options:
 //! `surface` (`chat`, the default, or `raw`), `bucket_strategy` (`calendar_year_utc`, the
 //! default, `calendar_month_utc`, `calendar_day_utc`) and `writable_buckets` (a positive
 //! integer: appends only into the newest N buckets).
+//!
+//! DataFusion decides whether to call a factory from its catalog: a name it finds is either
+//! an error or, with `IF NOT EXISTS`, skipped without looking at the definition. So the
+//! session's default schema is a [`PulpitumSchema`], which resolves Pulpitum tables as
+//! usual but does not report them to that existence check, so every `CREATE EXTERNAL
+//! TABLE` reaches the registry. It also refuses to deregister a Pulpitum table: `DROP
+//! TABLE` would otherwise remove it from one session while the registry brings it back in
+//! the next (see [`DROP_REFUSED`]).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
-use datafusion::catalog::{Session, TableProvider, TableProviderFactory};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::catalog::{SchemaProvider, Session, TableProvider, TableProviderFactory};
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::logical_expr::CreateExternalTable;
+use datafusion::logical_expr::{CreateExternalTable, DdlStatement, LogicalPlan};
+use datafusion::prelude::SessionContext;
 
 use super::surface::Surface;
 use super::{ProviderError, ProviderOptions, PulpitumTable};
 use crate::archive::ArchiveStore;
 use crate::model::{BucketStrategy, TableId};
-use crate::store::{HotStore, TableDefinition};
+use crate::store::{HotStore, StoreError, TableDefinition};
 use crate::table::{DurableTable, RouteCacheConfig, TableError};
 
 /// The `STORED AS` name of Pulpitum tables.
@@ -105,33 +118,7 @@ impl PulpitumTableFactory {
                 "PARTITIONED BY and WITH ORDER are fixed by the surface".into(),
             ));
         }
-        if !cmd.schema.fields().is_empty() {
-            let want = surface.schema();
-            let names: Vec<&str> = cmd
-                .schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect();
-            let expected: Vec<&str> = want.fields().iter().map(|f| f.name().as_str()).collect();
-            let types_ok = cmd
-                .schema
-                .fields()
-                .iter()
-                .zip(want.fields())
-                .all(|(a, b)| a.data_type() == b.data_type());
-            if names != expected || !types_ok {
-                return Err(bad(format!(
-                    "the {} surface has the columns ({}); omit the column list or match it",
-                    surface.as_str(),
-                    want.fields()
-                        .iter()
-                        .map(|f| format!("{} {}", f.name(), f.data_type()))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-        }
+        check_columns(surface, cmd)?;
         let mut def = TableDefinition::new(table_id, strategy, surface.as_str());
         def.writable_buckets = writable;
         Ok(def)
@@ -146,11 +133,258 @@ impl TableProviderFactory for PulpitumTableFactory {
         cmd: &CreateExternalTable,
     ) -> DFResult<Arc<dyn TableProvider>> {
         let def = Self::definition(cmd)?;
-        let stored = self
-            .store
-            .register_table(&def)
-            .await
-            .map_err(|e| DataFusionError::from(ProviderError::Table(TableError::Store(e))))?;
+        let store_err = |e| DataFusionError::from(ProviderError::Table(TableError::Store(e)));
+        let stored = match self.store.table(&def.table_id).await.map_err(store_err)? {
+            Some(existing) => existing,
+            None => match self.store.register_table(&def).await {
+                Ok(stored) => stored,
+                // Registered by another session since the lookup: compare with that one.
+                Err(StoreError::TableConflict { .. }) => self
+                    .store
+                    .table(&def.table_id)
+                    .await
+                    .map_err(store_err)?
+                    .ok_or_else(|| {
+                        DataFusionError::Execution(format!(
+                            "table {} changed while being created; run the statement again",
+                            def.table_id
+                        ))
+                    })?,
+                Err(e) => return Err(store_err(e)),
+            },
+        };
+        let differences = differences(&stored, &def);
+        if !differences.is_empty() {
+            return Err(ProviderError::InvalidDefinition(format!(
+                "table {} already exists with another definition: {}; a table's definition \
+                 cannot change (create a table under another name instead)",
+                def.table_id,
+                differences.join(", ")
+            ))
+            .into());
+        }
         Ok(Arc::new(self.provider(stored)?))
     }
+}
+
+/// The user-visible fields in which a stored definition and a requested one differ, as
+/// `field is <stored>, not <requested>`. The record schema version is the store's business
+/// (a table keeps the version it was created with), so it is not compared.
+fn differences(stored: &TableDefinition, requested: &TableDefinition) -> Vec<String> {
+    let guard = |n: Option<u32>| n.map_or_else(|| "unset".to_string(), |n| n.to_string());
+    let mut out = Vec::new();
+    if stored.surface != requested.surface {
+        out.push(format!(
+            "surface is {}, not {}",
+            stored.surface, requested.surface
+        ));
+    }
+    if stored.strategy != requested.strategy {
+        out.push(format!(
+            "bucket_strategy is {}, not {}",
+            stored.strategy, requested.strategy
+        ));
+    }
+    if stored.writable_buckets != requested.writable_buckets {
+        out.push(format!(
+            "writable_buckets is {}, not {}",
+            guard(stored.writable_buckets),
+            guard(requested.writable_buckets)
+        ));
+    }
+    out
+}
+
+/// Checks a `CREATE EXTERNAL TABLE` column list against the surface: the same names in the
+/// same order, each with a type a PostgreSQL user would write for it. DataFusion has
+/// already turned the SQL types into Arrow types, so spellings collapse: `BIGINT` and
+/// `INT8` are `Int64`; `TEXT`, `VARCHAR` and `STRING` are `Utf8`/`Utf8View`; `BYTEA` is
+/// `Binary`; `TIMESTAMPTZ`, `TIMESTAMP WITH TIME ZONE` and, because the session has no
+/// time zone to tell them apart, plain `TIMESTAMP`, are `Timestamp` (any precision: the
+/// table keeps microseconds whatever the list says, and INSERT refuses finer values).
+fn check_columns(surface: Surface, cmd: &CreateExternalTable) -> Result<(), ProviderError> {
+    let declared = cmd.schema.fields();
+    if declared.is_empty() {
+        return Ok(());
+    }
+    let want = surface.schema();
+    let expected = want
+        .fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), sql_type(f.data_type())))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if declared.len() != want.fields().len() {
+        return Err(ProviderError::InvalidDefinition(format!(
+            "the {} surface has the columns ({expected}); the column list has {} column{}: \
+             omit the column list or match it",
+            surface.as_str(),
+            declared.len(),
+            if declared.len() == 1 { "" } else { "s" }
+        )));
+    }
+    for (i, (got, want)) in declared.iter().zip(want.fields()).enumerate() {
+        if got.name() != want.name() {
+            return Err(ProviderError::InvalidDefinition(format!(
+                "column {} is named {:?}, but the {} surface's column {} is {:?} (the surface \
+                 has the columns ({expected}))",
+                i + 1,
+                got.name(),
+                surface.as_str(),
+                i + 1,
+                want.name()
+            )));
+        }
+        if !same_type(got.data_type(), want.data_type()) {
+            return Err(ProviderError::InvalidDefinition(format!(
+                "column {} is declared {}, but the {} surface stores it as {} (the surface has \
+                 the columns ({expected}))",
+                got.name(),
+                sql_type(got.data_type()),
+                surface.as_str(),
+                sql_type(want.data_type())
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a declared column type is a spelling of the surface's type (see
+/// [`check_columns`]).
+fn same_type(declared: &DataType, surface: &DataType) -> bool {
+    use DataType as D;
+    match (declared, surface) {
+        (D::Int64, D::Int64) => true,
+        (D::Utf8 | D::Utf8View | D::LargeUtf8, D::Utf8) => true,
+        (D::Binary | D::BinaryView | D::LargeBinary, D::Binary) => true,
+        (D::Timestamp(_, tz), D::Timestamp(_, _)) => tz
+            .as_deref()
+            .is_none_or(|tz| matches!(tz, "UTC" | "+00:00" | "Z" | "+00")),
+        _ => false,
+    }
+}
+
+/// The PostgreSQL name of an Arrow type, for messages (the Arrow name when there is none).
+fn sql_type(t: &DataType) -> String {
+    use DataType as D;
+    match t {
+        D::Int16 => "SMALLINT".into(),
+        D::Int32 => "INT".into(),
+        D::Int64 => "BIGINT".into(),
+        D::Float32 => "REAL".into(),
+        D::Float64 => "DOUBLE PRECISION".into(),
+        D::Boolean => "BOOLEAN".into(),
+        D::Date32 | D::Date64 => "DATE".into(),
+        D::Utf8 | D::Utf8View | D::LargeUtf8 => "TEXT".into(),
+        D::Binary | D::BinaryView | D::LargeBinary => "BYTEA".into(),
+        D::Timestamp(_, Some(_)) => "TIMESTAMPTZ".into(),
+        D::Timestamp(_, None) => "TIMESTAMP".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The error of `DROP TABLE` on a Pulpitum table (and of deregistering one).
+pub const DROP_REFUSED: &str = "DROP TABLE is not supported for Pulpitum tables: the table's \
+    definition, hot rows, bucket routes and archived objects would all stay, and the table \
+    would return in the next session (tables are append-only; see \"Dropping a table\" in \
+    docs/sql.md)";
+
+/// The session's default schema: DataFusion's in-memory schema, except that Pulpitum
+/// tables are hidden from `table_exist` (so that `CREATE EXTERNAL TABLE` always reaches
+/// the factory, which compares definitions) and cannot be deregistered (`DROP TABLE` is
+/// refused with [`DROP_REFUSED`]).
+#[derive(Debug, Default)]
+pub struct PulpitumSchema {
+    tables: RwLock<HashMap<String, Arc<dyn TableProvider>>>,
+}
+
+fn is_pulpitum(t: &Arc<dyn TableProvider>) -> bool {
+    t.downcast_ref::<PulpitumTable>().is_some()
+}
+
+impl PulpitumSchema {
+    /// Makes this the default schema of `ctx`'s default catalog (before any table is
+    /// registered: tables already there are not carried over).
+    pub fn install(ctx: &SessionContext) -> DFResult<()> {
+        let state = ctx.state();
+        let names = &state.config_options().catalog;
+        let catalog = ctx.catalog(&names.default_catalog).ok_or_else(|| {
+            DataFusionError::Internal(format!("no catalog {}", names.default_catalog))
+        })?;
+        catalog.register_schema(&names.default_schema, Arc::new(Self::default()))?;
+        Ok(())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<dyn TableProvider>>> {
+        self.tables.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<dyn TableProvider>>> {
+        self.tables.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl SchemaProvider for PulpitumSchema {
+    fn table_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.read().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    async fn table(&self, name: &str) -> DFResult<Option<Arc<dyn TableProvider>>> {
+        Ok(self.read().get(name).cloned())
+    }
+
+    fn register_table(
+        &self,
+        name: String,
+        table: Arc<dyn TableProvider>,
+    ) -> DFResult<Option<Arc<dyn TableProvider>>> {
+        let mut tables = self.write();
+        match tables.get(&name) {
+            // The factory has just checked the new provider's definition against the
+            // registry, so replacing the session's provider changes nothing.
+            Some(old) if is_pulpitum(old) && is_pulpitum(&table) => {}
+            Some(_) => {
+                return Err(DataFusionError::Execution(format!(
+                    "The table {name} already exists"
+                )))
+            }
+            None => {}
+        }
+        Ok(tables.insert(name, table))
+    }
+
+    fn deregister_table(&self, name: &str) -> DFResult<Option<Arc<dyn TableProvider>>> {
+        let mut tables = self.write();
+        if tables.get(name).is_some_and(is_pulpitum) {
+            return Err(DataFusionError::Plan(format!(
+                "table {name}: {DROP_REFUSED}"
+            )));
+        }
+        Ok(tables.remove(name))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.read().get(name).is_some_and(|t| !is_pulpitum(t))
+    }
+}
+
+/// Refuses a planned statement that DataFusion would let through silently: `DROP TABLE IF
+/// EXISTS` on a Pulpitum table (DataFusion ignores the deregistration's error when `IF
+/// EXISTS` is given). `ctx.sql` cannot be intercepted, so a caller that wants this check
+/// (the `pulpitum` shell does) plans first, checks, then executes.
+pub async fn check_statement(ctx: &SessionContext, plan: &LogicalPlan) -> DFResult<()> {
+    if let LogicalPlan::Ddl(DdlStatement::DropTable(drop)) = plan {
+        if let Ok(t) = ctx.table_provider(drop.name.clone()).await {
+            if is_pulpitum(&t) {
+                return Err(DataFusionError::Plan(format!(
+                    "table {}: {DROP_REFUSED}",
+                    drop.name
+                )));
+            }
+        }
+    }
+    Ok(())
 }

@@ -6,10 +6,17 @@
 //! missing statement, the losers of PostgreSQL's catalog races (23505, 42P07, and 42710 for
 //! a table's row type) or of a serialization conflict (40001) simply run it again and find the object present, and the
 //! version is recorded with `INSERT .. ON CONFLICT DO NOTHING`. The ledger keeps a SHA-256
-//! of each file: an applied migration whose file has since been edited, or an applied
-//! version this build does not know, stops the runner with [`StoreError::Migration`]
-//! rather than guessing. Only `pulpitum_v4_*` objects are ever created; v3 tables are never
-//! read, changed or dropped.
+//! of each file: an applied migration whose file has since been edited stops the runner
+//! with [`StoreError::Migration`] rather than guessing. Only `pulpitum_v4_*` objects are
+//! ever created; v3 tables are never read, changed or dropped.
+//!
+//! Rolling deploys and rollbacks: the ledger also records each migration's
+//! [`Compat`] (`requires_version`). A build runs against a database that records
+//! migrations it does not know (a newer build ran) when every one of them is additive, or
+//! requires a schema version no later than this build's; otherwise it refuses to start,
+//! naming the migration, the version it requires and this build's version (see
+//! [`check_newer`], shared with the embedded store, and docs/schema.md, "Upgrade and
+//! rollback").
 
 use std::time::Duration;
 
@@ -27,6 +34,56 @@ pub struct Migration {
     pub name: &'static str,
     /// The statement.
     pub sql: &'static str,
+    /// Which older builds may still run once this migration is applied.
+    pub compat: Compat,
+}
+
+/// What a migration asks of the builds that run against a database where it is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compat {
+    /// Only adds (a table, an index, a nullable column) what older builds never read: every
+    /// build keeps running. Recorded as `requires_version = 0`.
+    Additive,
+    /// Changes something older builds rely on: only builds whose schema version is at least
+    /// this one may run (at most the migration's own version; lower when the builds since
+    /// that version were written to work either way).
+    Requires(i32),
+}
+
+impl Compat {
+    /// The ledger's `requires_version` value.
+    pub fn recorded(self) -> i32 {
+        match self {
+            Self::Additive => 0,
+            Self::Requires(v) => v,
+        }
+    }
+
+    /// The rule of a recorded `requires_version` of migration `version`: a missing value
+    /// (a ledger row written by hand, or by a build without this rule) is taken as
+    /// breaking, since nothing said otherwise.
+    pub fn from_recorded(version: i32, requires: Option<i32>) -> Self {
+        match requires {
+            Some(0) => Self::Additive,
+            Some(v) => Self::Requires(v),
+            None => Self::Requires(version),
+        }
+    }
+}
+
+/// Checks one applied migration that this build does not know (a newer build recorded
+/// it) against this build's schema version `known`: `Ok` when this build may run anyway,
+/// otherwise the error that names both versions.
+pub fn check_newer(version: i64, name: &str, compat: Compat, known: i64) -> Result<(), StoreError> {
+    match compat {
+        Compat::Additive => Ok(()),
+        Compat::Requires(v) if i64::from(v) <= known => Ok(()),
+        Compat::Requires(v) => Err(StoreError::Migration(format!(
+            "the database records migration {version} ({name}), which requires a pulpitum build \
+             with schema version {v} or later; this build's schema version is {known}: run a \
+             newer build, or roll the schema back first (docs/schema.md, \"Upgrade and rollback\")"
+        ))),
+    }
 }
 
 impl Migration {
@@ -39,38 +96,53 @@ impl Migration {
 /// The ledger table, created before any numbered step and never recorded in itself.
 pub const BOOTSTRAP_SQL: &str = include_str!("../../sql/0000_schema_migrations.sql");
 
+/// The ledger's compatibility column, added to ledgers created before it existed (run
+/// after [`BOOTSTRAP_SQL`] on every start, and likewise never recorded).
+pub const BOOTSTRAP_COMPAT_SQL: &str =
+    include_str!("../../sql/0000_schema_migrations_requires_version.sql");
+
+/// This build's schema version: the last migration it knows.
+pub fn schema_version() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
 /// Every migration of this build, in order.
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "tables",
         sql: include_str!("../../sql/0001_tables.sql"),
+        compat: Compat::Additive,
     },
     Migration {
         version: 2,
         name: "bucket_metadata",
         sql: include_str!("../../sql/0002_bucket_metadata.sql"),
+        compat: Compat::Additive,
     },
     Migration {
         version: 3,
         name: "bucket_metadata_discovery_idx",
         sql: include_str!("../../sql/0003_bucket_metadata_discovery_idx.sql"),
+        compat: Compat::Additive,
     },
     Migration {
         version: 4,
         name: "records",
         sql: include_str!("../../sql/0004_records.sql"),
+        compat: Compat::Additive,
     },
     Migration {
         version: 5,
         name: "bucket_metadata_by_start_idx",
         sql: include_str!("../../sql/0005_bucket_metadata_by_start_idx.sql"),
+        compat: Compat::Additive,
     },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object, or conflict
 /// while recording it; re-running the idempotent statement resolves them.
-const RACE_CODES: [&str; 4] = ["23505", "42P07", "42710", "40001"];
+const RACE_CODES: [&str; 5] = ["23505", "42P07", "42710", "42701", "40001"];
 
 /// How often a racing DDL statement is re-run before giving up.
 const DDL_ATTEMPTS: u32 = 20;
@@ -83,20 +155,23 @@ pub async fn migrate(client: &Client) -> StoreResult<Vec<i32>> {
 /// Applies the given migrations (tests pass edited lists to exercise the checksum guard).
 pub async fn apply(client: &Client, migrations: &[Migration]) -> StoreResult<Vec<i32>> {
     run_ddl(client, BOOTSTRAP_SQL).await?;
+    run_ddl(client, BOOTSTRAP_COMPAT_SQL).await?;
     let applied = ledger(client).await?;
-    for (version, checksum) in &applied {
-        match migrations.iter().find(|m| m.version == *version) {
-            None => {
-                return Err(StoreError::Migration(format!(
-                    "migration {version} is recorded as applied but unknown to this build (a newer build ran?)"
-                )))
-            }
-            Some(m) => check_checksum(m, checksum)?,
+    let known = migrations.last().map_or(0, |m| m.version);
+    for row in &applied {
+        match migrations.iter().find(|m| m.version == row.version) {
+            None => check_newer(
+                row.version.into(),
+                &row.name,
+                Compat::from_recorded(row.version, row.requires),
+                known.into(),
+            )?,
+            Some(m) => check_checksum(m, &row.checksum)?,
         }
     }
     let mut recorded = Vec::new();
     for m in migrations {
-        if applied.iter().any(|(v, _)| *v == m.version) {
+        if applied.iter().any(|r| r.version == m.version) {
             continue;
         }
         run_ddl(client, m.sql).await?;
@@ -105,6 +180,14 @@ pub async fn apply(client: &Client, migrations: &[Migration]) -> StoreResult<Vec
         }
     }
     Ok(recorded)
+}
+
+/// One row of the ledger.
+struct Applied {
+    version: i32,
+    name: String,
+    checksum: String,
+    requires: Option<i32>,
 }
 
 fn check_checksum(m: &Migration, stored: &str) -> StoreResult<()> {
@@ -119,20 +202,23 @@ fn check_checksum(m: &Migration, stored: &str) -> StoreResult<()> {
     Ok(())
 }
 
-async fn ledger(client: &Client) -> StoreResult<Vec<(i32, String)>> {
+async fn ledger(client: &Client) -> StoreResult<Vec<Applied>> {
     let rows = client
         .query(
-            "SELECT version, checksum FROM pulpitum_v4_schema_migrations ORDER BY version",
+            "SELECT version, name, checksum, requires_version FROM pulpitum_v4_schema_migrations \
+             ORDER BY version",
             &[],
         )
         .await
         .map_err(|e| backend(&e))?;
     rows.iter()
         .map(|r| {
-            Ok((
-                r.try_get(0).map_err(|e| backend(&e))?,
-                r.try_get(1).map_err(|e| backend(&e))?,
-            ))
+            Ok(Applied {
+                version: r.try_get(0).map_err(|e| backend(&e))?,
+                name: r.try_get(1).map_err(|e| backend(&e))?,
+                checksum: r.try_get(2).map_err(|e| backend(&e))?,
+                requires: r.try_get(3).map_err(|e| backend(&e))?,
+            })
         })
         .collect()
 }
@@ -144,9 +230,9 @@ async fn record(client: &Client, m: &Migration) -> StoreResult<bool> {
         attempt += 1;
         let res = client
             .query(
-                "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum) VALUES ($1, $2, $3) \
-                 ON CONFLICT (version) DO NOTHING RETURNING version",
-                &[&m.version, &m.name, &m.checksum()],
+                "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum, requires_version) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (version) DO NOTHING RETURNING version",
+                &[&m.version, &m.name, &m.checksum(), &m.compat.recorded()],
             )
             .await;
         match res {
@@ -233,7 +319,40 @@ mod tests {
                 m.version
             );
         }
+        for m in MIGRATIONS {
+            if let Compat::Requires(v) = m.compat {
+                assert!(
+                    v >= 1 && v <= m.version,
+                    "migration {} may require only a schema version up to its own",
+                    m.version
+                );
+            }
+        }
         assert_eq!(MIGRATIONS[0].checksum().len(), 64);
         assert_ne!(MIGRATIONS[0].checksum(), MIGRATIONS[1].checksum());
+    }
+}
+
+#[cfg(test)]
+mod compat_tests {
+    use super::*;
+
+    #[test]
+    fn newer_migrations_are_tolerated_only_when_this_build_satisfies_them() {
+        assert!(check_newer(7, "x", Compat::Additive, 5).is_ok());
+        assert!(check_newer(7, "x", Compat::Requires(5), 5).is_ok());
+        let e = check_newer(7, "drop_x", Compat::Requires(6), 5)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("migration 7 (drop_x)")
+                && e.contains("schema version 6")
+                && e.contains("is 5"),
+            "{e}"
+        );
+        assert_eq!(Compat::from_recorded(7, Some(0)), Compat::Additive);
+        assert_eq!(Compat::from_recorded(7, None), Compat::Requires(7));
+        assert_eq!(Compat::from_recorded(7, Some(6)), Compat::Requires(6));
+        assert_eq!(Compat::Requires(6).recorded(), 6);
     }
 }

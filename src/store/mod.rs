@@ -36,7 +36,9 @@ pub struct TableDefinition {
     /// How event times map to buckets; fixed for the table's lifetime.
     pub strategy: BucketStrategy,
     /// Ingestion guard: appends are accepted only into the newest N buckets (counted in this
-    /// strategy's buckets, ending with the bucket of "now"); `None` accepts any bucket.
+    /// strategy's buckets, ending with the bucket of the store's "now"; see
+    /// [`writable_range`]), so both old and future buckets are refused; `None` accepts any
+    /// bucket.
     pub writable_buckets: Option<u32>,
     /// Record schema version of the table's records.
     pub record_schema_version: i32,
@@ -310,15 +312,22 @@ pub enum StoreError {
         /// Its state name.
         state: &'static str,
     },
-    /// The append is older than the table's writable-bucket guard allows.
+    /// The append falls outside the table's writable-bucket guard: older than the newest N
+    /// buckets, or later than the bucket of the store's clock (plus
+    /// [`WRITABLE_CLOCK_ALLOWANCE`]).
     #[error(
-        "bucket {bucket} is outside the newest {writable_buckets} writable buckets of the table"
+        "bucket {bucket} is outside the table's writable buckets: writable_buckets = {writable_buckets} \
+         accepts {oldest} to {newest} by the store's clock"
     )]
     NotWritable {
         /// The bucket.
         bucket: BucketId,
         /// The configured guard.
         writable_buckets: u32,
+        /// The oldest bucket the guard accepted at the time of the append.
+        oldest: BucketKey,
+        /// The newest bucket the guard accepted at the time of the append.
+        newest: BucketKey,
     },
     /// A different value already exists under the same physical key.
     #[error("a different record already exists in {bucket} at event_time {event_time}, sort_key {sort_key}")]
@@ -560,25 +569,50 @@ pub trait HotStore: Send + Sync + 'static {
     async fn now(&self) -> StoreResult<EventTime>;
 }
 
-/// Helper shared by both stores: the bucket a record lands in, with the guard applied.
+/// How far ahead of the store's clock an append may be and still count as "now" for the
+/// writable-bucket guard: writers' clocks run a little ahead of the database's, and a
+/// message stamped a second after midnight by such a writer belongs to the new day's
+/// bucket, not to a refused one.
+pub const WRITABLE_CLOCK_ALLOWANCE: Duration = Duration::from_secs(300);
+
+/// The buckets a table's guard accepts at `now`, oldest and newest, or `None` when the
+/// table has no guard: the newest `writable_buckets` buckets ending with the bucket of
+/// `now`, plus the bucket of `now +` [`WRITABLE_CLOCK_ALLOWANCE`] when that is the next one.
+pub fn writable_range(def: &TableDefinition, now: EventTime) -> Option<(BucketKey, BucketKey)> {
+    let n = def.writable_buckets?;
+    let current = def.strategy.bucket_of(now);
+    let mut oldest = current;
+    for _ in 1..n.max(1) {
+        match oldest.prev() {
+            Some(p) => oldest = p,
+            None => break,
+        }
+    }
+    let allowance = i64::try_from(WRITABLE_CLOCK_ALLOWANCE.as_micros()).unwrap_or(i64::MAX);
+    let newest = EventTime::from_micros(now.as_micros().saturating_add(allowance))
+        .map(|t| def.strategy.bucket_of(t))
+        .unwrap_or(current);
+    Some((oldest, newest))
+}
+
+/// Helper shared by both stores: the bucket a record lands in, with the guard applied
+/// (see [`writable_range`]). A bucket in the future is refused like an old one: a writer
+/// whose clock or data is years off would otherwise create buckets the archiver cannot
+/// reach for years, out of sight of every "latest" read.
 pub fn bucket_for_append(
     def: &TableDefinition,
     record: &Record,
     now: EventTime,
 ) -> StoreResult<BucketId> {
     let id = BucketId::of_record(&def.table_id, def.strategy, record);
-    if let Some(n) = def.writable_buckets {
-        let mut oldest: BucketKey = def.strategy.bucket_of(now);
-        for _ in 1..n.max(1) {
-            match oldest.prev() {
-                Some(p) => oldest = p,
-                None => break,
-            }
-        }
-        if id.bucket_key.start() < oldest.start() {
+    if let (Some(n), Some((oldest, newest))) = (def.writable_buckets, writable_range(def, now)) {
+        let start = id.bucket_key.start();
+        if start < oldest.start() || start > newest.start() {
             return Err(StoreError::NotWritable {
                 bucket: id,
                 writable_buckets: n,
+                oldest,
+                newest,
             });
         }
     }

@@ -296,11 +296,51 @@ pub async fn writable_bucket_guard(store: Store) {
         Err(StoreError::NotWritable {
             writable_buckets,
             bucket,
+            oldest,
+            ..
         }) => {
             assert_eq!(writable_buckets, 2);
             assert_eq!(bucket.bucket_key, older);
+            assert_eq!(oldest, yesterday);
         }
         x => panic!("expected NotWritable, got {x:?}"),
+    }
+    // Buckets after the store's "now" (beyond the clock allowance) are refused too, with an
+    // error naming the bucket and the accepted range; nothing is written for them.
+    let after_tomorrow = today.next().unwrap().next().unwrap();
+    let far = s.bucket_of(t("2199-06-01T00:00:00Z"));
+    for key in [after_tomorrow, far] {
+        let future = rec("p", at(key), b"f", b"1");
+        match store.append(&def.table_id, &future).await {
+            Err(e @ StoreError::NotWritable { .. }) => {
+                let StoreError::NotWritable {
+                    bucket,
+                    oldest,
+                    newest,
+                    ..
+                } = &e
+                else {
+                    unreachable!()
+                };
+                assert_eq!(bucket.bucket_key, key);
+                assert_eq!(*oldest, yesterday);
+                assert!(*newest == today || Some(*newest) == today.next(), "{e}");
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(&key.to_string())
+                        && msg.contains(&yesterday.to_string())
+                        && msg.contains(&newest.to_string()),
+                    "{msg}"
+                );
+            }
+            x => panic!("expected NotWritable for {key}, got {x:?}"),
+        }
+        assert!(matches!(
+            store
+                .append_batch(&def.table_id, &[rec("p", at(today), b"c", b"3"), future])
+                .await,
+            Err(StoreError::NotWritable { .. })
+        ));
     }
     // A batch holding one too-old record is refused whole.
     let fresh = rec("p", at(today), b"b", b"2");

@@ -6,6 +6,7 @@ mod common;
 mod correctness;
 mod cutover;
 mod dataset;
+mod definitions;
 mod end_to_end;
 mod errors;
 mod literals;

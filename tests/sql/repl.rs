@@ -103,3 +103,49 @@ async fn scripts_formats_and_exit_codes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("go together"));
     env.cleanup().await;
 }
+
+/// An empty result prints its header (and `(0 rows)` in table format), a statement without
+/// a result prints nothing, the README's CREATE can be run again, and `DROP TABLE` is
+/// refused, `IF EXISTS` or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_results_and_table_statements() {
+    let env = Env::new("repl_empty").await;
+    let schema = env.store.schema().unwrap().to_string();
+    let url = url_for(&schema);
+    let create = "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+                  OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc');";
+    for _ in 0..2 {
+        let (ok, out, err) = pulpitum(&url, &["-c", create], None);
+        assert!(ok, "{err}");
+        assert_eq!(out, "", "DDL prints nothing");
+    }
+    let empty = "SELECT id, content FROM chat WHERE channel_id = 99";
+    let (ok, out, err) = pulpitum(&url, &["-c", empty], None);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "+----+---------+\n| id | content |\n+----+---------+\n+----+---------+\n(0 rows)\n"
+    );
+    let (ok, out, err) = pulpitum(
+        &url,
+        &["--format", "csv"],
+        Some(format!("{empty};\n").as_str()),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "id,content\n");
+    let (ok, out, err) = pulpitum(&url, &["--format", "json", "-c", empty], None);
+    assert!(ok, "{err}");
+    assert_eq!(out, "", "JSON lines: no object for no row");
+    for drop in ["DROP TABLE chat", "DROP TABLE IF EXISTS chat"] {
+        let (ok, _, err) = pulpitum(&url, &["-c", drop], None);
+        assert!(!ok, "{drop} succeeded");
+        assert!(err.contains("DROP TABLE is not supported"), "{err}");
+    }
+    let (ok, out, err) = pulpitum(
+        &url,
+        &["--format", "csv", "-c", "SELECT count(*) AS n FROM chat"],
+        None,
+    );
+    assert!(ok && out == "n\n0\n", "{out} {err}");
+    env.cleanup().await;
+}
