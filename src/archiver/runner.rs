@@ -198,6 +198,10 @@ impl Runner {
                 }
             }
         }
+        let cutoff = self.config.eligible_before;
+        self.metrics
+            .cycle_finished(&*self.store, cutoff, &report)
+            .await;
         Ok(report)
     }
 
@@ -250,6 +254,7 @@ impl Runner {
         let span = info_span!("bucket", bucket = %item.bucket, kind = ?item.kind);
         async {
             let permit = permits.acquire().await.expect("semaphore never closed");
+            let _in_flight = self.metrics.track_in_flight();
             let outcome = match item.kind {
                 WorkKind::Eligible | WorkKind::ExpiredClaim => {
                     let Some(claim) = self
