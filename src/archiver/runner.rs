@@ -275,6 +275,9 @@ impl Runner {
                 }
             }
         }
+        self.metrics
+            .cycle_finished(&*self.store, self.cutoff(), &report)
+            .await;
         report
     }
 
@@ -408,6 +411,7 @@ impl Runner {
             if shutdown.is_cancelled() {
                 return Ok(BucketOutcome::Interrupted);
             }
+            let _in_flight = self.metrics.track_in_flight();
             let outcome = match item.kind {
                 WorkKind::Eligible | WorkKind::ExpiredClaim => {
                     let sent = Instant::now();

@@ -80,9 +80,12 @@ struct Args {
     /// Skip orphan GC.
     #[arg(long)]
     no_gc: bool,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9187).
+    /// Serve Prometheus metrics and /healthz on this address (e.g. 127.0.0.1:9187).
     #[arg(long, env = "ARCHIVER_METRICS_ADDR")]
     metrics_addr: Option<String>,
+    /// Seconds without progress (a cycle without failures, a published or cleaned bucket) before /healthz answers 503.
+    #[arg(long, env = "ARCHIVER_HEALTH_MAX_AGE_SECONDS", default_value = "300")]
+    health_max_age_seconds: String,
 }
 
 fn number(setting: &'static str, raw: &str) -> Result<usize, ArchiverError> {
@@ -134,6 +137,7 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
 
 async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let config = build_config(&args)?;
+    let health_max_age = health_max_age(&args, &config)?;
     let metrics_addr: Option<SocketAddr> = match &args.metrics_addr {
         Some(a) => Some(a.parse().map_err(|_| ArchiverError::Config {
             setting: "--metrics-addr",
@@ -159,7 +163,8 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let runner = Runner::new(store.clone(), archive.clone(), config.clone())?;
     let _metrics_task = match metrics_addr {
         Some(addr) => {
-            let (bound, task) = pulpitum::archiver::metrics::serve(addr, runner.metrics()).await?;
+            let (bound, task) =
+                pulpitum::archiver::metrics::serve(addr, runner.metrics(), health_max_age).await?;
             tracing::info!(%bound, "serving metrics");
             Some(task)
         }
@@ -254,6 +259,25 @@ fn once_outcome(d: &pulpitum::archiver::DrainReport) -> String {
     } else {
         format!("pulpitum-archiver: remaining: {}", parts.join("; "))
     }
+/// The health endpoint's allowance without progress: longer than a cycle's pause, or a
+/// healthy idle archiver would flap between cycles.
+fn health_max_age(
+    args: &Args,
+    config: &ArchiverConfig,
+) -> Result<std::time::Duration, ArchiverError> {
+    const SETTING: &str = "ARCHIVER_HEALTH_MAX_AGE_SECONDS";
+    let max_age = parse_seconds(SETTING, &args.health_max_age_seconds)?;
+    if max_age <= config.interval {
+        return Err(ArchiverError::Config {
+            setting: SETTING,
+            reason: format!(
+                "{:?} must exceed the cycle interval ({} s)",
+                args.health_max_age_seconds,
+                config.interval.as_secs_f64()
+            ),
+        });
+    }
+    Ok(max_age)
 }
 
 /// Chaos-test hook: `PULPITUM_FAULT_RATE` (0..1) fails that share of every object-store

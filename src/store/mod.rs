@@ -267,6 +267,17 @@ pub struct WorkItem {
     pub kind: WorkKind,
 }
 
+/// How much archiver work the store holds at one moment (see [`HotStore::backlog`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Hot buckets that ended at or before the cutoff, whether or not a retry time holds
+    /// them back: eligible and not yet archived.
+    pub eligible: u64,
+    /// Buckets claimed for archiving and not yet published, by any process, whatever their
+    /// lease.
+    pub archiving: u64,
+}
+
 /// Result of a single append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppendOutcome {
@@ -561,6 +572,10 @@ pub trait HotStore: Send + Sync + 'static {
         }
         Ok(out)
     }
+    /// Counts the eligible backlog and the buckets being archived, in one statement that
+    /// reads only the `(state, bucket_end)` index range of Hot and Archiving buckets, so the
+    /// archiver can afford it every cycle.
+    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog>;
 
     /// Every object key referenced by a published route (for orphan GC).
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>>;

@@ -31,9 +31,9 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::retry::{Disposition, RetryPolicy};
 use super::{
-    bucket_for_append, migrate, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState,
-    Claim, FirstPage, HeadPage, HotPage, HotStore, PageRequest, RoutedBucket, StoreError,
-    StoreResult, TableDefinition, WorkItem, WorkKind,
+    bucket_for_append, migrate, AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta,
+    BucketState, Claim, FirstPage, HeadPage, HotPage, HotStore, PageRequest, RoutedBucket,
+    StoreError, StoreResult, TableDefinition, WorkItem, WorkKind,
 };
 use crate::model::{
     BucketId, BucketKey, BucketStrategy, ClusteringKey, EnvelopeBuilder, EventTime, PartitionKey,
@@ -1995,6 +1995,29 @@ impl HotStore for PgStore {
                 out.push(WorkItem { bucket, kind });
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
+        // Two scalar subqueries so each one is an index range on (state, bucket_end); count()
+        // is INT8 on both dialects (sum() would be DECIMAL on CockroachDB).
+        let sql = format!(
+            "SELECT (SELECT count(*) FROM {META} WHERE state = 'hot' AND bucket_end <= $1), \
+                    (SELECT count(*) FROM {META} WHERE state = 'archiving')"
+        );
+        let cutoff = cutoff.to_datetime();
+        self.run("backlog", || async {
+            let client = self.pooled().await?;
+            let row = client.query_one(&sql, &[&cutoff]).await?;
+            let count = |i: usize| -> StoreResult<u64> {
+                let n: i64 = row.try_get(i).map_err(|e| corrupt("backlog count", e))?;
+                u64::try_from(n).map_err(|e| corrupt("backlog count", e))
+            };
+            Ok(Backlog {
+                eligible: count(0)?,
+                archiving: count(1)?,
+            })
         })
         .await
     }

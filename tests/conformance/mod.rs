@@ -37,6 +37,7 @@ macro_rules! every_case {
             read_head_matches_listing_and_page,
             read_head_finds_the_first_bucket_of_a_long_history,
             discover_orders_and_limits,
+            backlog_counts_eligible_and_archiving,
             bad_input_is_typed_and_writes_nothing,
             sql_insert_is_one_transaction,
         );
@@ -54,8 +55,8 @@ use pulpitum::model::{
     Record, ScanBounds, SortKey, TableId, MAX_KEY_LEN,
 };
 use pulpitum::store::{
-    AppendOutcome, BatchOutcome, BucketFilter, BucketState, Claim, FirstPage, HotPage, HotStore,
-    PageRequest, RoutedBucket, StoreError, TableDefinition, WorkKind,
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketState, Claim, FirstPage, HotPage,
+    HotStore, PageRequest, RoutedBucket, StoreError, TableDefinition, WorkKind,
 };
 
 /// A store under test.
@@ -1647,6 +1648,54 @@ pub async fn discover_orders_and_limits(store: Store) {
     let first_two = store.discover(cutoff, 2).await.unwrap();
     assert_eq!(first_two, work[..2].to_vec());
     assert!(store.discover(cutoff, 0).await.unwrap().is_empty());
+}
+
+/// The backlog counts Hot buckets ended by the cutoff (a deferred one included) and
+/// claimed, unpublished ones; published buckets and buckets after the cutoff are not counted.
+pub async fn backlog_counts_eligible_and_archiving(store: Store) {
+    let s = BucketStrategy::CalendarDayUtc;
+    let cutoff = t("2021-06-06T00:00:00Z");
+    let tbl = table(&store, "events", s).await;
+    assert_eq!(store.backlog(cutoff).await.unwrap(), Backlog::default());
+    for d in ["01", "02", "03", "04", "05", "09"] {
+        store
+            .append(
+                &tbl,
+                &rec("p", t(&format!("2021-06-{d}T12:00:00Z")), b"", b""),
+            )
+            .await
+            .unwrap();
+    }
+    let id = |d: &str| BucketId {
+        table_id: tbl.clone(),
+        partition_key: pk("p"),
+        bucket_key: BucketKey::parse(s, &format!("day:2021-06-{d}")).unwrap(),
+    };
+    let counts = |eligible, archiving| Backlog {
+        eligible,
+        archiving,
+    };
+    // Five days end by the cutoff; 06-09 does not.
+    assert_eq!(store.backlog(cutoff).await.unwrap(), counts(5, 0));
+    // 06-01 claimed (in flight), 06-02 claimed then deferred (still eligible), 06-03
+    // published, 06-04 claimed with a lease that has expired (still in flight).
+    store.claim(&id("01"), LONG).await.unwrap().unwrap();
+    let c = store.claim(&id("02"), LONG).await.unwrap().unwrap();
+    store.defer_archive(&c, LONG).await.unwrap();
+    let c = store.claim(&id("03"), LONG).await.unwrap().unwrap();
+    store.publish_archive(&c, "m3").await.unwrap();
+    store
+        .claim(&id("04"), Duration::from_millis(1))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.backlog(cutoff).await.unwrap(), counts(2, 2));
+    // The cutoff bounds only the eligible count.
+    assert_eq!(
+        store.backlog(t("2030-01-01T00:00:00Z")).await.unwrap(),
+        counts(3, 2)
+    );
 }
 
 // ---------------------------------------------------------------------------------------

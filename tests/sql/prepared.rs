@@ -114,6 +114,9 @@ impl HotStore for Counting {
     async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
         self.inner.discover(cutoff, limit).await
     }
+    async fn backlog(&self, cutoff: EventTime) -> StoreResult<pulpitum::store::Backlog> {
+        self.inner.backlog(cutoff).await
+    }
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         self.inner.referenced_object_keys().await
     }

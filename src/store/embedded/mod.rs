@@ -46,8 +46,9 @@ use crate::model::{
 };
 
 use super::{
-    bucket_for_append, AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, Claim,
-    HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem, WorkKind,
+    bucket_for_append, AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, BucketState,
+    Claim, HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
+    WorkKind,
 };
 
 /// How long one SQLite call waits for another process's write lock before it reports busy.
@@ -1308,6 +1309,24 @@ impl HotStore for SqliteStore {
                 });
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
+        self.run("backlog", Mode::Read, move |tx, _| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT (SELECT count(*) FROM pulpitum_v4_bucket_metadata \
+                           WHERE state = 'hot' AND bucket_end <= ?1), \
+                        (SELECT count(*) FROM pulpitum_v4_bucket_metadata \
+                           WHERE state = 'archiving')",
+            )?;
+            let (eligible, archiving): (i64, i64) =
+                stmt.query_row(params![cutoff.as_micros()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(Backlog {
+                eligible: u64::try_from(eligible).unwrap_or(0),
+                archiving: u64::try_from(archiving).unwrap_or(0),
+            })
         })
         .await
     }
