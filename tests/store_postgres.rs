@@ -393,6 +393,22 @@ async fn bad_configuration_is_typed() {
 // ---------------------------------------------------------------------------------------
 // Session checks, version-chosen settings and first-start races (issue 15, items 10, 14, 15)
 
+/// Migrates, registers a daily table `events` and appends one record to it.
+async fn one_appended_record(store: &PgStore) -> (TableId, Record) {
+    store.migrate().await.unwrap();
+    let tbl = TableId::new("events").unwrap();
+    let def = TableDefinition::new(tbl.clone(), BucketStrategy::CalendarDayUtc, "raw");
+    store.register_table(&def).await.unwrap();
+    let rec = Record {
+        partition_key: PartitionKey::new(b"p".to_vec()).unwrap(),
+        event_time: EventTime::parse_rfc3339("2024-05-01T00:00:00Z").unwrap(),
+        sort_key: SortKey::new(b"a".to_vec()).unwrap(),
+        value: b"v".to_vec(),
+    };
+    store.append(&tbl, &rec).await.unwrap();
+    (tbl, rec)
+}
+
 /// A stand-in for a connection pooler that drops the startup `options` parameter (as
 /// pgbouncer does with `ignore_startup_parameters = options`): it rewrites the startup
 /// packet without it and then forwards bytes both ways. Returns a URL that connects through
@@ -523,23 +539,7 @@ async fn a_session_weaker_than_serializable_is_refused() {
     let store = PgStore::connect_with_schema(&as_role, &schema)
         .await
         .unwrap();
-    store.migrate().await.unwrap();
-    let tbl = TableId::new("events").unwrap();
-    store
-        .register_table(&TableDefinition::new(
-            tbl.clone(),
-            BucketStrategy::CalendarDayUtc,
-            "raw",
-        ))
-        .await
-        .unwrap();
-    let rec = Record {
-        partition_key: PartitionKey::new(b"p".to_vec()).unwrap(),
-        event_time: EventTime::parse_rfc3339("2024-05-01T00:00:00Z").unwrap(),
-        sort_key: SortKey::new(b"a".to_vec()).unwrap(),
-        value: b"v".to_vec(),
-    };
-    store.append(&tbl, &rec).await.unwrap();
+    one_appended_record(&store).await;
     let isolation: String = store
         .raw_client()
         .await
@@ -615,22 +615,9 @@ async fn hot_path_reads_send_no_correlated_limit() {
         .with_schema(fresh_schema())
         .with_pool_size(1);
     let store = PgStore::connect_with(config).await.unwrap();
-    store.migrate().await.unwrap();
-    let tbl = TableId::new("events").unwrap();
-    let s = BucketStrategy::CalendarDayUtc;
-    store
-        .register_table(&TableDefinition::new(tbl.clone(), s, "raw"))
-        .await
-        .unwrap();
-    let p = PartitionKey::new(b"p".to_vec()).unwrap();
-    let rec = Record {
-        partition_key: p.clone(),
-        event_time: EventTime::parse_rfc3339("2024-05-01T00:00:00Z").unwrap(),
-        sort_key: SortKey::new(b"a".to_vec()).unwrap(),
-        value: b"v".to_vec(),
-    };
-    store.append(&tbl, &rec).await.unwrap();
-    let bucket = BucketId::of_record(&tbl, s, &rec);
+    let (tbl, rec) = one_appended_record(&store).await;
+    let p = rec.partition_key.clone();
+    let bucket = BucketId::of_record(&tbl, BucketStrategy::CalendarDayUtc, &rec);
     let page = PageRequest {
         bounds: ScanBounds::all(),
         descending: true,
