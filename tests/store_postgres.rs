@@ -463,3 +463,269 @@ async fn bad_configuration_is_typed() {
         Err(StoreError::Config(_))
     ));
 }
+
+// ---------------------------------------------------------------------------------------
+// Session checks, version-chosen settings and first-start races (issue 15, items 10, 14, 15)
+
+/// Migrates, registers a daily table `events` and appends one record to it.
+async fn one_appended_record(store: &PgStore) -> (TableId, Record) {
+    store.migrate().await.unwrap();
+    let tbl = TableId::new("events").unwrap();
+    let def = TableDefinition::new(tbl.clone(), BucketStrategy::CalendarDayUtc, "raw");
+    store.register_table(&def).await.unwrap();
+    let rec = Record {
+        partition_key: PartitionKey::new(b"p".to_vec()).unwrap(),
+        event_time: EventTime::parse_rfc3339("2024-05-01T00:00:00Z").unwrap(),
+        sort_key: SortKey::new(b"a".to_vec()).unwrap(),
+        value: b"v".to_vec(),
+    };
+    store.append(&tbl, &rec).await.unwrap();
+    (tbl, rec)
+}
+
+/// A stand-in for a connection pooler that drops the startup `options` parameter (as
+/// pgbouncer does with `ignore_startup_parameters = options`): it rewrites the startup
+/// packet without it and then forwards bytes both ways. Returns a URL that connects through
+/// it as `user`.
+async fn options_dropping_proxy(user: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    let pg: tokio_postgres::Config = url().parse().unwrap();
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let host = match pg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_string(),
+    };
+    let dbname = pg.get_dbname().unwrap_or("test").to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let local = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = format!("{host}:{port}");
+            tokio::spawn(async move {
+                let mut server = TcpStream::connect(upstream).await?;
+                loop {
+                    let len = client.read_i32().await? as usize;
+                    let mut body = vec![0u8; len - 4];
+                    client.read_exact(&mut body).await?;
+                    // SSLRequest: refuse TLS and wait for the real startup packet.
+                    if body[..4] == 80_877_103i32.to_be_bytes() {
+                        client.write_all(b"N").await?;
+                        continue;
+                    }
+                    let mut out = body[..4].to_vec();
+                    let fields: Vec<&[u8]> = body[4..].split(|b| *b == 0).collect();
+                    for pair in fields.chunks(2) {
+                        if let [key, value] = pair {
+                            if !key.is_empty() && *key != b"options" {
+                                out.extend_from_slice(key);
+                                out.push(0);
+                                out.extend_from_slice(value);
+                                out.push(0);
+                            }
+                        }
+                    }
+                    out.push(0);
+                    server
+                        .write_all(&((out.len() + 4) as i32).to_be_bytes())
+                        .await?;
+                    server.write_all(&out).await?;
+                    break;
+                }
+                tokio::io::copy_bidirectional(&mut client, &mut server)
+                    .await
+                    .map(|_| ())
+            });
+        }
+    });
+    format!("postgres://{user}@{local}/{dbname}")
+}
+
+/// The fence needs every session to default to SERIALIZABLE. When the startup option that
+/// says so is dropped on the way (a pooler), the server's default (READ COMMITTED here) is
+/// refused with a typed error naming the setting and its value, and so is a session whose
+/// schema is not the configured one; a role whose own defaults are right works through the
+/// same pooler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_weaker_than_serializable_is_refused() {
+    // A plain connection, without the store's startup options.
+    let (admin, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let server_default: String = admin
+        .query_one("SHOW default_transaction_isolation", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(server_default, "read committed", "the server's own default");
+
+    let schema = fresh_schema();
+    let through_pooler = options_dropping_proxy("postgres").await;
+    // Without a schema: the isolation is what the check finds wrong.
+    match PgStore::connect(&through_pooler).await {
+        Err(StoreError::UnsafeSession { setting, value, .. }) => {
+            assert_eq!(setting, "default_transaction_isolation");
+            assert_eq!(value, "read committed");
+        }
+        other => panic!("a READ COMMITTED session must be refused, got {other:?}"),
+    }
+    // The error says what to do and never echoes the URL.
+    let err = PgStore::connect(&through_pooler)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("default_transaction_isolation") && err.contains("read committed"),
+        "{err}"
+    );
+
+    // A role whose defaults are serializable and the store's schema works through it.
+    let role = format!("pulpitum_role_{:08x}", rand::random::<u32>());
+    let db: String = admin
+        .query_one("SELECT current_database()::TEXT", &[])
+        .await
+        .unwrap()
+        .get(0);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT CREATE ON DATABASE {db} TO {role}; \
+             ALTER ROLE {role} SET default_transaction_isolation = 'serializable'"
+        ))
+        .await
+        .unwrap();
+    let as_role = options_dropping_proxy(&role).await;
+    // Serializable, but the search path (also a startup option) was dropped too.
+    match PgStore::connect_with_schema(&as_role, &schema).await {
+        Err(StoreError::UnsafeSession {
+            setting, required, ..
+        }) => {
+            assert_eq!(setting, "search_path");
+            assert_eq!(required, schema);
+        }
+        other => panic!("a session in another schema must be refused, got {other:?}"),
+    }
+    admin
+        .batch_execute(&format!("ALTER ROLE {role} SET search_path = {schema}"))
+        .await
+        .unwrap();
+    let store = PgStore::connect_with_schema(&as_role, &schema)
+        .await
+        .unwrap();
+    one_appended_record(&store).await;
+    let isolation: String = store
+        .raw_client()
+        .await
+        .unwrap()
+        .query_one("SHOW default_transaction_isolation", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(isolation, "serializable");
+    store.drop_schema().await.unwrap();
+    drop(store);
+    admin
+        .batch_execute(&format!(
+            "REVOKE CREATE ON DATABASE {db} FROM {role}; DROP OWNED BY {role}; DROP ROLE {role}"
+        ))
+        .await
+        .unwrap();
+}
+
+/// `plan_cache_mode` is no longer a startup option (an older CockroachDB refuses the whole
+/// connection for it): it is set after connecting, by version, and only when asked for.
+#[tokio::test]
+async fn generic_plans_are_set_after_connecting_by_version() {
+    for (generic, want) in [(true, "force_generic_plan"), (false, "auto")] {
+        let schema = fresh_schema();
+        let config = PgStoreConfig::new(url())
+            .with_schema(schema)
+            .with_generic_plans(generic);
+        let store = PgStore::connect_with(config).await.unwrap();
+        let client = store.raw_client().await.unwrap();
+        let mode: String = client
+            .query_one("SHOW plan_cache_mode", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(mode, want, "generic_plans {generic}");
+        drop(client);
+        store.drop_schema().await.unwrap();
+    }
+}
+
+/// Many processes starting at once on a schema that does not exist yet all connect: the
+/// losers of the `CREATE SCHEMA` race retry and find it present.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_starts_share_one_new_schema() {
+    for _ in 0..4 {
+        let schema = fresh_schema();
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let schema = schema.clone();
+                tokio::spawn(async move {
+                    let config = PgStoreConfig::new(url())
+                        .with_schema(schema)
+                        .with_pool_size(1);
+                    PgStore::connect_with(config).await
+                })
+            })
+            .collect();
+        let mut stores = Vec::new();
+        for t in tasks {
+            stores.push(t.await.unwrap().expect("every concurrent start connects"));
+        }
+        stores[0].drop_schema().await.unwrap();
+    }
+}
+
+/// The hot-path reads send no correlated LATERAL ... LIMIT (CockroachDB decorrelates it into a
+/// scan of the whole partition): the statements a session prepared for `read_page`,
+/// `read_head` and `snapshot_page` are read back from the server.
+#[tokio::test]
+async fn hot_path_reads_send_no_correlated_limit() {
+    let config = PgStoreConfig::new(url())
+        .with_schema(fresh_schema())
+        .with_pool_size(1);
+    let store = PgStore::connect_with(config).await.unwrap();
+    let (tbl, rec) = one_appended_record(&store).await;
+    let p = rec.partition_key.clone();
+    let bucket = BucketId::of_record(&tbl, BucketStrategy::CalendarDayUtc, &rec);
+    let page = PageRequest {
+        bounds: ScanBounds::all(),
+        descending: true,
+        limit: 10,
+        include_value: true,
+    };
+    store.read_page(&bucket, &page).await.unwrap();
+    store.read_head(&tbl, &p, None, None, &page).await.unwrap();
+    let claim = store
+        .claim(&bucket, std::time::Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.snapshot_page(&claim, None, 10).await.unwrap(), [rec]);
+    let prepared: Vec<String> = store
+        .raw_client()
+        .await
+        .unwrap()
+        .query("SELECT statement FROM pg_prepared_statements", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let reads: Vec<&String> = prepared
+        .iter()
+        .filter(|s| s.contains("pulpitum_v4_records") && s.contains("ORDER BY"))
+        .collect();
+    assert!(
+        reads.len() >= 3,
+        "the three reads were prepared: {prepared:#?}"
+    );
+    for sql in reads {
+        assert!(!sql.to_uppercase().contains("LATERAL"), "{sql}");
+    }
+    store.drop_schema().await.unwrap();
+}

@@ -400,6 +400,18 @@ pub enum StoreError {
     /// Bad connection settings.
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// A database session the store must not run on: a setting that the fence or the
+    /// store's isolation from other schemas relies on has another value (see
+    /// `postgres::session`). Not retryable: the deployment must change.
+    #[error("unsafe database session: {setting} is {value:?}, the store needs {required:?} (were the connection's startup options dropped, by a pooler for one? set it for the role or database instead)")]
+    UnsafeSession {
+        /// The session setting.
+        setting: &'static str,
+        /// The value the session has.
+        value: String,
+        /// The value the store needs.
+        required: String,
+    },
     /// Any other database or I/O failure (retryable by the caller).
     #[error("database error during {operation}: {detail}")]
     Backend {

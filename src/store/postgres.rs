@@ -13,19 +13,24 @@
 //! the same transaction to say precisely why. An error while a self-committing statement
 //! or a `COMMIT` runs is reported as outcome-unknown unless the server says it aborted.
 //!
-//! Sessions also use `plan_cache_mode=force_generic_plan`: the statements are written so
-//! that their generic plans probe primary keys (LATERAL ... LIMIT), and re-planning the
-//! array-based append on every call cost more than the insert itself.
+//! Sessions also use `plan_cache_mode=force_generic_plan` where the server knows it (chosen
+//! per connection from its version, see [`session`]): the statements are written so that
+//! their generic plans probe primary keys, and re-planning the array-based append on every
+//! call cost more than the insert itself. Every new connection is checked before use: a
+//! session whose default isolation is weaker than `SERIALIZABLE`, or whose schema is not the
+//! configured one, is refused with [`StoreError::UnsafeSession`].
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Bound;
-use std::sync::RwLock;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Object, Pool, PoolError, QueueMode, RecyclingMethod,
+};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 
@@ -40,6 +45,8 @@ use crate::model::{
     Record, SortKey, TableId,
 };
 use datafusion::arrow::record_batch::RecordBatch;
+
+pub mod session;
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 16;
@@ -56,8 +63,8 @@ pub struct PgStoreConfig {
     pub pool_size: usize,
     /// Transaction retry policy.
     pub retry: RetryPolicy,
-    /// Sets `plan_cache_mode=force_generic_plan` on every session (PostgreSQL 12+ and
-    /// CockroachDB 23.2+ know it); turn off for servers that reject the setting.
+    /// Sets `plan_cache_mode=force_generic_plan` on every session of a server that knows it
+    /// (PostgreSQL 12+, CockroachDB 24.2+; older servers are detected and left alone).
     pub generic_plans: bool,
 }
 
@@ -109,6 +116,17 @@ pub struct PgStore {
     schema: Option<String>,
     /// Table definitions are immutable once registered, so they are cached forever.
     tables: RwLock<HashMap<TableId, TableDefinition>>,
+    /// Why the pool's session check last refused a new connection: the pool reports a hook's
+    /// failure as text, and this keeps it typed.
+    refused: Arc<Mutex<Option<Refusal>>>,
+}
+
+/// The fields of a [`StoreError::UnsafeSession`], kept to rebuild it.
+#[derive(Debug, Clone)]
+struct Refusal {
+    setting: &'static str,
+    value: String,
+    required: String,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -182,14 +200,46 @@ impl PgStore {
         if let Some(schema) = &config.schema {
             options.push_str(&format!(" -c search_path={schema}"));
         }
-        // Single-statement reads must take part in serializable conflict detection too.
+        // Single-statement reads must take part in serializable conflict detection too. Every
+        // server knows this setting, so it may travel as a startup option; that it arrived is
+        // checked on every new connection (`session::prepare`), as are the schema and the
+        // settings only some servers know, which are set there.
         options.push_str(" -c default_transaction_isolation=serializable");
-        if config.generic_plans {
-            options.push_str(" -c plan_cache_mode=force_generic_plan");
-        }
         // A statement or transaction its client abandoned must not run (and lock) forever.
         super::pg_timeouts::apply_session(&mut options);
         pg.options(options.trim());
+        let refused: Arc<Mutex<Option<Refusal>>> = Arc::default();
+        let check = {
+            let refused = refused.clone();
+            let schema = config.schema.clone();
+            let generic_plans = config.generic_plans;
+            Hook::async_fn(move |client, _| {
+                let refused = refused.clone();
+                let schema = schema.clone();
+                Box::pin(async move {
+                    match session::prepare(client, schema.as_deref(), generic_plans).await {
+                        Ok(_) => Ok(()),
+                        Err(e) => {
+                            if let Ok(mut slot) = refused.lock() {
+                                *slot = match &e {
+                                    StoreError::UnsafeSession {
+                                        setting,
+                                        value,
+                                        required,
+                                    } => Some(Refusal {
+                                        setting,
+                                        value: value.clone(),
+                                        required: required.clone(),
+                                    }),
+                                    _ => None,
+                                };
+                            }
+                            Err(HookError::message(e.to_string()))
+                        }
+                    }
+                })
+            })
+        };
         let manager = Manager::from_config(
             pg,
             NoTls,
@@ -207,6 +257,7 @@ impl PgStore {
             // cover; a peer that accepts and then stays silent must not block a caller.
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .create_timeout(Some(create_timeout))
+            .post_create(check)
             .build()
             .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))?;
         let store = Self {
@@ -214,6 +265,7 @@ impl PgStore {
             retry: config.retry,
             schema: config.schema,
             tables: RwLock::new(HashMap::new()),
+            refused,
         };
         // Surface an unreachable server now rather than on the first operation.
         drop(store.raw_client().await?);
@@ -229,6 +281,7 @@ impl PgStore {
     /// the store's search path and serializable default).
     pub async fn raw_client(&self) -> StoreResult<Object> {
         self.pooled().await.map_err(|e| match e {
+            TxError::Store(e) => e,
             TxError::Pool(detail) => StoreError::Backend {
                 operation: "raw_client",
                 detail,
@@ -259,10 +312,20 @@ impl PgStore {
     }
 
     async fn pooled(&self) -> TxResult<Object> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| TxError::Pool(e.to_string()))
+        self.pool.get().await.map_err(|e| {
+            let refusal = match &e {
+                PoolError::PostCreateHook(_) => self.refused.lock().ok().and_then(|r| r.clone()),
+                _ => None,
+            };
+            match refusal {
+                Some(r) => TxError::Store(StoreError::UnsafeSession {
+                    setting: r.setting,
+                    value: r.value,
+                    required: r.required,
+                }),
+                None => TxError::Pool(e.to_string()),
+            }
+        })
     }
 
     /// Runs `attempt` until it succeeds, fails permanently or the retry budget is spent.
@@ -486,22 +549,11 @@ async fn create_schema(pg: &tokio_postgres::Config, schema: &str) -> StoreResult
     };
     let (client, connection) = pg.connect(NoTls).await.map_err(backend)?;
     let task = tokio::spawn(connection);
-    let mut attempt = 0;
-    // The name was validated to be a plain identifier, so it can be spliced.
+    // The name was validated to be a plain identifier, so it can be spliced. Concurrent
+    // first starts race to create it: the losers are retried like a migration's DDL
+    // (23505/42P06 on PostgreSQL, 40001 on CockroachDB) and then find it present.
     let sql = format!("CREATE SCHEMA IF NOT EXISTS {schema}");
-    let result = loop {
-        attempt += 1;
-        match client.batch_execute(&sql).await {
-            Err(e)
-                if e.code()
-                    .is_some_and(|c| c.code() == "23505" || c.code() == "42P06")
-                    && attempt < 10 =>
-            {
-                tokio::time::sleep(Duration::from_millis(5 * attempt)).await;
-            }
-            other => break other.map_err(backend),
-        }
-    };
+    let result = migrate::run_ddl(&client, &sql).await;
     drop(client);
     task.abort();
     result
@@ -1208,6 +1260,46 @@ fn bounds_sql(b: &crate::model::ScanBounds, params: &mut Params, sql: &mut Strin
     cursor(&b.before, "<", params, sql);
 }
 
+/// The head statement's time bounds and cursors restated on the records' key tuple
+/// (`bucket_key, event_time[, sort_key]`), each an `AND ...` on alias `r`. For stored rows,
+/// whose bucket key is the key of their time, each is equivalent to the plain predicate of
+/// [`bounds_sql`] (kept beside it), but unlike it bounds the primary-key range that the head
+/// statement reads across buckets, so the read starts at the bound instead of filtering its
+/// way there.
+fn head_index_bounds(
+    b: &crate::model::ScanBounds,
+    key_of: &dyn Fn(EventTime) -> String,
+    params: &mut Params,
+    sql: &mut String,
+) {
+    let mut time = |bound: &Bound<EventTime>, inc: &str, exc: &str| {
+        let (op, t) = match bound {
+            Bound::Included(t) => (inc, t),
+            Bound::Excluded(t) => (exc, t),
+            Bound::Unbounded => return,
+        };
+        let k = push(params, key_of(*t));
+        let at = push(params, t.to_datetime());
+        sql.push_str(&format!(
+            " AND (r.bucket_key, r.event_time) {op} ({k}, {at})"
+        ));
+    };
+    time(&b.time_lower, ">=", ">");
+    time(&b.time_upper, "<=", "<");
+    let mut cursor = |c: &Option<ClusteringKey>, op: &str| {
+        if let Some(c) = c {
+            let k = push(params, key_of(c.event_time));
+            let at = push(params, c.event_time.to_datetime());
+            let s = push(params, c.sort_key.as_bytes().to_vec());
+            sql.push_str(&format!(
+                " AND (r.bucket_key, r.event_time, r.sort_key) {op} ({k}, {at}, {s})"
+            ));
+        }
+    };
+    cursor(&b.after, ">");
+    cursor(&b.before, "<");
+}
+
 fn limit_param(limit: usize) -> i64 {
     i64::try_from(limit.max(1)).unwrap_or(i64::MAX)
 }
@@ -1494,16 +1586,18 @@ impl HotStore for PgStore {
         } else {
             "NULL::BYTEA"
         };
-        // The lateral subquery reads the rows in index order and stops at the limit; the
-        // route and the rows come from this one statement (one snapshot).
+        // The route and the rows come from this one statement (one snapshot), as two
+        // uncorrelated parts: the rows subquery names the bucket by parameters, so it is an
+        // index range read in order that stops at the limit on any optimiser (a limit under
+        // a correlation is what CockroachDB decorrelates into a full scan, see
+        // docs/schema.md). An archived bucket's rows are dropped by the join condition.
         let sql = format!(
             "SELECT m.state, m.object_key, x.event_time, x.sort_key, x.value \
-             FROM {META} m LEFT JOIN LATERAL ( \
+             FROM {META} m LEFT JOIN ( \
                SELECT r.event_time, r.sort_key, {value} AS value FROM {RECORDS} r \
-               WHERE r.table_id = m.table_id AND r.partition_key = m.partition_key \
-                 AND r.bucket_key = m.bucket_key AND m.state <> 'archived'{preds} \
+               WHERE r.table_id = {t} AND r.partition_key = {p} AND r.bucket_key = {k}{preds} \
                ORDER BY r.event_time {dir}, r.sort_key {dir} LIMIT {n} \
-             ) x ON true \
+             ) x ON m.state <> 'archived' \
              WHERE m.table_id = {t} AND m.partition_key = {p} AND m.bucket_key = {k} \
              ORDER BY x.event_time {dir}, x.sort_key {dir}"
         );
@@ -1556,65 +1650,100 @@ impl HotStore for PgStore {
         to: Option<EventTime>,
         page: &PageRequest,
     ) -> StoreResult<HeadPage> {
+        // The strategy gives the bucket key of any instant (cached: no round trip). A table
+        // that is not registered has no buckets, as a listing would find.
+        let Some(def) = self.table(table_id).await? else {
+            return Ok(HeadPage {
+                bucket: None,
+                first: FirstPage::Missing,
+            });
+        };
+        let strategy = def.strategy;
+        let key_of = |t: EventTime| strategy.bucket_of(t).to_string();
         let mut params: Params = Vec::new();
         let t = push(&mut params, table_id.as_str().to_string());
         let p = push(&mut params, partition.as_bytes().to_vec());
         let mut range = String::new();
+        // Bounds on the records' bucket keys, by parameters only (see below).
+        let mut keys = String::new();
         if let Some(from) = from {
             range.push_str(&format!(
                 " AND bucket_end > {}",
                 push(&mut params, from.to_datetime())
             ));
-            if let Some(floor) = self.grid_floor(table_id, from) {
-                range.push_str(&format!(
-                    " AND bucket_start >= {}",
-                    push(&mut params, floor.to_datetime())
-                ));
-            }
+            // Implied by `bucket_end > from` (buckets lie on the table's grid), stated to
+            // bound the by-start index range from below.
+            range.push_str(&format!(
+                " AND bucket_start >= {}",
+                push(&mut params, strategy.bucket_of(from).start().to_datetime())
+            ));
+            keys.push_str(&format!(
+                " AND r.bucket_key >= {}",
+                push(&mut params, key_of(from))
+            ));
         }
         if let Some(to) = to {
             range.push_str(&format!(
                 " AND bucket_start <= {}",
                 push(&mut params, to.to_datetime())
             ));
+            keys.push_str(&format!(
+                " AND r.bucket_key <= {}",
+                push(&mut params, key_of(to))
+            ));
         }
+        head_index_bounds(&page.bounds, &key_of, &mut params, &mut keys);
         let mut preds = String::new();
         bounds_sql(&page.bounds, &mut params, &mut preds);
         let n = push(&mut params, limit_param(page.limit));
         let dir = if page.descending { "DESC" } else { "ASC" };
         // The values are aggregated only when the page includes them.
         let (value, values) = if page.include_value {
-            (", r.value", "array_agg(r.value)")
+            (", r.value", "array_agg(g.value)")
         } else {
             ("", "NULL::BYTEA[]")
         };
-        // One statement, so one snapshot, and one row: the first bucket in scan order (one
-        // probe of the by-start index), its route, and, when it is not archived, up to `n`
-        // of its rows (one probe of the records' primary key, read forwards or backwards to
-        // the limit as the direct query reads it) aggregated into three arrays, which are
-        // NULL when no row matched. Only what a scan needs of the bucket is read, and its
-        // start, which must match its key (a stored row that disagrees is corrupt).
+        // One statement, so one snapshot, and one row: the first bucket in scan order (`f`,
+        // one probe of the by-start index), its route, and, when it is not archived, up to
+        // `n` of its rows aggregated into three arrays, which are NULL when no row matched.
+        // Only what a scan needs of the bucket is read, and its start, which must match its
+        // key (a stored row that disagrees is corrupt).
+        //
+        // The bucket is not known before the statement runs, and a rows subquery that named
+        // it through `f` would be a limit under a correlation, which CockroachDB decorrelates
+        // into a scan of every row of the partition (docs/schema.md). So the rows (`g`) are
+        // read without reference to `f`: the partition's rows in key order, which is bucket
+        // order then clustering order (bucket keys of one strategy sort as their starts),
+        // from the edge of the interval on, cut at `n`. The first bucket in scan order
+        // that has rows is `f` itself (any bucket between the edge and `f` would overlap the
+        // interval and so be `f`), so its rows come first; rows of the buckets after it, if
+        // `f` has fewer than `n`, are dropped by the filter on `f`'s key (an uncorrelated
+        // scalar subquery, NULL when `f` is archived; measured cheaper on PostgreSQL than
+        // joining the two parts, which sorted `f`). The key-tuple bounds restate the
+        // page's time bounds and cursors so that the index range starts at them.
         //
         // Why one row of arrays: every column of every row costs, on the server, on the wire
         // and in decoding, whether it holds a value or NULL. The same rows as rows, each
         // carrying the route, measured 1.30x-1.37x of the direct query in a binary-protocol
         // harness; as arrays, 1.23x-1.30x; the rows with no route at all, 1.19x-1.24x. The
-        // arrays come from one aggregate fed by one ordered subquery, so their elements line
-        // up row by row; their order is checked (and restored) when decoded, since SQL does
-        // not promise an aggregate keeps its input's order.
+        // arrays come from one aggregate, so their elements line up row by row; their order
+        // is checked (and restored) when decoded, since SQL does not promise an aggregate
+        // keeps its input's order.
         let sql = format!(
-            "SELECT f.bucket_key, f.state, f.object_key, f.hot_deleted, f.bucket_start, \
-               x.t, x.s, x.v \
-             FROM (SELECT bucket_key, state, object_key, hot_deleted, bucket_start FROM {META} \
+            "WITH f AS ( \
+               SELECT bucket_key, state, object_key, hot_deleted, bucket_start FROM {META} \
                WHERE table_id = {t} AND partition_key = {p}{range} \
-               ORDER BY bucket_start {dir} LIMIT 1) f \
-             LEFT JOIN LATERAL ( \
-               SELECT array_agg(r.event_time) AS t, array_agg(r.sort_key) AS s, {values} AS v \
-               FROM (SELECT r.event_time, r.sort_key{value} FROM {RECORDS} r \
-                 WHERE r.table_id = {t} AND r.partition_key = {p} \
-                   AND r.bucket_key = f.bucket_key AND f.state <> 'archived'{preds} \
-                 ORDER BY r.event_time {dir}, r.sort_key {dir} LIMIT {n}) r \
-             ) x ON true"
+               ORDER BY bucket_start {dir} LIMIT 1 \
+             ) \
+             SELECT f.bucket_key, f.state, f.object_key, f.hot_deleted, f.bucket_start, \
+               x.t, x.s, x.v \
+             FROM f CROSS JOIN ( \
+               SELECT array_agg(g.event_time) AS t, array_agg(g.sort_key) AS s, {values} AS v \
+               FROM (SELECT r.bucket_key, r.event_time, r.sort_key{value} FROM {RECORDS} r \
+                 WHERE r.table_id = {t} AND r.partition_key = {p}{keys}{preds} \
+                 ORDER BY r.bucket_key {dir}, r.event_time {dir}, r.sort_key {dir} LIMIT {n}) g \
+               WHERE g.bucket_key = (SELECT bucket_key FROM f WHERE state <> 'archived') \
+             ) x"
         );
         self.run("read_head", || async {
             let client = self.pooled().await?;
@@ -1754,12 +1883,13 @@ impl HotStore for PgStore {
             preds = format!(" AND (r.event_time, r.sort_key) > ({at}, {ak})");
         }
         let n = push(&mut params, limit_param(limit));
+        // Claim check and rows in one statement, the rows subquery bounded by parameters only
+        // (no correlated limit; see `read_page`).
         let sql = format!(
             "SELECT x.event_time, x.sort_key, x.value \
-             FROM {META} m LEFT JOIN LATERAL ( \
+             FROM {META} m LEFT JOIN ( \
                SELECT r.event_time, r.sort_key, r.value FROM {RECORDS} r \
-               WHERE r.table_id = m.table_id AND r.partition_key = m.partition_key \
-                 AND r.bucket_key = m.bucket_key{preds} \
+               WHERE r.table_id = {t} AND r.partition_key = {p} AND r.bucket_key = {k}{preds} \
                ORDER BY r.event_time, r.sort_key LIMIT {n} \
              ) x ON true \
              WHERE m.table_id = {t} AND m.partition_key = {p} AND m.bucket_key = {k} \
