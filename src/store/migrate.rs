@@ -141,10 +141,10 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a
-/// schema, 42P07 for a table or index, 42710 for a table's row type, 42701 for a column added twice, 23505 when PostgreSQL's
-/// catalog index notices first), or conflict while creating or recording it (40001, which
-/// CockroachDB raises for concurrent schema changes); re-running the idempotent statement
-/// resolves them.
+/// schema, 42P07 for a table or index, 42710 for a table's row type, 42701 for a column
+/// added twice, 23505 when PostgreSQL's catalog index notices first), or conflict while
+/// creating or recording it (40001, which CockroachDB raises for concurrent schema changes);
+/// re-running the idempotent statement resolves them.
 const RACE_CODES: [&str; 6] = ["23505", "42P06", "42P07", "42710", "42701", "40001"];
 
 /// How often a racing DDL statement is re-run before giving up.
