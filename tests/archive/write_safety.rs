@@ -68,7 +68,7 @@ async fn damaged_writes_are_never_returned_as_archives() {
                     generation += 1;
                     let ctx = format!("{} {format} {target} {fault:?}", be.name);
                     let b = bucket("2024-05-01", 9);
-                    let rs = bulky_records(&b, 120, generation as u8, 2048);
+                    let rs = bulky_records(&b, 64, generation as u8, 2048);
                     let filter = if target == "payload" {
                         "/payload."
                     } else {
