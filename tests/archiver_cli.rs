@@ -582,3 +582,48 @@ fn created_files_are_owner_only() {
     check_tree(&dir.path().join("pulpitum-data"), &mut files);
     assert!(files >= 1);
 }
+
+/// PostgreSQL notices ("relation ... already exists, skipping" from the migration check of
+/// a second start) are logged only when debug output is asked for.
+#[test]
+fn postgres_notices_are_logged_only_at_debug() {
+    let schema = format!(
+        "cfg_notice_{}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(
+            "postgres://postgres@127.0.0.1:5432/test",
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        c.batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+    });
+    let db = format!("postgres://postgres@127.0.0.1:5432/test?options=-c%20search_path%3D{schema}");
+    let dir = tempfile::tempdir().unwrap();
+    let archive = format!("file://{}/archive", dir.path().display());
+    let args = [
+        "--once",
+        "--no-gc",
+        "--database-url",
+        &db,
+        "--archive-url",
+        &archive,
+    ];
+    // The first start creates the tables; the later ones make the server send notices.
+    for (filter, shown) in [("info", false), ("info", false), ("debug", true)] {
+        let (code, err) = archiver(&args, &[("PULPITUM_LOG", filter)]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            err.contains("already exists, skipping"),
+            shown,
+            "PULPITUM_LOG={filter}: {err}"
+        );
+    }
+}

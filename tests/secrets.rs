@@ -245,3 +245,20 @@ async fn no_secret_in_help_errors_logs_metrics_or_plans() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `Debug` of the store settings and of a locator shows no password.
+#[test]
+fn debug_output_hides_passwords() {
+    let url = format!("postgres://app:{PG_SECRET}@db/x?password={QUERY_SECRET}");
+    let config = pulpitum::store::postgres::PgStoreConfig::new(&url);
+    let kv = format!("host=db password={KV_SECRET}");
+    let shown = format!(
+        "{config:?} {:?} {:?}",
+        pulpitum::locator::parse_database_url(&url).unwrap(),
+        pulpitum::locator::parse_database_url(&kv).unwrap()
+    );
+    for s in [PG_SECRET, QUERY_SECRET, KV_SECRET] {
+        assert!(!shown.contains(s), "{shown}");
+    }
+    assert!(shown.contains("app:***@db"), "{shown}");
+}

@@ -357,7 +357,11 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     // Everything this process creates (the embedded store, a local archive) is owner-only.
     #[cfg(unix)]
-    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail and touches
+    // no memory. It runs before any thread that creates files.
+    unsafe {
+        libc::umask(0o077);
+    }
     let logging = args
         .log_format
         .parse()

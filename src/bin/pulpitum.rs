@@ -478,7 +478,11 @@ fn main() -> ExitCode {
     // Everything this process creates (the embedded store, a local archive, the history
     // file) is owner-only.
     #[cfg(unix)]
-    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail and touches
+    // no memory. It runs before any thread that creates files.
+    unsafe {
+        libc::umask(0o077);
+    }
     let logging = cli
         .log_format
         .parse()
