@@ -8,6 +8,8 @@
 //! nothing. PostgreSQL server notices (tokio-postgres reports them at INFO, for example
 //! "relation ... already exists, skipping" from every migration check) are operator noise,
 //! so they are shown only when debug output is asked for, globally or for `tokio_postgres`.
+//! OpenDAL's S3 request signer (`reqsign`) prints the credentials it loads at debug, so its
+//! level is capped at info and a filter naming it is refused.
 
 use std::io::IsTerminal;
 
@@ -78,10 +80,19 @@ pub fn filter(spec: Option<&str>, default_level: &str) -> Result<EnvFilter, Logg
             global_debug |= level == "debug" || level == "trace";
         }
     }
+    // OpenDAL's request signer prints the S3 credentials (secret key included) at debug:
+    // its level is capped whatever the filter says, so no filter can leak them.
+    if text.contains("reqsign") {
+        return Err(refuse(
+            "the S3 signer (reqsign) logs credentials at debug, so its level is fixed at info"
+                .into(),
+        ));
+    }
     let mut full = text.to_string();
     if !global_debug && !text.contains("tokio_postgres") {
         full.push_str(",tokio_postgres::connection=warn");
     }
+    full.push_str(",reqsign=info,reqsign_core=info,reqsign_aws_v4=info");
     EnvFilter::builder()
         .with_regex(false)
         .parse(&full)
