@@ -360,7 +360,7 @@ mod tests {
             ("file:///tmp/a", "file:///tmp/a"),
             ("sqlite:///tmp/a.db", "sqlite:///tmp/a.db"),
             ("/tmp/hot.db", "/tmp/hot.db"),
-            ("postgres://app:s3 cr3t@db/x", "postgres:<redacted>"),
+            ("postgres://app:s3 cr3t@db/x", "postgres://app:***@db/x"),
             ("nonsense s3cr3t@host", "<redacted>"),
         ];
         for (raw, want) in cases {
