@@ -47,7 +47,7 @@ pub fn resolve_urls(
 /// URLs of an embedded installation rooted at `dir`.
 pub fn embedded_urls(dir: &Path) -> Result<(String, String), DefaultsError> {
     let archive = dir.join("archive");
-    std::fs::create_dir_all(&archive).map_err(|source| DefaultsError::Io {
+    crate::locator::create_private_dir(&archive).map_err(|source| DefaultsError::Io {
         path: archive.clone(),
         source,
     })?;

@@ -12,6 +12,8 @@ pub mod archiver;
 pub mod defaults;
 pub mod demo;
 pub mod failpoint;
+pub mod locator;
+pub mod logging;
 mod lru;
 pub mod model;
 pub mod prepared;

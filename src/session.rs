@@ -131,9 +131,11 @@ pub async fn session(
     Ok(ctx)
 }
 
-/// Opens the hot store named by a URL (see [`crate::store::open`]): `postgres://` /
-/// `postgresql://` (CockroachDB or PostgreSQL), `sqlite://PATH`, `sqlite:PATH` or a plain
-/// file path (embedded), `sqlite::memory:`.
+/// Opens the hot store named by a locator (see [`crate::locator`] and
+/// [`crate::store::open`]): `postgres://` / `postgresql://` or a key=value string
+/// (CockroachDB or PostgreSQL), `sqlite://PATH`, `sqlite:PATH`, a file path containing `/`
+/// or ending in `.db`, `.sqlite` or `.sqlite3` (embedded), `sqlite::memory:`. Anything else
+/// is refused; errors never show a password.
 pub async fn open_store(database_url: &str) -> Result<Arc<dyn HotStore>, SessionError> {
     Ok(crate::store::open(database_url).await?)
 }
@@ -152,7 +154,8 @@ pub async fn connect_with(
     archive_url: &str,
     opts: SessionOptions,
 ) -> Result<SessionContext, SessionError> {
-    let store = open_store(database_url).await?;
+    // The archive URL first: a refused one must not leave a new database file behind.
     let archive = Arc::new(ArchiveStore::from_url(archive_url)?);
+    let store = open_store(database_url).await?;
     session(store, archive, opts).await
 }

@@ -315,6 +315,17 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         tokio::time::sleep(Duration::from_millis(2_100)).await; // let dead workers' leases expire
     }
 
+    // Orphans of dead workers, whatever their age: GC with no delay (below what the binary
+    // accepts, so through the library) once every worker has stopped.
+    pulpitum::archiver::collect_garbage(
+        &*store,
+        &archive,
+        Duration::ZERO,
+        &pulpitum::archiver::ArchiverMetrics::default(),
+    )
+    .await
+    .unwrap();
+
     // Read everything back through the routes.
     let mut seen: BTreeMap<Key, Vec<u8>> = BTreeMap::new();
     let mut duplicates = 0u64;

@@ -86,7 +86,12 @@ fn store_from_url_with(
             .iter()
             .find_map(|n| lookup(n).filter(|v| !v.is_empty()))
     };
-    let bad = |reason: String| ArchiveError::Config(format!("archive URL {raw:?}: {reason}"));
+    let bad = |reason: String| {
+        ArchiveError::Config(format!(
+            "archive URL {:?}: {reason}",
+            crate::locator::redact(raw)
+        ))
+    };
     let url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
     let config = |e: opendal::Error| bad(e.to_string());
     match url.scheme() {
@@ -108,6 +113,9 @@ fn store_from_url_with(
             let root = path
                 .to_str()
                 .ok_or_else(|| bad("path is not UTF-8".into()))?;
+            // Archived rows are the application's data: a new archive folder is owner-only.
+            crate::locator::create_private_dir(&path)
+                .map_err(|e| bad(format!("cannot create the folder: {e}")))?;
             let op = Operator::new(Fs::default().root(root)).map_err(config)?;
             Ok(ArchiveStore::from_operator(op, ""))
         }
@@ -116,6 +124,13 @@ fn store_from_url_with(
                 .host_str()
                 .filter(|h| !h.is_empty())
                 .ok_or_else(|| bad("missing bucket (s3://bucket/prefix)".into()))?;
+            // Credentials come from the AWS variables only: a URL is printed, logged and
+            // stored in shell history, so one carrying a key is refused rather than used.
+            if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+                return Err(bad(
+                    "an s3:// URL takes no user, password or query parameters; set AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN instead".into(),
+                ));
+            }
             install_http_transport();
             let mut b = S3::default().bucket(bucket).root("/").region(
                 &env(&["AWS_REGION", "AWS_DEFAULT_REGION"]).unwrap_or_else(|| "us-east-1".into()),
@@ -166,11 +181,21 @@ mod tests {
             store_from_url("s3://bkt/some/prefix").unwrap().prefix(),
             "some/prefix"
         );
-        for bad in ["gcs://x", "not a url", "s3:///nobucket", "file://host/x"] {
-            assert!(
-                matches!(store_from_url(bad), Err(ArchiveError::Config(_))),
-                "{bad}"
-            );
+        for bad in [
+            "gcs://x",
+            "not a url",
+            "archive",
+            "./archive",
+            "s3:///nobucket",
+            "file://host/x",
+            "s3://AKIA:s3cr3t@bkt/p",
+            "s3://bkt/p?secret_access_key=s3cr3t",
+        ] {
+            let err = match store_from_url(bad) {
+                Err(ArchiveError::Config(e)) => e,
+                other => panic!("{bad}: {:?}", other.map(|s| s.prefix().to_string())),
+            };
+            assert!(!err.contains("s3cr3t"), "{err}");
         }
     }
 

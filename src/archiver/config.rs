@@ -73,25 +73,30 @@ impl ArchiverConfig {
         }
     }
 
-    /// Checks the relations between settings.
+    /// Checks every value against its documented range, then the relations between
+    /// settings.
     pub fn validate(&self) -> Result<(), ArchiverError> {
+        for (bound, value) in [
+            (&INTERVAL, self.interval),
+            (&LEASE, self.lease),
+            (&RETRY, self.retry),
+            (&GC_DELAY, self.gc_delay),
+            (&CLEANUP_DELAY, self.cleanup_delay),
+            (&UPLOAD_DEADLINE, self.upload_deadline),
+            (&OP_DEADLINE, self.op_deadline),
+        ] {
+            bound.check(value, &format!("{} s", value.as_secs_f64()))?;
+        }
+        for (bound, value) in [
+            (&SCAN_LIMIT, self.scan_limit),
+            (&SNAPSHOT_PAGE_ROWS, self.snapshot_page_rows),
+            (&CLEANUP_BATCH_ROWS, self.cleanup_batch_rows),
+            (&CONCURRENCY, self.concurrency),
+        ] {
+            bound.check(value, &value.to_string())?;
+        }
         let bad =
             |setting: &'static str, reason: String| Err(ArchiverError::Config { setting, reason });
-        if self.lease < Duration::from_millis(300) {
-            return bad("ARCHIVER_LEASE_SECONDS", "must be at least 0.3 s".into());
-        }
-        if self.interval.is_zero() {
-            return bad("ARCHIVER_INTERVAL_SECONDS", "must be positive".into());
-        }
-        if self.scan_limit == 0 {
-            return bad("ARCHIVER_SCAN_LIMIT", "must be at least 1".into());
-        }
-        if self.snapshot_page_rows == 0 || self.cleanup_batch_rows == 0 {
-            return bad("page sizes", "must be at least 1 row".into());
-        }
-        if self.concurrency == 0 {
-            return bad("ARCHIVER_CONCURRENCY", "must be at least 1".into());
-        }
         let floor = self.min_gc_delay();
         if self.gc_delay <= floor {
             // An object younger than this may belong to a publication still in progress.
@@ -126,6 +131,175 @@ impl ArchiverConfig {
 /// ages them) for [`ArchiverConfig::min_gc_delay`].
 pub const CLOCK_SKEW_ALLOWANCE: Duration = Duration::from_secs(5);
 
+/// The accepted range of one duration setting.
+#[derive(Debug, Clone, Copy)]
+pub struct SecondsRange {
+    /// How the error names it: the environment variable and the flag.
+    pub setting: &'static str,
+    /// Smallest accepted value.
+    pub min: Duration,
+    /// Largest accepted value: bounds keep every deadline and timestamp sum far from the
+    /// stores' limits (PostgreSQL intervals, SQLite's microsecond integers).
+    pub max: Duration,
+}
+
+impl SecondsRange {
+    /// The range as operators read it in an error and in docs/archiver.md.
+    pub fn accepted(&self) -> String {
+        format!(
+            "a number of seconds from {} to {}",
+            self.min.as_secs_f64(),
+            self.max.as_secs_f64()
+        )
+    }
+
+    fn check(&self, value: Duration, shown: &str) -> Result<Duration, ArchiverError> {
+        if value < self.min || value > self.max {
+            return Err(ArchiverError::Config {
+                setting: self.setting,
+                reason: format!("{shown} is out of range; accepted: {}", self.accepted()),
+            });
+        }
+        Ok(value)
+    }
+
+    /// Parses a decimal number of seconds (`15`, `0.5`) and checks the range.
+    pub fn parse(&self, raw: &str) -> Result<Duration, ArchiverError> {
+        let refuse = |what: &str| ArchiverError::Config {
+            setting: self.setting,
+            reason: format!("{raw:?} {what}; accepted: {}", self.accepted()),
+        };
+        let v: f64 = raw.trim().parse().map_err(|_| refuse("is not a number"))?;
+        // Out-of-range values (negative, 1e30, infinite) are refused before any conversion.
+        if !v.is_finite() || v < self.min.as_secs_f64() || v > self.max.as_secs_f64() {
+            return Err(refuse("is out of range"));
+        }
+        let d = Duration::try_from_secs_f64(v).map_err(|_| refuse("is out of range"))?;
+        self.check(d, &format!("{raw:?}"))
+    }
+}
+
+/// The accepted range of one count setting.
+#[derive(Debug, Clone, Copy)]
+pub struct CountRange {
+    /// How the error names it: the environment variable and the flag.
+    pub setting: &'static str,
+    /// Smallest accepted value.
+    pub min: usize,
+    /// Largest accepted value.
+    pub max: usize,
+}
+
+impl CountRange {
+    /// The range as operators read it in an error and in docs/archiver.md.
+    pub fn accepted(&self) -> String {
+        format!("a whole number from {} to {}", self.min, self.max)
+    }
+
+    fn check(&self, value: usize, shown: &str) -> Result<usize, ArchiverError> {
+        if value < self.min || value > self.max {
+            return Err(ArchiverError::Config {
+                setting: self.setting,
+                reason: format!("{shown} is out of range; accepted: {}", self.accepted()),
+            });
+        }
+        Ok(value)
+    }
+
+    /// Parses a whole number and checks the range.
+    pub fn parse(&self, raw: &str) -> Result<usize, ArchiverError> {
+        let t = raw.trim();
+        let v: usize = t.parse().map_err(|_| ArchiverError::Config {
+            setting: self.setting,
+            reason: format!(
+                "{raw:?} is {}; accepted: {}",
+                if t.parse::<i128>().is_ok() {
+                    "out of range"
+                } else {
+                    "not a whole number"
+                },
+                self.accepted()
+            ),
+        })?;
+        self.check(v, &format!("{raw:?}"))
+    }
+}
+
+const DAY: u64 = 24 * 3600;
+
+/// `--interval-seconds`: the pause between cycles.
+pub const INTERVAL: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_INTERVAL_SECONDS (--interval-seconds)",
+    min: Duration::from_millis(10),
+    max: Duration::from_secs(DAY),
+};
+/// `--lease-seconds`: renewed every third, so it must leave time for a renewal round trip.
+pub const LEASE: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_LEASE_SECONDS (--lease-seconds)",
+    min: Duration::from_millis(300),
+    max: Duration::from_secs(DAY),
+};
+/// `--retry-seconds`.
+pub const RETRY: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_RETRY_SECONDS (--retry-seconds)",
+    min: Duration::ZERO,
+    max: Duration::from_secs(7 * DAY),
+};
+/// `--gc-delay-seconds`: never 0, which would let GC delete an upload in progress.
+pub const GC_DELAY: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_GC_DELAY_SECONDS (--gc-delay-seconds)",
+    min: Duration::from_secs(1),
+    max: Duration::from_secs(30 * DAY),
+};
+/// `--cleanup-delay-seconds`.
+pub const CLEANUP_DELAY: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_CLEANUP_DELAY_SECONDS (--cleanup-delay-seconds)",
+    min: Duration::ZERO,
+    max: Duration::from_secs(7 * DAY),
+};
+/// `--upload-deadline-seconds`: 0 would defer every bucket.
+pub const UPLOAD_DEADLINE: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_UPLOAD_DEADLINE_SECONDS (--upload-deadline-seconds)",
+    min: Duration::from_secs(1),
+    max: Duration::from_secs(DAY),
+};
+/// `--op-deadline-seconds`: any single database operation; sets the publication window.
+pub const OP_DEADLINE: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_OP_DEADLINE_SECONDS (--op-deadline-seconds)",
+    min: Duration::from_millis(10),
+    max: Duration::from_secs(DAY),
+};
+/// `--health-max-age-seconds`: checked against the interval by the binary too.
+pub const HEALTH_MAX_AGE: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_HEALTH_MAX_AGE_SECONDS (--health-max-age-seconds)",
+    min: Duration::from_secs(1),
+    max: Duration::from_secs(7 * DAY),
+};
+/// `--scan-limit`.
+pub const SCAN_LIMIT: CountRange = CountRange {
+    setting: "ARCHIVER_SCAN_LIMIT (--scan-limit)",
+    min: 1,
+    max: 100_000,
+};
+/// `--snapshot-page-rows`.
+pub const SNAPSHOT_PAGE_ROWS: CountRange = CountRange {
+    setting: "ARCHIVER_SNAPSHOT_PAGE_ROWS (--snapshot-page-rows)",
+    min: 1,
+    max: 1_000_000,
+};
+/// `--cleanup-batch-rows`.
+pub const CLEANUP_BATCH_ROWS: CountRange = CountRange {
+    setting: "ARCHIVER_CLEANUP_BATCH_ROWS (--cleanup-batch-rows)",
+    min: 1,
+    max: 1_000_000,
+};
+/// `--concurrency`.
+pub const CONCURRENCY: CountRange = CountRange {
+    setting: "ARCHIVER_CONCURRENCY (--concurrency)",
+    min: 1,
+    max: 1024,
+};
+
 /// January 1 of the previous UTC year.
 pub fn default_eligible_before() -> EventTime {
     january_first_of_previous_year(Utc::now())
@@ -154,19 +328,34 @@ pub fn reject_obsolete(env: impl Fn(&str) -> Option<String>) -> Result<(), Archi
     Ok(())
 }
 
-/// Parses a whole, positive number of seconds.
+/// Parses `ARCHIVER_ELIGIBLE_BEFORE`: an RFC 3339 instant inside the supported years. A
+/// malformed value and a well-formed one outside the range get different messages.
+pub fn parse_eligible_before(raw: &str) -> Result<EventTime, ArchiverError> {
+    use crate::model::{MAX_SUPPORTED_YEAR, MIN_SUPPORTED_YEAR};
+    const SETTING: &str = "ARCHIVER_ELIGIBLE_BEFORE (--eligible-before)";
+    let accepted = format!(
+        "an RFC 3339 instant such as 2025-01-01T00:00:00Z, in the years {MIN_SUPPORTED_YEAR} to {MAX_SUPPORTED_YEAR}"
+    );
+    let dt =
+        chrono::DateTime::parse_from_rfc3339(raw.trim()).map_err(|e| ArchiverError::Config {
+            setting: SETTING,
+            reason: format!("{raw:?} is not an RFC 3339 instant ({e}); accepted: {accepted}"),
+        })?;
+    EventTime::from_datetime(dt.with_timezone(&Utc)).map_err(|_| ArchiverError::Config {
+        setting: SETTING,
+        reason: format!("{raw:?} is out of range; accepted: {accepted}"),
+    })
+}
+
+/// Parses a non-negative number of seconds, at most 30 days (settings without a range of
+/// their own; the archiver's own durations use the [`SecondsRange`] constants).
 pub fn parse_seconds(setting: &'static str, raw: &str) -> Result<Duration, ArchiverError> {
-    let v: f64 = raw.trim().parse().map_err(|_| ArchiverError::Config {
+    SecondsRange {
         setting,
-        reason: format!("{raw:?} is not a number of seconds"),
-    })?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(ArchiverError::Config {
-            setting,
-            reason: format!("{raw:?} must be a non-negative number of seconds"),
-        });
+        min: Duration::ZERO,
+        max: Duration::from_secs(30 * DAY),
     }
-    Ok(Duration::from_secs_f64(v))
+    .parse(raw)
 }
 
 #[cfg(test)]

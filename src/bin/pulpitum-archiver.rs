@@ -12,10 +12,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
 use pulpitum::archive::{ArchiveStore, PayloadFormat};
-use pulpitum::archiver::config::{parse_seconds, reject_obsolete};
+use pulpitum::archiver::config::{self, parse_eligible_before, reject_obsolete};
 use pulpitum::archiver::{collect_garbage, ArchiverConfig, ArchiverError, Runner};
 use pulpitum::defaults;
-use pulpitum::model::EventTime;
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
 #[cfg(feature = "mimalloc")]
@@ -30,49 +29,109 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 )]
 struct Args {
     /// Hot store URL (postgres://... or sqlite:PATH). Default: the embedded store in ./pulpitum-data.
-    #[arg(long, env = "PULPITUM_DATABASE_URL")]
+    #[arg(long, env = "PULPITUM_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Archive URL (s3://bucket/prefix, file:///path). Default: ./pulpitum-data/archive.
-    #[arg(long, env = "PULPITUM_ARCHIVE_URL")]
+    #[arg(long, env = "PULPITUM_ARCHIVE_URL", hide_env_values = true)]
     archive_url: Option<String>,
     /// RFC 3339 cutoff: a bucket is eligible when bucket_end <= this. Default: January 1 of the previous UTC year, recomputed every cycle.
-    #[arg(long, env = "ARCHIVER_ELIGIBLE_BEFORE")]
+    #[arg(long, env = "ARCHIVER_ELIGIBLE_BEFORE", allow_hyphen_values = true)]
     eligible_before: Option<String>,
     /// Seconds between discovery cycles.
-    #[arg(long, env = "ARCHIVER_INTERVAL_SECONDS", default_value = "15")]
+    #[arg(
+        long,
+        env = "ARCHIVER_INTERVAL_SECONDS",
+        default_value = "15",
+        allow_hyphen_values = true
+    )]
     interval_seconds: String,
     /// Owner-lease duration in seconds.
-    #[arg(long, env = "ARCHIVER_LEASE_SECONDS", default_value = "60")]
+    #[arg(
+        long,
+        env = "ARCHIVER_LEASE_SECONDS",
+        default_value = "60",
+        allow_hyphen_values = true
+    )]
     lease_seconds: String,
     /// Seconds before a deferred bucket is retried.
-    #[arg(long, env = "ARCHIVER_RETRY_SECONDS", default_value = "15")]
+    #[arg(
+        long,
+        env = "ARCHIVER_RETRY_SECONDS",
+        default_value = "15",
+        allow_hyphen_values = true
+    )]
     retry_seconds: String,
     /// Maximum work items per cycle.
-    #[arg(long, env = "ARCHIVER_SCAN_LIMIT", default_value = "64")]
+    #[arg(
+        long,
+        env = "ARCHIVER_SCAN_LIMIT",
+        default_value = "64",
+        allow_hyphen_values = true
+    )]
     scan_limit: String,
     /// Payload format of new archives: parquet or json.
-    #[arg(long, env = "ARCHIVER_FORMAT", default_value = "parquet")]
+    #[arg(
+        long,
+        env = "ARCHIVER_FORMAT",
+        default_value = "parquet",
+        allow_hyphen_values = true
+    )]
     format: String,
     /// Seconds an unreferenced object must age before GC deletes it.
-    #[arg(long, env = "ARCHIVER_GC_DELAY_SECONDS", default_value = "86400")]
+    #[arg(
+        long,
+        env = "ARCHIVER_GC_DELAY_SECONDS",
+        default_value = "86400",
+        allow_hyphen_values = true
+    )]
     gc_delay_seconds: String,
     /// Seconds hot rows are kept after publication (at least the readers' route-cache TTL).
-    #[arg(long, env = "ARCHIVER_CLEANUP_DELAY_SECONDS", default_value = "60")]
+    #[arg(
+        long,
+        env = "ARCHIVER_CLEANUP_DELAY_SECONDS",
+        default_value = "60",
+        allow_hyphen_values = true
+    )]
     cleanup_delay_seconds: String,
     /// Buckets processed at once.
-    #[arg(long, env = "ARCHIVER_CONCURRENCY", default_value = "4")]
+    #[arg(
+        long,
+        env = "ARCHIVER_CONCURRENCY",
+        default_value = "4",
+        allow_hyphen_values = true
+    )]
     concurrency: String,
     /// Rows per snapshot page.
-    #[arg(long, env = "ARCHIVER_SNAPSHOT_PAGE_ROWS", default_value = "10000")]
+    #[arg(
+        long,
+        env = "ARCHIVER_SNAPSHOT_PAGE_ROWS",
+        default_value = "10000",
+        allow_hyphen_values = true
+    )]
     snapshot_page_rows: String,
     /// Hot rows deleted per cleanup transaction.
-    #[arg(long, env = "ARCHIVER_CLEANUP_BATCH_ROWS", default_value = "10000")]
+    #[arg(
+        long,
+        env = "ARCHIVER_CLEANUP_BATCH_ROWS",
+        default_value = "10000",
+        allow_hyphen_values = true
+    )]
     cleanup_batch_rows: String,
     /// Deadline in seconds for one bucket's snapshot, upload and verification (below the GC delay).
-    #[arg(long, env = "ARCHIVER_UPLOAD_DEADLINE_SECONDS", default_value = "3600")]
+    #[arg(
+        long,
+        env = "ARCHIVER_UPLOAD_DEADLINE_SECONDS",
+        default_value = "3600",
+        allow_hyphen_values = true
+    )]
     upload_deadline_seconds: String,
     /// Deadline in seconds of any single database operation (also sets the publication retry window).
-    #[arg(long, env = "ARCHIVER_OP_DEADLINE_SECONDS", default_value = "30")]
+    #[arg(
+        long,
+        env = "ARCHIVER_OP_DEADLINE_SECONDS",
+        default_value = "30",
+        allow_hyphen_values = true
+    )]
     op_deadline_seconds: String,
     /// Archive everything eligible now and every cleanup already due (in batches of the scan limit), run a GC pass, then exit; non-zero if any bucket failed.
     #[arg(long)]
@@ -80,69 +139,85 @@ struct Args {
     /// Skip orphan GC.
     #[arg(long)]
     no_gc: bool,
-    /// Serve Prometheus metrics and /healthz on this address (e.g. 127.0.0.1:9187).
+    /// Serve Prometheus metrics and /healthz on this address: HOST:PORT, where HOST is an IP address or a name (127.0.0.1:9187, localhost:9187, [::1]:9187).
     #[arg(long, env = "ARCHIVER_METRICS_ADDR")]
     metrics_addr: Option<String>,
     /// Seconds without progress (a cycle without failures, a published or cleaned bucket) before /healthz answers 503.
-    #[arg(long, env = "ARCHIVER_HEALTH_MAX_AGE_SECONDS", default_value = "300")]
+    #[arg(
+        long,
+        env = "ARCHIVER_HEALTH_MAX_AGE_SECONDS",
+        default_value = "300",
+        allow_hyphen_values = true
+    )]
     health_max_age_seconds: String,
-}
-
-fn number(setting: &'static str, raw: &str) -> Result<usize, ArchiverError> {
-    raw.trim().parse().map_err(|_| ArchiverError::Config {
-        setting,
-        reason: format!("{raw:?} is not a whole number"),
-    })
+    /// Log line format on standard error: text or json (one JSON object per line). The filter is PULPITUM_LOG (default info).
+    #[arg(long, env = "PULPITUM_LOG_FORMAT", default_value = "text")]
+    log_format: String,
 }
 
 fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
     reject_obsolete(|k| std::env::var(k).ok())?;
     let mut c = ArchiverConfig::with_defaults();
     if let Some(raw) = &args.eligible_before {
-        c.eligible_before =
-            Some(
-                EventTime::parse_rfc3339(raw).map_err(|e| ArchiverError::Config {
-                    setting: "ARCHIVER_ELIGIBLE_BEFORE",
-                    reason: format!("{raw:?}: {e}"),
-                })?,
-            );
+        c.eligible_before = parse_eligible_before(raw)?;
     }
-    c.interval = parse_seconds("ARCHIVER_INTERVAL_SECONDS", &args.interval_seconds)?;
-    c.lease = parse_seconds("ARCHIVER_LEASE_SECONDS", &args.lease_seconds)?;
-    c.retry = parse_seconds("ARCHIVER_RETRY_SECONDS", &args.retry_seconds)?;
-    c.scan_limit = number("ARCHIVER_SCAN_LIMIT", &args.scan_limit)?;
+    c.interval = config::INTERVAL.parse(&args.interval_seconds)?;
+    c.lease = config::LEASE.parse(&args.lease_seconds)?;
+    c.retry = config::RETRY.parse(&args.retry_seconds)?;
+    c.scan_limit = config::SCAN_LIMIT.parse(&args.scan_limit)?;
     c.format = args
         .format
         .parse::<PayloadFormat>()
         .map_err(|_| ArchiverError::Config {
-            setting: "ARCHIVER_FORMAT",
-            reason: format!("{:?} is not parquet or json", args.format),
+            setting: "ARCHIVER_FORMAT (--format)",
+            reason: format!(
+                "{:?} is not a payload format; accepted: parquet or json",
+                args.format
+            ),
         })?;
-    c.gc_delay = parse_seconds("ARCHIVER_GC_DELAY_SECONDS", &args.gc_delay_seconds)?;
-    c.cleanup_delay = parse_seconds(
-        "ARCHIVER_CLEANUP_DELAY_SECONDS",
-        &args.cleanup_delay_seconds,
-    )?;
-    c.concurrency = number("ARCHIVER_CONCURRENCY", &args.concurrency)?;
-    c.cleanup_batch_rows = number("ARCHIVER_CLEANUP_BATCH_ROWS", &args.cleanup_batch_rows)?;
-    c.snapshot_page_rows = number("ARCHIVER_SNAPSHOT_PAGE_ROWS", &args.snapshot_page_rows)?;
-    c.upload_deadline = parse_seconds(
-        "ARCHIVER_UPLOAD_DEADLINE_SECONDS",
-        &args.upload_deadline_seconds,
-    )?;
-    c.op_deadline = parse_seconds("ARCHIVER_OP_DEADLINE_SECONDS", &args.op_deadline_seconds)?;
+    c.gc_delay = config::GC_DELAY.parse(&args.gc_delay_seconds)?;
+    c.cleanup_delay = config::CLEANUP_DELAY.parse(&args.cleanup_delay_seconds)?;
+    c.concurrency = config::CONCURRENCY.parse(&args.concurrency)?;
+    c.cleanup_batch_rows = config::CLEANUP_BATCH_ROWS.parse(&args.cleanup_batch_rows)?;
+    c.snapshot_page_rows = config::SNAPSHOT_PAGE_ROWS.parse(&args.snapshot_page_rows)?;
+    c.upload_deadline = config::UPLOAD_DEADLINE.parse(&args.upload_deadline_seconds)?;
+    c.op_deadline = config::OP_DEADLINE.parse(&args.op_deadline_seconds)?;
     c.validate()?;
     Ok(c)
+}
+
+/// The metrics address: `HOST:PORT` with an IP address or a host name, resolved now so a
+/// name that does not resolve is a setting error, not a late bind failure.
+async fn metrics_addr(raw: &str) -> Result<SocketAddr, ArchiverError> {
+    const SETTING: &str = "ARCHIVER_METRICS_ADDR (--metrics-addr)";
+    const ACCEPTED: &str = "HOST:PORT with an IP address or host name, such as 127.0.0.1:9187, localhost:9187 or [::1]:9187";
+    let t = raw.trim();
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let refuse = |what: String| ArchiverError::Config {
+        setting: SETTING,
+        reason: format!("{raw:?} {what}; accepted: {ACCEPTED}"),
+    };
+    let port_ok = t
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+    if !port_ok {
+        return Err(refuse("is not HOST:PORT".into()));
+    }
+    let mut found = tokio::net::lookup_host(t)
+        .await
+        .map_err(|e| refuse(format!("does not resolve ({e})")))?;
+    found
+        .next()
+        .ok_or_else(|| refuse("resolves to no address".into()))
 }
 
 async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let config = build_config(&args)?;
     let health_max_age = health_max_age(&args, &config)?;
-    let metrics_addr: Option<SocketAddr> = match &args.metrics_addr {
-        Some(a) => Some(a.parse().map_err(|_| ArchiverError::Config {
-            setting: "--metrics-addr",
-            reason: format!("{a:?} is not a socket address like 127.0.0.1:9187"),
-        })?),
+    let metrics_addr = match &args.metrics_addr {
+        Some(a) => Some(metrics_addr(a).await?),
         None => None,
     };
     let (db_url, archive_url) =
@@ -150,9 +225,10 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     if args.database_url.is_none() {
         eprintln!("pulpitum-archiver: using the embedded store at {db_url} and the archive at {archive_url}");
     }
+    // The archive URL first: a refused one must not leave a new database file behind.
+    let mut archive = ArchiveStore::from_url(&archive_url)?;
     let store = pulpitum::store::open(&db_url).await?;
     store.migrate().await?;
-    let mut archive = ArchiveStore::from_url(&archive_url)?;
     // Refuse a store that would let a late writer overwrite an archive (before any fault
     // layer: the probe tests the store itself).
     archive.check_create_once().await?;
@@ -164,7 +240,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let _metrics_task = match metrics_addr {
         Some(addr) => {
             let (bound, task) =
-                pulpitum::archiver::metrics::serve(addr, runner.metrics(), health_max_age).await?;
+                pulpitum::archiver::metrics::serve(addr, runner.metrics(), health_max_age)
+                    .await
+                    .map_err(|e| format!("cannot serve metrics on {addr} (--metrics-addr): {e}"))?;
             tracing::info!(%bound, "serving metrics");
             Some(task)
         }
@@ -259,14 +337,16 @@ fn once_outcome(d: &pulpitum::archiver::DrainReport) -> String {
     } else {
         format!("pulpitum-archiver: remaining: {}", parts.join("; "))
     }
+}
+
 /// The health endpoint's allowance without progress: longer than a cycle's pause, or a
 /// healthy idle archiver would flap between cycles.
 fn health_max_age(
     args: &Args,
     config: &ArchiverConfig,
 ) -> Result<std::time::Duration, ArchiverError> {
-    const SETTING: &str = "ARCHIVER_HEALTH_MAX_AGE_SECONDS";
-    let max_age = parse_seconds(SETTING, &args.health_max_age_seconds)?;
+    const SETTING: &str = "ARCHIVER_HEALTH_MAX_AGE_SECONDS (--health-max-age-seconds)";
+    let max_age = config::HEALTH_MAX_AGE.parse(&args.health_max_age_seconds)?;
     if max_age <= config.interval {
         return Err(ArchiverError::Config {
             setting: SETTING,
@@ -349,14 +429,22 @@ async fn wait_for_signal() {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PULPITUM_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
+    // Everything this process creates (the embedded store, a local archive) is owner-only.
+    #[cfg(unix)]
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail and touches
+    // no memory. It runs before any thread that creates files.
+    unsafe {
+        libc::umask(0o077);
+    }
+    let logging = args
+        .log_format
+        .parse()
+        .and_then(|format| pulpitum::logging::init("info", format));
+    if let Err(e) = logging {
+        eprintln!("pulpitum-archiver: {e}");
+        return ExitCode::from(2);
+    }
     match run(args).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),

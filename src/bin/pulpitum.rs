@@ -29,11 +29,21 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "pulpitum", version, about)]
 struct Cli {
-    /// Hot-store URL: postgres://..., sqlite://PATH or a file path.
-    #[arg(long, env = "PULPITUM_DATABASE_URL", global = true)]
+    /// Hot store: postgres://..., a PostgreSQL key=value string, sqlite:PATH, or a file path containing '/' or ending in .db, .sqlite or .sqlite3.
+    #[arg(
+        long,
+        env = "PULPITUM_DATABASE_URL",
+        global = true,
+        hide_env_values = true
+    )]
     database_url: Option<String>,
     /// Archive URL: s3://bucket/prefix, file:///abs/path or memory://.
-    #[arg(long, env = "PULPITUM_ARCHIVE_URL", global = true)]
+    #[arg(
+        long,
+        env = "PULPITUM_ARCHIVE_URL",
+        global = true,
+        hide_env_values = true
+    )]
     archive_url: Option<String>,
     /// Output format of query results.
     #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
@@ -53,6 +63,14 @@ struct Cli {
     /// Stop a query that runs longer than this many milliseconds.
     #[arg(long, env = "PULPITUM_MAX_DURATION_MS", global = true)]
     max_duration_ms: Option<u64>,
+    /// Log line format on standard error: text or json. The filter is PULPITUM_LOG (default warn).
+    #[arg(
+        long,
+        env = "PULPITUM_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
+    log_format: String,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -494,6 +512,22 @@ async fn run(cli: Cli) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Everything this process creates (the embedded store, a local archive, the history
+    // file) is owner-only.
+    #[cfg(unix)]
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail and touches
+    // no memory. It runs before any thread that creates files.
+    unsafe {
+        libc::umask(0o077);
+    }
+    let logging = cli
+        .log_format
+        .parse()
+        .and_then(|format| pulpitum::logging::init("warn", format));
+    if let Err(e) = logging {
+        eprintln!("Error: {e}");
+        return ExitCode::FAILURE;
+    }
     // TLS on ring (rustls is a direct dependency): install the provider and OpenDAL's HTTP
     // transport once, before anything opens a connection.
     pulpitum::archive::install_http_transport();

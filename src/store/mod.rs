@@ -646,27 +646,23 @@ pub fn bucket_for_append(
     Ok(id)
 }
 
-/// Opens the hot store a URL names: `postgres://` / `postgresql://` (CockroachDB or
-/// PostgreSQL), `sqlite://PATH`, `sqlite:PATH` or a plain file path (the embedded store;
-/// created if absent) or `sqlite::memory:`. Any other scheme is [`StoreError::Config`].
+/// Opens the hot store a locator names (see [`crate::locator`]): a `postgres://` /
+/// `postgresql://` URL or key=value string (CockroachDB or PostgreSQL), `sqlite://PATH`,
+/// `sqlite:PATH` or a clear file path (the embedded store; created if absent) or
+/// `sqlite::memory:`. Anything else is [`StoreError::Config`], with secrets redacted.
 pub async fn open(database_url: &str) -> StoreResult<std::sync::Arc<dyn HotStore>> {
-    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-        return Ok(std::sync::Arc::new(
-            postgres::PgStore::connect(database_url).await?,
-        ));
-    }
-    if database_url == "sqlite::memory:" {
-        return Ok(std::sync::Arc::new(embedded::SqliteStore::open_in_memory()?));
-    }
-    let path = database_url
-        .strip_prefix("sqlite://")
-        .or_else(|| database_url.strip_prefix("sqlite:"))
-        .or_else(|| (!database_url.contains("://")).then_some(database_url))
-        .filter(|p| !p.is_empty())
-        .ok_or_else(|| {
-            StoreError::Config(format!(
-                "unsupported database URL {database_url:?}: expected postgres://..., postgresql://..., sqlite://PATH or sqlite::memory:"
-            ))
-        })?;
-    Ok(std::sync::Arc::new(embedded::SqliteStore::open(path)?))
+    use crate::locator::{parse_database_url, DatabaseLocator};
+    let locator =
+        parse_database_url(database_url).map_err(|e| StoreError::Config(e.to_string()))?;
+    Ok(match locator {
+        DatabaseLocator::Postgres(url) => {
+            std::sync::Arc::new(postgres::PgStore::connect(&url).await?)
+        }
+        DatabaseLocator::SqliteMemory => {
+            std::sync::Arc::new(embedded::SqliteStore::open_in_memory()?)
+        }
+        DatabaseLocator::SqliteFile(path) => {
+            std::sync::Arc::new(embedded::SqliteStore::open(path)?)
+        }
+    })
 }

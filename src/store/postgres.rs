@@ -51,8 +51,8 @@ pub mod session;
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 16;
 
-/// Connection settings for [`PgStore`].
-#[derive(Debug, Clone)]
+/// Connection settings for [`PgStore`]. `Debug` shows the URL with its password redacted.
+#[derive(Clone)]
 pub struct PgStoreConfig {
     /// A `postgres://` URL (or key=value connection string).
     pub url: String,
@@ -66,6 +66,18 @@ pub struct PgStoreConfig {
     /// Sets `plan_cache_mode=force_generic_plan` on every session of a server that knows it
     /// (PostgreSQL 12+, CockroachDB 24.2+; older servers are detected and left alone).
     pub generic_plans: bool,
+}
+
+impl std::fmt::Debug for PgStoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStoreConfig")
+            .field("url", &crate::locator::redact(&self.url))
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("retry", &self.retry)
+            .field("generic_plans", &self.generic_plans)
+            .finish()
+    }
 }
 
 impl PgStoreConfig {
@@ -323,7 +335,7 @@ impl PgStore {
                     value: r.value,
                     required: r.required,
                 }),
-                None => TxError::Pool(e.to_string()),
+                None => TxError::Pool(error_chain(&e)),
             }
         })
     }
@@ -562,8 +574,28 @@ async fn create_schema(pg: &tokio_postgres::Config, schema: &str) -> StoreResult
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
+        None => error_chain(e),
     }
+}
+
+/// An error with its causes: tokio-postgres and deadpool print "db error" or "error
+/// connecting to server" and keep the server's reason (a missing database, a refused
+/// connection) in `source()`, which a `to_string()` alone would drop.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = match c.downcast_ref::<tokio_postgres::error::DbError>() {
+            Some(db) => format!("{}: {}", db.code().code(), db.message()),
+            None => c.to_string(),
+        };
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 fn connection_lost(e: &tokio_postgres::Error) -> bool {

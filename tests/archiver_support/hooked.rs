@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use pulpitum::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 use pulpitum::store::{
-    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage, HotStore,
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage, HotStore,
     PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
 };
 
@@ -170,6 +170,9 @@ impl HotStore for Hooked {
         self.inner
             .discover_ready(cutoff, limit, cleanup_delay)
             .await
+    }
+    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
+        self.inner.backlog(cutoff).await
     }
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         let r = self.inner.referenced_object_keys().await;

@@ -150,10 +150,14 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
+            crate::locator::create_private_dir(parent).map_err(|e| {
                 StoreError::Config(format!("cannot create directory {}: {e}", parent.display()))
             })?;
         }
+        // The rows are the application's data: owner-only. SQLite gives the -wal and -shm
+        // files the mode of the database file, so creating it 0600 covers all three.
+        crate::locator::create_private_file(&path)
+            .map_err(|e| StoreError::Config(format!("cannot create {}: {e}", path.display())))?;
         let open = |op: &'static str| -> StoreResult<Connection> {
             let c = Connection::open(&path)
                 .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", path.display())))?;
