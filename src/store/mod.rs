@@ -576,7 +576,7 @@ pub trait HotStore: Send + Sync + 'static {
                     .bucket(&item.bucket)
                     .await?
                     .and_then(|m| m.published_at);
-                if !published.is_some_and(|p| p.as_micros().saturating_add(delay) <= now) {
+                if published.is_none_or(|p| p.as_micros().saturating_add(delay) > now) {
                     continue;
                 }
             }
