@@ -78,7 +78,7 @@ async fn setup(label: &str, n: usize) -> Setup {
 
 fn config(lease: Duration, op_deadline: Duration) -> ArchiverConfig {
     let mut c = ArchiverConfig::with_defaults();
-    c.eligible_before = EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap();
+    c.eligible_before = Some(EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap());
     c.lease = lease;
     c.op_deadline = op_deadline;
     c.cleanup_delay = Duration::ZERO;

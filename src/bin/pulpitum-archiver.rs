@@ -159,7 +159,7 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
     reject_obsolete(|k| std::env::var(k).ok())?;
     let mut c = ArchiverConfig::with_defaults();
     if let Some(raw) = &args.eligible_before {
-        c.eligible_before = parse_eligible_before(raw)?;
+        c.eligible_before = Some(parse_eligible_before(raw)?);
     }
     c.interval = config::INTERVAL.parse(&args.interval_seconds)?;
     c.lease = config::LEASE.parse(&args.lease_seconds)?;

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use pulpitum::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 use pulpitum::store::{
-    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage, HotStore,
-    PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage,
+    HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
 };
 
 /// What [`Hooked::renew`] does.
