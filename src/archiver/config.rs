@@ -404,7 +404,11 @@ mod tests {
                 + super::super::runner::publication_window(c.op_deadline)
                 + CLOCK_SKEW_ALLOWANCE
         );
-        for bad in [Duration::ZERO, Duration::from_secs(3), floor] {
+        // Zero is already outside the setting's range, which says so first.
+        c.gc_delay = Duration::ZERO;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("ARCHIVER_GC_DELAY_SECONDS"), "{err}");
+        for bad in [Duration::from_secs(3), floor] {
             c.gc_delay = bad;
             let err = c.validate().unwrap_err().to_string();
             assert!(err.contains("ARCHIVER_GC_DELAY_SECONDS"), "{err}");
