@@ -120,8 +120,5 @@ async fn connect_opens_the_embedded_store_from_a_path() {
     let Err(e) = pulpitum::session::connect("mysql://x", "memory://").await else {
         panic!("mysql:// must be refused")
     };
-    assert!(
-        e.to_string().contains("scheme is not supported"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("scheme is not supported"), "{e}");
 }
