@@ -78,6 +78,11 @@ osd_pool_default_pg_num = 8
 osd_pool_default_pgp_num = 8
 osd_pool_default_pg_autoscale_mode = off
 osd_crush_chooseleaf_type = 0
+# The OSD would place itself in the CRUSH map at start with a monitor command; on Ceph 16 that
+# command can leave before the OSD has the monitor map, carry a zero fsid, be refused ('wrong
+# fsid') and stop the OSD. We place it ourselves, before it starts, instead.
+osd_crush_update_on_start = false
+osd_class_update_on_start = false
 run_dir = $D/run
 admin_socket = $D/run/\$name.asok
 log_file = $D/log/\$name.log
@@ -108,8 +113,14 @@ ceph-mon $C -i a 9>&-
 OSDUUID=$(uuidgen)
 ID=$(ceph $C osd new "$OSDUUID")
 ceph-osd $C -i "$ID" --mkfs --osd-uuid "$OSDUUID" >/dev/null 2>&1
+ceph $C osd crush add "osd.$ID" 1.0 root=default >/dev/null 2>&1
 ceph-osd $C -i "$ID" 9>&-
 for _ in $(seq 1 60); do ceph $C osd stat 2>/dev/null | grep -q '1 up' && break; sleep 0.5; done
+if ! ceph $C osd stat 2>/dev/null | grep -q '1 up'; then
+  echo "s3-up.sh: the OSD did not come up; the end of $D/log/osd.$ID.log:" >&2
+  tail -n 15 "$D/log/osd.$ID.log" >&2 || true
+  exit 1
+fi
 radosgw $C -n client.rgw.a 9>&-
 for _ in $(seq 1 120); do curl -s -o /dev/null "$URL/" && break; sleep 0.5; done
 radosgw-admin $C user create --uid=test --display-name=test \
