@@ -37,7 +37,7 @@ use pulpitum::model::{
 use pulpitum::provider::surface::encode_i64;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
-use pulpitum::store::HotStore;
+use pulpitum::store::{Appends, Catalog, HotStore, Lifecycle, RoutedReads};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).

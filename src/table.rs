@@ -20,12 +20,10 @@ use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveStore, Manifest};
 use crate::model::envelope::last_clustering_key;
-use crate::model::{
-    records_to_batch, BucketId, BucketKey, EventTime, PartitionKey, Record, ScanBounds,
-};
+use crate::model::{BucketId, BucketKey, EventTime, PartitionKey, Record, ScanBounds};
 use crate::store::{
-    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, FirstPage, HotPage,
-    HotStore, PageRequest, StoreError, TableDefinition, HEAD_READS, LIST_PAGE,
+    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, BucketState, HotPage, HotStore,
+    PageRequest, StoreError, TableDefinition, HEAD_READS, LIST_PAGE,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -408,11 +406,11 @@ impl DurableTable {
             };
             let edge = bucket.id.bucket_key;
             let first: BoxStream<'static, Result<BucketChunk, TableError>> = match head.first {
-                FirstPage::Missing => stream::empty().boxed(),
-                FirstPage::Archived { object_key } => {
+                HotPage::Missing => stream::empty().boxed(),
+                HotPage::Archived { object_key } => {
                     table.scan_bucket(bucket.id, Some(object_key), req.clone())
                 }
-                FirstPage::Hot { rows: batch, .. } => {
+                HotPage::Hot { rows: batch, .. } => {
                     let n = batch.num_rows();
                     let full = n >= page.limit;
                     let last = if full && limit > n {
@@ -610,16 +608,23 @@ impl DurableTable {
                                         Err(e) => return Some((Err(e), (St::Done, 0, false))),
                                     }
                                 }
-                                Ok(HotPage::Hot { rows, .. }) => {
-                                    let full = rows.len() >= page.limit;
-                                    let last = rows.last()?;
-                                    let next = if req.descending {
-                                        bounds.with_before(last.clustering_key())
-                                    } else {
-                                        bounds.with_after(last.clustering_key())
+                                Ok(HotPage::Hot { rows: batch, .. }) => {
+                                    let n = batch.num_rows();
+                                    let full = n >= page.limit;
+                                    let last = match last_clustering_key(&batch) {
+                                        Ok(Some(last)) => last,
+                                        Ok(None) => return None,
+                                        Err(e) => {
+                                            let e = TableError::Store(e.into());
+                                            return Some((Err(e), (St::Done, 0, false)));
+                                        }
                                     };
-                                    let batch = records_to_batch(&rows, req.include_value);
-                                    remaining -= rows.len().min(remaining);
+                                    let next = if req.descending {
+                                        bounds.with_before(last)
+                                    } else {
+                                        bounds.with_after(last)
+                                    };
+                                    remaining -= n.min(remaining);
                                     let next_state = if full { St::Hot(next) } else { St::Done };
                                     let chunk = BucketChunk {
                                         tier: Tier::Hot,

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use pulpitum::model::{BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
 use pulpitum::store::embedded::SqliteStore;
-use pulpitum::store::{BucketFilter, BucketState, HotStore, TableDefinition};
+use pulpitum::store::{Appends, BucketFilter, BucketState, Catalog, RoutedReads, TableDefinition};
 
 const NOWHERE: &str = "postgres://nobody@127.0.0.1:1/none";
 

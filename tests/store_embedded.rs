@@ -43,8 +43,8 @@ use pulpitum::model::{
 };
 use pulpitum::store::embedded::SqliteStore;
 use pulpitum::store::{
-    AppendOutcome, BucketFilter, BucketState, Claim, HotPage, HotStore, PageRequest, StoreError,
-    TableDefinition, WorkItem, WorkKind,
+    AppendOutcome, Appends, BucketFilter, BucketState, Catalog, Claim, HotPage, Lifecycle,
+    PageRequest, RoutedReads, StoreError, TableDefinition, WorkItem, WorkKind,
 };
 use tempfile::TempDir;
 
@@ -200,13 +200,7 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
 
     // Archiving is still read from the hot tier.
     let page = s.read_page(&id, &all_rows(100)).await.unwrap();
-    assert_eq!(
-        page,
-        HotPage::Hot {
-            state: BucketState::Archiving,
-            rows: rows.clone()
-        }
-    );
+    assert_eq!(page, HotPage::hot(BucketState::Archiving, &rows, true));
     assert_eq!(snapshot_all(&s, &c, 3).await, rows);
 
     let renewed = s.renew(&c, Duration::from_secs(120)).await.unwrap();
@@ -598,7 +592,7 @@ async fn fence_holds_under_concurrent_writers() {
         else {
             panic!("round {round}: bucket should still be read hot");
         };
-        assert_eq!(rows.len(), acked.len());
+        assert_eq!(rows.num_rows(), acked.len());
         s.publish_archive(&claim, &format!("k{round}"))
             .await
             .unwrap();
@@ -680,7 +674,10 @@ async fn batches_are_all_or_nothing() {
     else {
         panic!("hot");
     };
-    assert_eq!(rows, fresh_rows);
+    assert_eq!(
+        pulpitum::model::batch_to_records(&rows).unwrap(),
+        fresh_rows
+    );
 
     // Identical duplicates (also inside one batch) are counted, not errors.
     let again = vec![

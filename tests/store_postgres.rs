@@ -14,7 +14,8 @@ use pulpitum::model::{
 use pulpitum::store::migrate::{self, Migration, MIGRATIONS};
 use pulpitum::store::postgres::{PgStore, PgStoreConfig};
 use pulpitum::store::{
-    BucketFilter, FirstPage, HotStore, PageRequest, StoreError, TableDefinition,
+    Appends, BucketFilter, Catalog, HotPage, Lifecycle, PageRequest, RoutedReads, StoreError,
+    TableDefinition,
 };
 
 fn url() -> String {
@@ -427,7 +428,7 @@ async fn corrupt_rows_are_reported_not_guessed() {
             .await
             .unwrap();
         assert!(
-            matches!(page.first, FirstPage::Hot { ref rows, .. } if rows.num_rows() == 1),
+            matches!(page.first, HotPage::Hot { ref rows, .. } if rows.num_rows() == 1),
             "repaired after {sql}"
         );
     }

@@ -12,8 +12,7 @@ use crate::model::{BucketId, BucketKey, BucketStrategy, EventTime, PartitionKey,
 
 /// The only manifest version this code reads and writes.
 pub const MANIFEST_VERSION: u32 = 4;
-/// The only record schema version this code reads and writes.
-pub const RECORD_SCHEMA_VERSION: u32 = 2;
+pub use crate::model::RECORD_SCHEMA_VERSION;
 /// The clustering key every v4 archive is ordered by.
 pub const CLUSTERING_KEY: [&str; 2] = ["event_time", "sort_key"];
 

@@ -37,9 +37,7 @@ mod write;
 pub use faults::{FaultLayer, FaultOp, FaultPlan, FaultStats, WriteFault};
 pub use integrity::BLOCK_SIZE;
 pub use manifest::{Manifest, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION};
-pub use parquet::{
-    batch_to_records, envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS,
-};
+pub use parquet::{envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS};
 pub use url::install_http_transport;
 
 /// The payload encoding of one archive; the manifest names it and readers pick the decoder
@@ -657,7 +655,7 @@ pub async fn collect_scan(
 pub fn batches_to_records(batches: &[RecordBatch]) -> Result<Vec<Record>, ArchiveError> {
     let mut out = Vec::new();
     for b in batches {
-        out.extend(batch_to_records(b)?);
+        out.extend(crate::model::batch_to_records(b)?);
     }
     Ok(out)
 }

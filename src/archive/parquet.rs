@@ -43,8 +43,8 @@ use parquet::schema::types::ColumnPath;
 use super::integrity::{check_stored_length, PayloadDigest, RowCheck, VerifiedReader};
 use super::{ArchiveError, ArchiveScan, ArchiveScanMetrics, Manifest};
 use crate::model::envelope::{COL_SORT, COL_TIME};
+use crate::model::{batch_to_records, Record, ScanBounds};
 pub use crate::model::{envelope_schema, records_to_batch};
-use crate::model::{EventTime, PartitionKey, Record, ScanBounds, SortKey};
 
 /// Rows per row group: 64 Ki rows keeps a row group's encoded buffer in the writer to a few
 /// MiB for typical values, and makes statistics fine-grained enough that a time-range read
@@ -90,25 +90,6 @@ fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T, A
             ),
         )
     })
-}
-
-/// Envelope batch rows as records. The batch must carry all four columns (a projection
-/// without `value` cannot become records without inventing values).
-pub fn batch_to_records(batch: &RecordBatch) -> Result<Vec<Record>, ArchiveError> {
-    let pk = column::<BinaryArray>(batch, "partition_key")?;
-    let t = column::<TimestampNanosecondArray>(batch, "event_time")?;
-    let sk = column::<BinaryArray>(batch, "sort_key")?;
-    let v = column::<BinaryArray>(batch, "value")?;
-    let mut out = Vec::with_capacity(batch.num_rows());
-    for i in 0..batch.num_rows() {
-        out.push(Record {
-            partition_key: PartitionKey::new(pk.value(i))?,
-            event_time: EventTime::from_nanos(t.value(i))?,
-            sort_key: SortKey::new(sk.value(i))?,
-            value: v.value(i).to_vec(),
-        });
-    }
-    Ok(out)
 }
 
 /// The writer settings of archive Parquet files with row groups of `row_group_rows` rows
@@ -887,7 +868,7 @@ pub(crate) fn decode_all(key: &str, bytes: Bytes) -> Result<Vec<Record>, Archive
     let mut out = Vec::new();
     for b in reader {
         let b = b.map_err(|e| ArchiveError::decode(key, e))?;
-        out.extend(batch_to_records(&b).map_err(|e| relabel(key, e))?);
+        out.extend(batch_to_records(&b).map_err(|e| ArchiveError::decode(key, e))?);
     }
     Ok(out)
 }
@@ -895,7 +876,7 @@ pub(crate) fn decode_all(key: &str, bytes: Bytes) -> Result<Vec<Record>, Archive
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ClusteringKey;
+    use crate::model::{ClusteringKey, EventTime, PartitionKey, SortKey};
 
     fn rec(us: i64, k: &[u8], v: &[u8]) -> Record {
         Record {

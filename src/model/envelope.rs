@@ -169,6 +169,55 @@ pub fn last_clustering_key(batch: &RecordBatch) -> Result<Option<ClusteringKey>,
     }))
 }
 
+/// Envelope batch rows as owned records. The batch must carry all four columns, non-null: a
+/// projection without `value` cannot become records without inventing values.
+pub fn batch_to_records(batch: &RecordBatch) -> Result<Vec<Record>, ModelError> {
+    fn binary<'a>(
+        batch: &'a RecordBatch,
+        name: &str,
+    ) -> Result<&'a datafusion::arrow::array::BinaryArray, ModelError> {
+        let col = batch.column_by_name(name).ok_or_else(|| {
+            ModelError::Envelope(format!("envelope batch has no `{name}` column"))
+        })?;
+        if col.null_count() > 0 {
+            return Err(ModelError::Envelope(format!("`{name}` holds nulls")));
+        }
+        col.as_binary_opt::<i32>().ok_or_else(|| {
+            ModelError::Envelope(format!(
+                "`{name}` has type {}, not the envelope type",
+                col.data_type()
+            ))
+        })
+    }
+    let pk = binary(batch, "partition_key")?;
+    let sk = binary(batch, "sort_key")?;
+    let v = binary(batch, "value")?;
+    let t = batch
+        .column_by_name("event_time")
+        .ok_or_else(|| ModelError::Envelope("envelope batch has no `event_time` column".into()))?;
+    if t.null_count() > 0 {
+        return Err(ModelError::Envelope("`event_time` holds nulls".into()));
+    }
+    let t = t
+        .as_primitive_opt::<TimestampNanosecondType>()
+        .ok_or_else(|| {
+            ModelError::Envelope(format!(
+                "`event_time` has type {}, not the envelope type",
+                t.data_type()
+            ))
+        })?;
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        out.push(Record {
+            partition_key: super::PartitionKey::new(pk.value(i))?,
+            event_time: EventTime::from_nanos(t.value(i))?,
+            sort_key: SortKey::new(sk.value(i))?,
+            value: v.value(i).to_vec(),
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +257,17 @@ mod tests {
         assert_eq!(
             last_clustering_key(&records_to_batch(&[], true)).unwrap(),
             None
+        );
+    }
+
+    #[test]
+    fn records_round_trip_and_a_batch_without_values_is_refused() {
+        let rs = vec![rec(5, b"a", "x"), rec(9, b"", "zz")];
+        assert_eq!(batch_to_records(&records_to_batch(&rs, true)).unwrap(), rs);
+        let e = batch_to_records(&records_to_batch(&rs, false)).unwrap_err();
+        assert!(
+            matches!(e, ModelError::Envelope(ref m) if m.contains("value")),
+            "{e}"
         );
     }
 

@@ -11,9 +11,14 @@ mod time;
 
 pub use bounds::{ClusteringKey, ScanBounds};
 pub use bucket::{BucketId, BucketKey, BucketStrategy};
-pub use envelope::{envelope_schema, records_to_batch, EnvelopeBuilder};
+pub use envelope::{batch_to_records, envelope_schema, records_to_batch, EnvelopeBuilder};
 pub use keys::{PartitionKey, Record, SortKey, TableId, MAX_KEY_LEN, MAX_TABLE_ID_LEN};
 pub use time::{EventTime, MAX_SUPPORTED_YEAR, MIN_SUPPORTED_YEAR};
+
+/// The record schema version: the layout of a record's fields, written into every table
+/// registration, archive manifest and payload, and checked wherever one is read. The one
+/// definition every tier uses.
+pub const RECORD_SCHEMA_VERSION: u32 = 2;
 
 /// Every way a value can fail model validation. Each variant names what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -36,9 +36,9 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::retry::{Disposition, RetryPolicy};
 use super::{
-    bucket_for_append, migrate, AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta,
-    BucketState, Claim, FirstPage, HeadPage, HotPage, HotStore, PageRequest, RoutedBucket,
-    StoreError, StoreResult, TableDefinition, WorkItem, WorkKind,
+    bucket_for_append, migrate, AppendOutcome, Appends, Backlog, BatchOutcome, BucketFilter,
+    BucketMeta, BucketState, Catalog, Claim, HeadPage, HotPage, Lifecycle, PageRequest,
+    RoutedBucket, RoutedReads, StoreError, StoreResult, TableDefinition, WorkItem, WorkKind,
 };
 use crate::model::{
     BucketId, BucketKey, BucketStrategy, ClusteringKey, EnvelopeBuilder, EventTime, PartitionKey,
@@ -1337,7 +1337,7 @@ fn limit_param(limit: usize) -> i64 {
 }
 
 #[async_trait]
-impl HotStore for PgStore {
+impl Catalog for PgStore {
     async fn migrate(&self) -> StoreResult<()> {
         let client = self.raw_client().await?;
         migrate::migrate(&client).await.map(|_| ())
@@ -1445,6 +1445,19 @@ impl HotStore for PgStore {
         .await
     }
 
+    async fn now(&self) -> StoreResult<EventTime> {
+        self.run("now", || async {
+            let client = self.pooled().await?;
+            let row = client.query_one("SELECT now()", &[]).await?;
+            let now: DateTime<Utc> = row.try_get(0)?;
+            Ok(event_time(now, "store clock")?)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Appends for PgStore {
     async fn append(&self, table_id: &TableId, record: &Record) -> StoreResult<AppendOutcome> {
         let def = self.definition(table_id).await?;
         let now = if def.writable_buckets.is_some() {
@@ -1522,7 +1535,10 @@ impl HotStore for PgStore {
     ) -> StoreResult<BatchOutcome> {
         self.append_records("append_batch", table_id, records).await
     }
+}
 
+#[async_trait]
+impl RoutedReads for PgStore {
     async fn list_buckets(
         &self,
         table_id: &TableId,
@@ -1663,7 +1679,7 @@ impl HotStore for PgStore {
                             out.push(r);
                         }
                     }
-                    Ok(HotPage::Hot { state, rows: out })
+                    Ok(HotPage::hot(state, &out, req.include_value))
                 }
                 other => Err(StoreError::Corrupt(format!(
                     "bucket {bucket} has unknown state {other:?}"
@@ -1687,7 +1703,7 @@ impl HotStore for PgStore {
         let Some(def) = self.table(table_id).await? else {
             return Ok(HeadPage {
                 bucket: None,
-                first: FirstPage::Missing,
+                first: HotPage::Missing,
             });
         };
         let strategy = def.strategy;
@@ -1785,7 +1801,7 @@ impl HotStore for PgStore {
                 [] => {
                     return Ok(HeadPage {
                         bucket: None,
-                        first: FirstPage::Missing,
+                        first: HotPage::Missing,
                     })
                 }
                 [head] => head,
@@ -1799,10 +1815,10 @@ impl HotStore for PgStore {
             };
             let bucket = decode_routed(head, table_id, partition)?;
             let first = match &bucket.state {
-                BucketState::Archived { object_key, .. } => FirstPage::Archived {
+                BucketState::Archived { object_key, .. } => HotPage::Archived {
                     object_key: object_key.clone(),
                 },
-                state => FirstPage::Hot {
+                state => HotPage::Hot {
                     state: state.clone(),
                     rows: decode_envelope(head, 5, partition, page)?,
                 },
@@ -1814,7 +1830,10 @@ impl HotStore for PgStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Lifecycle for PgStore {
     async fn claim(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
         let key = bucket.bucket_key.to_string();
         let lease = micros(lease);
@@ -2193,16 +2212,6 @@ impl HotStore for PgStore {
                 .iter()
                 .map(|r| r.try_get::<_, String>(0))
                 .collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
-    }
-
-    async fn now(&self) -> StoreResult<EventTime> {
-        self.run("now", || async {
-            let client = self.pooled().await?;
-            let row = client.query_one("SELECT now()", &[]).await?;
-            let now: DateTime<Utc> = row.try_get(0)?;
-            Ok(event_time(now, "store clock")?)
         })
         .await
     }

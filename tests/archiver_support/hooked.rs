@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use pulpitum::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 use pulpitum::store::{
-    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage,
-    HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
+    AppendOutcome, Appends, Backlog, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim,
+    HeadPage, HotPage, HotStore, Lifecycle, PageRequest, RoutedReads, StoreError, StoreResult,
+    TableDefinition, WorkItem,
 };
 
 /// What [`Hooked::renew`] does.
@@ -76,36 +77,55 @@ impl Hooked {
 }
 
 #[async_trait]
-impl HotStore for Hooked {
+impl Catalog for Hooked {
     async fn migrate(&self) -> StoreResult<()> {
         self.inner.migrate().await
     }
+
     async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {
         self.inner.register_table(def).await
     }
+
     async fn table(&self, t: &TableId) -> StoreResult<Option<TableDefinition>> {
         self.inner.table(t).await
     }
+
     async fn tables(&self) -> StoreResult<Vec<TableDefinition>> {
         self.inner.tables().await
     }
+
+    async fn now(&self) -> StoreResult<EventTime> {
+        self.inner.now().await
+    }
+}
+
+#[async_trait]
+impl Appends for Hooked {
     async fn append(&self, t: &TableId, r: &Record) -> StoreResult<AppendOutcome> {
         self.inner.append(t, r).await
     }
+
     async fn append_batch(&self, t: &TableId, r: &[Record]) -> StoreResult<BatchOutcome> {
         self.inner.append_batch(t, r).await
     }
+}
+
+#[async_trait]
+impl RoutedReads for Hooked {
     async fn list_buckets(&self, t: &TableId, f: &BucketFilter) -> StoreResult<Vec<BucketMeta>> {
         let r = self.inner.list_buckets(t, f).await;
         self.gap().await;
         r
     }
+
     async fn bucket(&self, b: &BucketId) -> StoreResult<Option<BucketMeta>> {
         self.inner.bucket(b).await
     }
+
     async fn read_page(&self, b: &BucketId, r: &PageRequest) -> StoreResult<HotPage> {
         self.inner.read_page(b, r).await
     }
+
     async fn read_head(
         &self,
         t: &TableId,
@@ -116,6 +136,10 @@ impl HotStore for Hooked {
     ) -> StoreResult<HeadPage> {
         self.inner.read_head(t, p, from, to, page).await
     }
+}
+
+#[async_trait]
+impl Lifecycle for Hooked {
     async fn claim(&self, b: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
         *self.claim_sent.lock().unwrap() = Some(Instant::now());
         let r = self.inner.claim(b, lease).await;
@@ -123,9 +147,11 @@ impl HotStore for Hooked {
         tokio::time::sleep(delay).await;
         r
     }
+
     async fn claim_cleanup(&self, b: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
         self.inner.claim_cleanup(b, lease).await
     }
+
     async fn renew(&self, c: &Claim, lease: Duration) -> StoreResult<Claim> {
         match self.renewal.load(Ordering::SeqCst) {
             0 => self.inner.renew(c, lease).await,
@@ -136,6 +162,7 @@ impl HotStore for Hooked {
             _ => Ok(c.clone()),
         }
     }
+
     async fn snapshot_page(
         &self,
         c: &Claim,
@@ -144,12 +171,15 @@ impl HotStore for Hooked {
     ) -> StoreResult<Vec<Record>> {
         self.inner.snapshot_page(c, after, limit).await
     }
+
     async fn defer_archive(&self, c: &Claim, retry_after: Duration) -> StoreResult<()> {
         self.inner.defer_archive(c, retry_after).await
     }
+
     async fn publish_archive(&self, c: &Claim, key: &str) -> StoreResult<()> {
         self.inner.publish_archive(c, key).await
     }
+
     async fn cleanup_step(
         &self,
         c: &Claim,
@@ -158,9 +188,11 @@ impl HotStore for Hooked {
     ) -> StoreResult<(u64, bool)> {
         self.inner.cleanup_step(c, limit, min_age).await
     }
+
     async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
         self.inner.discover(cutoff, limit).await
     }
+
     async fn discover_ready(
         &self,
         cutoff: EventTime,
@@ -171,15 +203,14 @@ impl HotStore for Hooked {
             .discover_ready(cutoff, limit, cleanup_delay)
             .await
     }
+
     async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
         self.inner.backlog(cutoff).await
     }
+
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         let r = self.inner.referenced_object_keys().await;
         self.gap().await;
         r
-    }
-    async fn now(&self) -> StoreResult<EventTime> {
-        self.inner.now().await
     }
 }

@@ -114,6 +114,7 @@ pub async fn read_bucket(
         match store.read_page(bucket, &req).await.expect("read page") {
             HotPage::Missing => return out,
             HotPage::Hot { rows, .. } => {
+                let rows = pulpitum::model::batch_to_records(&rows).expect("envelope rows");
                 let Some(last) = rows.last() else { return out };
                 bounds = bounds.with_after(last.clustering_key());
                 out.extend(rows);

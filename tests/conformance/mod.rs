@@ -50,13 +50,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pulpitum::model::{batch_to_records, records_to_batch};
 use pulpitum::model::{
     BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, ModelError, PartitionKey,
     Record, ScanBounds, SortKey, TableId, MAX_KEY_LEN,
 };
 use pulpitum::store::{
-    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketState, Claim, FirstPage, HotPage,
-    HotStore, PageRequest, RoutedBucket, StoreError, TableDefinition, WorkKind,
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketState, Claim, HotPage, HotStore,
+    PageRequest, RoutedBucket, StoreError, TableDefinition, WorkKind,
 };
 
 /// A store under test.
@@ -115,7 +116,7 @@ async fn all_rows(store: &Store, b: &BucketId) -> Vec<Record> {
         .await
         .unwrap()
     {
-        HotPage::Hot { rows, .. } => rows,
+        HotPage::Hot { rows, .. } => batch_to_records(&rows).unwrap(),
         HotPage::Missing => Vec::new(),
         other => panic!("expected hot rows, got {other:?}"),
     }
@@ -522,7 +523,7 @@ pub async fn full_lifecycle(store: Store) {
     {
         HotPage::Hot { state, rows: got } => {
             assert_eq!(state, BucketState::Archiving);
-            assert_eq!(got, rows);
+            assert_eq!(batch_to_records(&got).unwrap(), rows);
         }
         x => panic!("expected archiving rows, got {x:?}"),
     }
@@ -1217,7 +1218,11 @@ pub async fn read_page_matches_reference(store: Store) {
         match store.read_page(&b, &req).await.unwrap() {
             HotPage::Hot { state, rows } => {
                 assert_eq!(state, BucketState::Hot);
-                assert_eq!(rows, expected, "case {case}: {req:?}");
+                assert_eq!(
+                    rows,
+                    records_to_batch(&expected, include_value),
+                    "case {case}: {req:?}"
+                );
             }
             x => panic!("case {case}: expected a hot page, got {x:?}"),
         }
@@ -1237,6 +1242,7 @@ pub async fn read_page_matches_reference(store: Store) {
             let HotPage::Hot { rows, .. } = store.read_page(&b, &req).await.unwrap() else {
                 panic!("hot")
             };
+            let rows = batch_to_records(&rows).unwrap();
             let Some(last) = rows.last() else { break };
             bounds = if descending {
                 bounds.with_before(last.clustering_key())
@@ -1276,19 +1282,13 @@ pub async fn read_page_missing_and_empty(store: Store) {
     };
     assert_eq!(
         store.read_page(&b, &none).await.unwrap(),
-        HotPage::Hot {
-            state: BucketState::Hot,
-            rows: vec![]
-        }
+        HotPage::hot(BucketState::Hot, &[], true)
     );
     // An archiving bucket that was emptied by nothing still routes to hot rows.
     let claim = store.claim(&b, LONG).await.unwrap().unwrap();
     assert_eq!(
         store.read_page(&b, &none).await.unwrap(),
-        HotPage::Hot {
-            state: BucketState::Archiving,
-            rows: vec![]
-        }
+        HotPage::hot(BucketState::Archiving, &[], true)
     );
     assert!(store
         .snapshot_page(&claim, Some(&r.clustering_key()), 10)
@@ -1395,17 +1395,17 @@ pub async fn read_head_matches_listing_and_page(store: Store) {
                         Some(m) => store.read_page(&m.id, &req).await.unwrap(),
                     };
                     // The head's rows are the page's records, as one envelope batch.
-                    let want = FirstPage::from_page(want, req.include_value);
+                    let want = want;
                     assert_eq!(head.first, want, "{from:?}..{to:?} {req:?}");
                     kinds.insert(match &head.first {
-                        FirstPage::Missing => "missing",
-                        FirstPage::Archived { .. } => "archived",
-                        FirstPage::Hot { rows, .. } if rows.num_rows() == 0 => "empty",
-                        FirstPage::Hot {
+                        HotPage::Missing => "missing",
+                        HotPage::Archived { .. } => "archived",
+                        HotPage::Hot { rows, .. } if rows.num_rows() == 0 => "empty",
+                        HotPage::Hot {
                             state: BucketState::Archiving,
                             ..
                         } => "archiving",
-                        FirstPage::Hot { .. } => "hot",
+                        HotPage::Hot { .. } => "hot",
                     });
                 }
             }
@@ -1468,11 +1468,11 @@ pub async fn read_head_finds_the_first_bucket_of_a_long_history(store: Store) {
             assert_eq!(bucket.id, want, "{from:?}..{to:?} desc {descending}");
             assert_eq!(bucket.state, BucketState::Hot);
             let page = store.read_page(&want, &req).await.unwrap();
-            assert_eq!(head.first, FirstPage::from_page(page, req.include_value));
+            assert_eq!(head.first, page);
             // The skewed window's edge buckets hold no row inside it.
             let rows = usize::from(from != skew(2, 1));
             assert!(
-                matches!(head.first, FirstPage::Hot { rows: ref r, .. } if r.num_rows() == rows),
+                matches!(head.first, HotPage::Hot { rows: ref r, .. } if r.num_rows() == rows),
                 "{from:?}..{to:?} desc {descending}: {:?}",
                 head.first
             );

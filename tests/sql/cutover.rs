@@ -9,7 +9,7 @@ use datafusion::arrow::array::{Array, Int64Array};
 use pulpitum::archive::PayloadFormat;
 use pulpitum::model::{BucketId, Record, TableId};
 use pulpitum::session::SessionOptions;
-use pulpitum::store::{BucketFilter, HotStore};
+use pulpitum::store::{Appends, BucketFilter, RoutedReads};
 
 use crate::common::*;
 use crate::dataset::{self, Msg};

@@ -11,7 +11,7 @@ use futures::stream;
 use pulpitum::archive::PayloadFormat;
 use pulpitum::model::{BucketId, EventTime, PartitionKey, Record, SortKey, TableId};
 use pulpitum::provider::surface::encode_i64;
-use pulpitum::store::{BucketFilter, BucketState, HotStore};
+use pulpitum::store::{Appends, BucketFilter, BucketState, Lifecycle, RoutedReads};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

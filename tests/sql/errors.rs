@@ -8,7 +8,7 @@ use pulpitum::model::{BucketId, BucketStrategy, EventTime, PartitionKey, TableId
 use pulpitum::provider::surface::encode_i64;
 use pulpitum::provider::QueryLimits;
 use pulpitum::session::SessionOptions;
-use pulpitum::store::HotStore;
+use pulpitum::store::{HotStore, Lifecycle, RoutedReads};
 
 use crate::common::*;
 

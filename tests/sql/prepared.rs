@@ -15,8 +15,8 @@ use pulpitum::prepared::{prepare, PreparedError};
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
 use pulpitum::store::{
-    AppendOutcome, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage, HotStore,
-    PageRequest, StoreResult, TableDefinition, WorkItem,
+    AppendOutcome, Appends, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim, HeadPage,
+    HotPage, HotStore, Lifecycle, PageRequest, RoutedReads, StoreResult, TableDefinition, WorkItem,
 };
 
 use crate::common::*;
@@ -38,37 +38,56 @@ impl Counting {
 }
 
 #[async_trait]
-impl HotStore for Counting {
+impl Catalog for Counting {
     async fn migrate(&self) -> StoreResult<()> {
         self.inner.migrate().await
     }
+
     async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {
         self.inner.register_table(def).await
     }
+
     async fn table(&self, t: &TableId) -> StoreResult<Option<TableDefinition>> {
         self.inner.table(t).await
     }
+
     async fn tables(&self) -> StoreResult<Vec<TableDefinition>> {
         self.inner.tables().await
     }
+
+    async fn now(&self) -> StoreResult<EventTime> {
+        self.inner.now().await
+    }
+}
+
+#[async_trait]
+impl Appends for Counting {
     async fn append(&self, t: &TableId, r: &Record) -> StoreResult<AppendOutcome> {
         self.inner.append(t, r).await
     }
+
     async fn append_batch(&self, t: &TableId, r: &[Record]) -> StoreResult<BatchOutcome> {
         self.inner.append_batch(t, r).await
     }
+}
+
+#[async_trait]
+impl RoutedReads for Counting {
     async fn list_buckets(&self, t: &TableId, f: &BucketFilter) -> StoreResult<Vec<BucketMeta>> {
         self.hit("list_buckets");
         self.inner.list_buckets(t, f).await
     }
+
     async fn bucket(&self, b: &BucketId) -> StoreResult<Option<BucketMeta>> {
         self.hit("bucket");
         self.inner.bucket(b).await
     }
+
     async fn read_page(&self, b: &BucketId, r: &PageRequest) -> StoreResult<HotPage> {
         self.hit("read_page");
         self.inner.read_page(b, r).await
     }
+
     async fn read_head(
         &self,
         t: &TableId,
@@ -80,15 +99,22 @@ impl HotStore for Counting {
         self.hit("read_head");
         self.inner.read_head(t, p, from, to, page).await
     }
+}
+
+#[async_trait]
+impl Lifecycle for Counting {
     async fn claim(&self, b: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
         self.inner.claim(b, lease).await
     }
+
     async fn claim_cleanup(&self, b: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
         self.inner.claim_cleanup(b, lease).await
     }
+
     async fn renew(&self, c: &Claim, lease: Duration) -> StoreResult<Claim> {
         self.inner.renew(c, lease).await
     }
+
     async fn snapshot_page(
         &self,
         c: &Claim,
@@ -97,12 +123,15 @@ impl HotStore for Counting {
     ) -> StoreResult<Vec<Record>> {
         self.inner.snapshot_page(c, after, limit).await
     }
+
     async fn defer_archive(&self, c: &Claim, retry_after: Duration) -> StoreResult<()> {
         self.inner.defer_archive(c, retry_after).await
     }
+
     async fn publish_archive(&self, c: &Claim, key: &str) -> StoreResult<()> {
         self.inner.publish_archive(c, key).await
     }
+
     async fn cleanup_step(
         &self,
         c: &Claim,
@@ -111,17 +140,28 @@ impl HotStore for Counting {
     ) -> StoreResult<(u64, bool)> {
         self.inner.cleanup_step(c, limit, min_age).await
     }
+
     async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
         self.inner.discover(cutoff, limit).await
     }
+
+    async fn discover_ready(
+        &self,
+        cutoff: EventTime,
+        limit: usize,
+        cleanup_delay: Duration,
+    ) -> StoreResult<Vec<WorkItem>> {
+        self.inner
+            .discover_ready(cutoff, limit, cleanup_delay)
+            .await
+    }
+
     async fn backlog(&self, cutoff: EventTime) -> StoreResult<pulpitum::store::Backlog> {
         self.inner.backlog(cutoff).await
     }
+
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         self.inner.referenced_object_keys().await
-    }
-    async fn now(&self) -> StoreResult<EventTime> {
-        self.inner.now().await
     }
 }
 

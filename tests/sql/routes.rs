@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use pulpitum::archive::{batch_to_records, PayloadFormat};
+use pulpitum::archive::PayloadFormat;
+use pulpitum::model::batch_to_records;
 use pulpitum::model::{BucketId, BucketStrategy, Record, ScanBounds, TableId};
-use pulpitum::store::{HotStore, TableDefinition};
+use pulpitum::store::{Catalog, HotStore, TableDefinition};
 use pulpitum::table::{BucketScan, DurableTable, RouteCacheConfig, Tier};
 
 use crate::common::*;

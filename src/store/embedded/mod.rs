@@ -46,9 +46,9 @@ use crate::model::{
 };
 
 use super::{
-    bucket_for_append, AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, BucketState,
-    Claim, HotPage, HotStore, PageRequest, StoreError, StoreResult, TableDefinition, WorkItem,
-    WorkKind,
+    bucket_for_append, AppendOutcome, Appends, Backlog, BatchOutcome, BucketFilter, BucketMeta,
+    BucketState, Catalog, Claim, HotPage, Lifecycle, PageRequest, RoutedReads, StoreError,
+    StoreResult, TableDefinition, WorkItem, WorkKind,
 };
 
 /// How long one SQLite call waits for another process's write lock before it reports busy.
@@ -727,7 +727,7 @@ fn bucket_args(id: &BucketId) -> Vec<Value> {
 }
 
 #[async_trait]
-impl HotStore for SqliteStore {
+impl Catalog for SqliteStore {
     async fn migrate(&self) -> StoreResult<()> {
         self.run("migrate", Mode::Write, |tx, now| {
             migrate::apply(tx, now).map(|_| ())
@@ -788,6 +788,16 @@ impl HotStore for SqliteStore {
         .await
     }
 
+    async fn now(&self) -> StoreResult<EventTime> {
+        Ok(time(clock_micros(), "store clock").map_err(|e| match e {
+            TxError::Store(s) => s,
+            TxError::Sql(s) => backend("now", s),
+        })?)
+    }
+}
+
+#[async_trait]
+impl Appends for SqliteStore {
     async fn append(&self, table_id: &TableId, record: &Record) -> StoreResult<AppendOutcome> {
         let table_id = table_id.clone();
         let record = record.clone();
@@ -829,7 +839,10 @@ impl HotStore for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl RoutedReads for SqliteStore {
     async fn list_buckets(
         &self,
         table_id: &TableId,
@@ -976,11 +989,14 @@ impl HotStore for SqliteStore {
                 };
                 out.push(record_from(&id.partition_key, r.get(0)?, r.get(1)?, value)?);
             }
-            Ok(HotPage::Hot { state, rows: out })
+            Ok(HotPage::hot(state, &out, req.include_value))
         })
         .await
     }
+}
 
+#[async_trait]
+impl Lifecycle for SqliteStore {
     async fn claim(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
         let id = bucket.clone();
         self.run("claim", Mode::Write, move |tx, now| {
@@ -1346,13 +1362,6 @@ impl HotStore for SqliteStore {
         })
         .await
     }
-
-    async fn now(&self) -> StoreResult<EventTime> {
-        Ok(time(clock_micros(), "store clock").map_err(|e| match e {
-            TxError::Store(s) => s,
-            TxError::Sql(s) => backend("now", s),
-        })?)
-    }
 }
 
 #[cfg(test)]
@@ -1523,13 +1532,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(
-            page,
-            HotPage::Hot {
-                state: BucketState::Hot,
-                rows: vec![r]
-            }
-        );
+        assert_eq!(page, HotPage::hot(BucketState::Hot, &[r], true));
     }
 
     #[tokio::test]
@@ -1658,7 +1661,8 @@ mod tests {
             };
             assert_eq!(state, BucketState::Hot);
             assert_eq!(
-                rows, want,
+                crate::model::batch_to_records(&rows).unwrap(),
+                want,
                 "bounds {bounds:?} desc {descending} limit {limit}"
             );
         }

@@ -1,0 +1,143 @@
+//! The store's one error type, shared by every role and both backends, so a caller matches
+//! the same variants whichever database answered.
+
+use crate::model::{BucketId, BucketKey, EventTime, ModelError, TableId};
+
+/// Every way a hot-store operation can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Input that violates the model.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The table id is not registered.
+    #[error("table {0} is not registered")]
+    UnknownTable(TableId),
+    /// Registering an existing table id with a different definition.
+    #[error("table {table_id} is already registered as {existing}; requested {requested} (the bucket strategy and surface of a table are immutable)")]
+    TableConflict {
+        /// The table.
+        table_id: TableId,
+        /// The stored definition, summarised.
+        existing: String,
+        /// The requested definition, summarised.
+        requested: String,
+    },
+    /// The append targets a bucket that is not Hot: it is being archived or is archived.
+    #[error("bucket {bucket} is {state}: writes are fenced")]
+    Fenced {
+        /// The bucket.
+        bucket: BucketId,
+        /// Its state name.
+        state: &'static str,
+    },
+    /// The append falls outside the table's writable-bucket guard: older than the newest N
+    /// buckets, or later than the bucket of the store's clock (plus
+    /// [`super::WRITABLE_CLOCK_ALLOWANCE`]).
+    #[error(
+        "bucket {bucket} is outside the table's writable buckets: writable_buckets = {writable_buckets} \
+         accepts {oldest} to {newest} by the store's clock"
+    )]
+    NotWritable {
+        /// The bucket.
+        bucket: BucketId,
+        /// The configured guard.
+        writable_buckets: u32,
+        /// The oldest bucket the guard accepted at the time of the append.
+        oldest: BucketKey,
+        /// The newest bucket the guard accepted at the time of the append.
+        newest: BucketKey,
+    },
+    /// A different value already exists under the same physical key.
+    #[error("a different record already exists in {bucket} at event_time {event_time}, sort_key {sort_key}")]
+    DuplicateKey {
+        /// The bucket.
+        bucket: BucketId,
+        /// Event time of the key.
+        event_time: EventTime,
+        /// Sort key, displayed as hex.
+        sort_key: String,
+    },
+    /// The caller's claim is not current: another token or generation, an expired lease, or
+    /// the bucket is in another state. Nothing was written.
+    #[error("claim on {bucket} (generation {generation}) is stale: {reason}")]
+    StaleClaim {
+        /// The bucket.
+        bucket: BucketId,
+        /// The generation the caller held.
+        generation: i64,
+        /// What the store found instead.
+        reason: String,
+    },
+    /// A transition that the bucket's current state does not allow (for example cleanup
+    /// before publication, or publishing twice).
+    #[error("bucket {bucket}: cannot {operation} in state {state}")]
+    InvalidTransition {
+        /// The bucket.
+        bucket: BucketId,
+        /// The refused operation.
+        operation: &'static str,
+        /// The state found.
+        state: String,
+    },
+    /// The commit's outcome is unknown (40003, or the connection dropped during COMMIT). The
+    /// caller must re-read durable state to learn whether it took effect.
+    #[error("outcome of {operation} is unknown: {detail}")]
+    OutcomeUnknown {
+        /// The operation.
+        operation: &'static str,
+        /// The underlying error.
+        detail: String,
+    },
+    /// Serialization conflicts persisted past the retry budget.
+    #[error("{operation} kept conflicting after {attempts} attempts: {detail}")]
+    RetriesExhausted {
+        /// The operation.
+        operation: &'static str,
+        /// Attempts made.
+        attempts: u32,
+        /// The last error.
+        detail: String,
+    },
+    /// A stored row that does not decode (a corrupted or foreign value).
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+    /// Migration bookkeeping disagrees with this build (edited or unknown migrations).
+    #[error("migration error: {0}")]
+    Migration(String),
+    /// Bad connection settings.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    /// A database session the store must not run on: a setting that the fence or the
+    /// store's isolation from other schemas relies on has another value (see
+    /// `postgres::session`). Not retryable: the deployment must change.
+    #[error("unsafe database session: {setting} is {value:?}, the store needs {required:?} (were the connection's startup options dropped, by a pooler for one? set it for the role or database instead)")]
+    UnsafeSession {
+        /// The session setting.
+        setting: &'static str,
+        /// The value the session has.
+        value: String,
+        /// The value the store needs.
+        required: String,
+    },
+    /// Any other database or I/O failure (retryable by the caller).
+    #[error("database error during {operation}: {detail}")]
+    Backend {
+        /// The operation.
+        operation: &'static str,
+        /// The underlying error.
+        detail: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::OutcomeUnknown { .. } | Self::RetriesExhausted { .. } | Self::Backend { .. }
+        )
+    }
+}
+
+/// Result alias for store operations.
+pub type StoreResult<T> = Result<T, StoreError>;

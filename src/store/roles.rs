@@ -1,0 +1,186 @@
+//! The hot store's contract, split by the role each caller plays, so a reader depends on
+//! routed reads alone and the archiver on the lifecycle, and a new backend can be written
+//! and reviewed one role at a time.
+//!
+//! - [`Catalog`]: migrations, table registrations and the store's clock.
+//! - [`Appends`]: fenced, idempotent writes of records.
+//! - [`RoutedReads`]: bucket listings and hot pages that carry their route.
+//! - [`Lifecycle`]: the archiver's claim, snapshot, publish, cleanup and discovery steps and
+//!   the queries garbage collection relies on.
+//!
+//! [`HotStore`] is all four together, implemented for every type that implements them; it is
+//! what a session or an archiver holds. Every method is one serializable transaction or one
+//! statement.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage,
+    PageRequest, RoutedBucket, StoreResult, TableDefinition, WorkItem,
+};
+use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
+
+/// Registrations, migrations and the store's clock.
+#[async_trait]
+pub trait Catalog: Send + Sync + 'static {
+    /// Applies pending migrations; safe when several processes call it at once.
+    async fn migrate(&self) -> StoreResult<()>;
+
+    /// Registers a table. The identical definition twice is a no-op; a different strategy or
+    /// surface for an existing id is [`StoreError::TableConflict`]. Returns the stored row.
+    async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition>;
+
+    /// One table's definition.
+    async fn table(&self, table_id: &TableId) -> StoreResult<Option<TableDefinition>>;
+
+    /// Every registered table, ordered by id.
+    async fn tables(&self) -> StoreResult<Vec<TableDefinition>>;
+
+    /// The store's current time (its clock decides leases).
+    async fn now(&self) -> StoreResult<EventTime>;
+}
+
+/// Fenced appends: a record commits only into a Hot bucket inside the table's guard.
+#[async_trait]
+pub trait Appends: Send + Sync + 'static {
+    /// Appends one record: creates the bucket as Hot if absent, commits only if the bucket is
+    /// Hot, inserts if absent. An identical duplicate is `AlreadyPresent`; a different value
+    /// under the same key is `DuplicateKey`.
+    async fn append(&self, table_id: &TableId, record: &Record) -> StoreResult<AppendOutcome>;
+
+    /// Appends records atomically: all commit or none (one fenced bucket rejects the batch).
+    async fn append_batch(
+        &self,
+        table_id: &TableId,
+        records: &[Record],
+    ) -> StoreResult<BatchOutcome>;
+}
+
+/// Reads that carry their route: listings of buckets and pages of hot rows observed together
+/// with the bucket's state, so one page never mixes tiers.
+#[async_trait]
+pub trait RoutedReads: Send + Sync + 'static {
+    /// Buckets of a table matching the filter, ordered by partition key, then bucket start
+    /// (descending when [`BucketFilter::descending`]), cut at [`BucketFilter::limit`].
+    async fn list_buckets(
+        &self,
+        table_id: &TableId,
+        filter: &BucketFilter,
+    ) -> StoreResult<Vec<BucketMeta>>;
+
+    /// One bucket's metadata.
+    async fn bucket(&self, bucket: &BucketId) -> StoreResult<Option<BucketMeta>>;
+
+    /// The route and one page of hot rows, from one statement.
+    async fn read_page(&self, bucket: &BucketId, req: &PageRequest) -> StoreResult<HotPage>;
+
+    /// The first of one partition's buckets overlapping `[from, to]` in scan order (the
+    /// newest when `page.descending`, else the oldest), with its route and first page.
+    /// `first` is [`HotPage::Missing`] when no bucket overlaps.
+    ///
+    /// This is how a scan that starts at execution time finds its first bucket and reads its
+    /// first rows in one round trip; the buckets after it are found by further calls on the
+    /// interval beyond it, then by [`list_buckets`](Self::list_buckets) (see
+    /// `HEAD_READS` in the table layer). The default runs a listing of one and a page read one after
+    /// another; a store that can answer both in one statement should.
+    async fn read_head(
+        &self,
+        table_id: &TableId,
+        partition: &PartitionKey,
+        from: Option<EventTime>,
+        to: Option<EventTime>,
+        page: &PageRequest,
+    ) -> StoreResult<HeadPage> {
+        let filter = BucketFilter {
+            partitions: Some(vec![partition.clone()]),
+            from,
+            to,
+            descending: page.descending,
+            limit: Some(1),
+        };
+        let bucket = self.list_buckets(table_id, &filter).await?.pop();
+        let first = match &bucket {
+            None => HotPage::Missing,
+            Some(m) => self.read_page(&m.id, page).await?,
+        };
+        Ok(HeadPage {
+            bucket: bucket.map(RoutedBucket::from),
+            first,
+        })
+    }
+}
+
+/// The archiving lifecycle: every step checks owner token, fencing generation and lease
+/// against the store's clock in the statement that writes.
+#[async_trait]
+pub trait Lifecycle: Send + Sync + 'static {
+    /// Claims a bucket for archiving: a Hot bucket whose retry time has passed, or an
+    /// Archiving bucket whose lease expired, becomes Archiving with a fresh token,
+    /// `generation + 1` and `expires_at = now + lease`. `Ok(None)` when not claimable.
+    async fn claim(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>>;
+
+    /// Claims a published bucket's cleanup: an Archived bucket with hot rows whose previous
+    /// owner's lease expired gets a fresh token and `generation + 1`. `Ok(None)` otherwise.
+    async fn claim_cleanup(&self, bucket: &BucketId, lease: Duration)
+        -> StoreResult<Option<Claim>>;
+
+    /// Extends the lease of a current claim; [`StoreError::StaleClaim`] if it is not current.
+    async fn renew(&self, claim: &Claim, lease: Duration) -> StoreResult<Claim>;
+
+    /// One ordered page of an Archiving bucket's rows strictly after `after`, verifying token,
+    /// generation and lease in the same statement that reads.
+    async fn snapshot_page(
+        &self,
+        claim: &Claim,
+        after: Option<&ClusteringKey>,
+        limit: usize,
+    ) -> StoreResult<Vec<Record>>;
+
+    /// Returns a claimed Archiving bucket to Hot, claimable again after `retry_after`.
+    async fn defer_archive(&self, claim: &Claim, retry_after: Duration) -> StoreResult<()>;
+
+    /// The read-cutover commit point: Archiving with this claim becomes
+    /// `Archived { object_key, hot_deleted: false }`.
+    async fn publish_archive(&self, claim: &Claim, object_key: &str) -> StoreResult<()>;
+
+    /// Deletes up to `limit` hot rows of a published bucket under a current cleanup claim;
+    /// when none remain, sets `hot_deleted = true`. Returns rows deleted and whether done.
+    /// Refused until `min_age` has passed since publication (the readers' route-cache bound).
+    async fn cleanup_step(
+        &self,
+        claim: &Claim,
+        limit: usize,
+        min_age: Duration,
+    ) -> StoreResult<(u64, bool)>;
+
+    /// Work for the archiver: eligible Hot buckets (`bucket_end <= cutoff`, retry passed),
+    /// expired pre-publication claims, and published buckets with cleanup pending whose
+    /// owner lease (if any) expired, up to `limit`, oldest buckets first.
+    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>>;
+
+    /// [`discover`](Self::discover), except that a published bucket's cleanup is work only
+    /// once `cleanup_delay` has passed since its publication, so cleanups not yet due never
+    /// fill the batch ahead of eligible buckets; the condition is in the statement, so the
+    /// batch is full whenever that much work is due.
+    async fn discover_ready(
+        &self,
+        cutoff: EventTime,
+        limit: usize,
+        cleanup_delay: Duration,
+    ) -> StoreResult<Vec<WorkItem>>;
+
+    /// Counts the eligible backlog and the buckets being archived, in one statement that
+    /// reads only the `(state, bucket_end)` index range of Hot and Archiving buckets, so the
+    /// archiver can afford it every cycle.
+    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog>;
+
+    /// Every object key referenced by a published route (for orphan GC).
+    async fn referenced_object_keys(&self) -> StoreResult<Vec<String>>;
+}
+
+/// Every role together: what a session, the archiver and the conformance suite hold.
+pub trait HotStore: Catalog + Appends + RoutedReads + Lifecycle {}
+
+impl<T: Catalog + Appends + RoutedReads + Lifecycle + ?Sized> HotStore for T {}
