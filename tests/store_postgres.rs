@@ -11,7 +11,7 @@ use std::sync::Arc;
 use pulpitum::model::{
     BucketId, BucketStrategy, EventTime, PartitionKey, Record, ScanBounds, SortKey, TableId,
 };
-use pulpitum::store::migrate::{self, Migration, MIGRATIONS};
+use pulpitum::store::postgres::migrate::{self, Migration, MIGRATIONS};
 use pulpitum::store::postgres::{PgStore, PgStoreConfig};
 use pulpitum::store::{
     Appends, BucketFilter, Catalog, HotPage, Lifecycle, PageRequest, RoutedReads, StoreError,

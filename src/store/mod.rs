@@ -12,7 +12,6 @@ pub mod embedded;
 mod error;
 mod guard;
 pub mod migrate;
-mod pg_timeouts;
 pub mod postgres;
 mod retry;
 pub mod roles;

@@ -1,0 +1,413 @@
+//! [`Lifecycle`] on PostgreSQL: the archiver's steps (claim, renew, snapshot, defer,
+//! publish, clean up) and its discovery queries.
+//!
+//! Each step is one serializable transaction whose writing (or reading) statement checks
+//! owner token, generation, state and `lease_expires_at > now()` itself, on the database's
+//! clock. Taking a claim, the conditional write and the explanation of a refusal are shared
+//! by the steps and live in `claims`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::IsolationLevel;
+
+use super::decode::{corrupt, decode_record, event_time};
+use super::sql::{limit_param, param_refs, push, Params, META, RECORDS};
+use super::{PgStore, TxError};
+use crate::model::{
+    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, TableId,
+};
+use crate::store::{Backlog, Claim, Lifecycle, StoreResult, WorkItem, WorkKind};
+
+/// A duration in whole microseconds, the unit the statements' intervals are built from
+/// (`$n::INT8 * INTERVAL '1 microsecond'`); saturates rather than wrapping.
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl Lifecycle for PgStore {
+    async fn claim(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
+        let key = bucket.bucket_key.to_string();
+        let lease = micros(lease);
+        let sql = format!(
+            "UPDATE {META} SET state = 'archiving', owner_token = $4, generation = generation + 1, \
+               lease_expires_at = now() + $5::INT8 * INTERVAL '1 microsecond', updated_at = now() \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+               AND ((state = 'hot' AND (retry_at IS NULL OR retry_at <= now())) \
+                 OR (state = 'archiving' AND (lease_expires_at IS NULL OR lease_expires_at <= now()))) \
+             RETURNING generation, lease_expires_at"
+        );
+        self.claim_with(bucket, "claim", &sql, &key, lease).await
+    }
+
+    async fn claim_cleanup(
+        &self,
+        bucket: &BucketId,
+        lease: Duration,
+    ) -> StoreResult<Option<Claim>> {
+        let key = bucket.bucket_key.to_string();
+        let lease = micros(lease);
+        let sql = format!(
+            "UPDATE {META} SET owner_token = $4, generation = generation + 1, \
+               lease_expires_at = now() + $5::INT8 * INTERVAL '1 microsecond', updated_at = now() \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+               AND state = 'archived' AND NOT hot_deleted \
+               AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
+             RETURNING generation, lease_expires_at"
+        );
+        self.claim_with(bucket, "claim_cleanup", &sql, &key, lease)
+            .await
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> StoreResult<Claim> {
+        let b = &claim.bucket;
+        let key = b.bucket_key.to_string();
+        let lease = micros(lease);
+        let sql = format!(
+            "UPDATE {META} SET lease_expires_at = now() + $6::INT8 * INTERVAL '1 microsecond', updated_at = now() \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+               AND owner_token = $4 AND generation = $5 AND lease_expires_at > now() \
+               AND state IN ('archiving', 'archived') \
+             RETURNING lease_expires_at"
+        );
+        self.run("renew", || async {
+            let mut client = self.pooled().await?;
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::Serializable)
+                .start()
+                .await?;
+            let row = tx
+                .query_opt(
+                    &sql,
+                    &[
+                        &b.table_id.as_str(),
+                        &b.partition_key.as_bytes(),
+                        &key,
+                        &claim.token,
+                        &claim.generation,
+                        &lease,
+                    ],
+                )
+                .await?;
+            let Some(row) = row else {
+                return Err(
+                    Self::refusal(&tx, claim, "renew", &["archiving", "archived"], None).await,
+                );
+            };
+            let expires: DateTime<Utc> = row.try_get(0)?;
+            let expires_at = event_time(expires, "lease_expires_at")?;
+            tx.commit().await.map_err(TxError::Commit)?;
+            Ok(Claim {
+                expires_at,
+                ..claim.clone()
+            })
+        })
+        .await
+    }
+
+    async fn snapshot_page(
+        &self,
+        claim: &Claim,
+        after: Option<&ClusteringKey>,
+        limit: usize,
+    ) -> StoreResult<Vec<Record>> {
+        let b = &claim.bucket;
+        let mut params: Params = Vec::new();
+        let t = push(&mut params, b.table_id.as_str().to_string());
+        let p = push(&mut params, b.partition_key.as_bytes().to_vec());
+        let k = push(&mut params, b.bucket_key.to_string());
+        let tok = push(&mut params, claim.token.clone());
+        let g = push(&mut params, claim.generation);
+        let mut preds = String::new();
+        if let Some(c) = after {
+            let at = push(&mut params, c.event_time.to_datetime());
+            let ak = push(&mut params, c.sort_key.as_bytes().to_vec());
+            preds = format!(" AND (r.event_time, r.sort_key) > ({at}, {ak})");
+        }
+        let n = push(&mut params, limit_param(limit));
+        // Claim check and rows in one statement, the rows subquery bounded by parameters only
+        // (no correlated limit; see `read_page`).
+        let sql = format!(
+            "SELECT x.event_time, x.sort_key, x.value \
+             FROM {META} m LEFT JOIN ( \
+               SELECT r.event_time, r.sort_key, r.value FROM {RECORDS} r \
+               WHERE r.table_id = {t} AND r.partition_key = {p} AND r.bucket_key = {k}{preds} \
+               ORDER BY r.event_time, r.sort_key LIMIT {n} \
+             ) x ON true \
+             WHERE m.table_id = {t} AND m.partition_key = {p} AND m.bucket_key = {k} \
+               AND m.owner_token = {tok} AND m.generation = {g} AND m.state = 'archiving' \
+               AND m.lease_expires_at > now() \
+             ORDER BY x.event_time, x.sort_key"
+        );
+        self.run("snapshot_page", || async {
+            let mut client = self.pooled().await?;
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::Serializable)
+                .start()
+                .await?;
+            let stmt = tx.prepare_cached(&sql).await?;
+            let rows = tx.query(&stmt, &param_refs(&params)).await?;
+            if rows.is_empty() {
+                return Err(Self::refusal(&tx, claim, "snapshot", &["archiving"], None).await);
+            }
+            let mut out = Vec::with_capacity(rows.len());
+            for row in &rows {
+                if let Some(r) = decode_record(row, 0, &b.partition_key, true)? {
+                    out.push(r);
+                }
+            }
+            tx.commit().await.map_err(TxError::Commit)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn defer_archive(&self, claim: &Claim, retry_after: Duration) -> StoreResult<()> {
+        let b = &claim.bucket;
+        let key = b.bucket_key.to_string();
+        let retry = micros(retry_after);
+        let sql = format!(
+            "UPDATE {META} SET state = 'hot', owner_token = NULL, lease_expires_at = NULL, \
+               retry_at = now() + $6::INT8 * INTERVAL '1 microsecond', updated_at = now() \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+               AND owner_token = $4 AND generation = $5 AND state = 'archiving' AND lease_expires_at > now()"
+        );
+        self.conditional_write(
+            claim,
+            "defer archiving",
+            &["archiving"],
+            None,
+            &sql,
+            &[
+                &b.table_id.as_str(),
+                &b.partition_key.as_bytes(),
+                &key,
+                &claim.token,
+                &claim.generation,
+                &retry,
+            ],
+        )
+        .await
+    }
+
+    async fn publish_archive(&self, claim: &Claim, object_key: &str) -> StoreResult<()> {
+        let b = &claim.bucket;
+        let key = b.bucket_key.to_string();
+        // The owner token and lease are released so that cleanup can be claimed at once.
+        let sql = format!(
+            "UPDATE {META} SET state = 'archived', object_key = $6, hot_deleted = false, \
+               published_at = now(), owner_token = NULL, lease_expires_at = NULL, updated_at = now() \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+               AND owner_token = $4 AND generation = $5 AND state = 'archiving' AND lease_expires_at > now()"
+        );
+        self.conditional_write(
+            claim,
+            "publish",
+            &["archiving"],
+            None,
+            &sql,
+            &[
+                &b.table_id.as_str(),
+                &b.partition_key.as_bytes(),
+                &key,
+                &claim.token,
+                &claim.generation,
+                &object_key,
+            ],
+        )
+        .await
+    }
+
+    async fn cleanup_step(
+        &self,
+        claim: &Claim,
+        limit: usize,
+        min_age: Duration,
+    ) -> StoreResult<(u64, bool)> {
+        let b = &claim.bucket;
+        let key = b.bucket_key.to_string();
+        let age = micros(min_age);
+        let n = limit_param(limit);
+        let delete_sql = format!(
+            "WITH m AS ( \
+               SELECT 1 FROM {META} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+                 AND state = 'archived' AND owner_token = $4 AND generation = $5 \
+                 AND lease_expires_at > now() \
+                 AND published_at + $6::INT8 * INTERVAL '1 microsecond' <= now() \
+             ), d AS ( \
+               DELETE FROM {RECORDS} WHERE (table_id, partition_key, bucket_key, event_time, sort_key) IN ( \
+                 SELECT table_id, partition_key, bucket_key, event_time, sort_key FROM {RECORDS} \
+                 WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 AND EXISTS (SELECT 1 FROM m) \
+                 ORDER BY event_time, sort_key LIMIT $7) \
+               RETURNING 1 \
+             ) \
+             SELECT (SELECT count(*) FROM m)::INT8, (SELECT count(*) FROM d)::INT8"
+        );
+        let remaining_sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {RECORDS} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3)"
+        );
+        let done_sql = format!(
+            "UPDATE {META} SET hot_deleted = true, updated_at = now() \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+               AND state = 'archived' AND owner_token = $4 AND generation = $5 AND lease_expires_at > now()"
+        );
+        self.run("cleanup", || async {
+            let mut client = self.pooled().await?;
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::Serializable)
+                .start()
+                .await?;
+            let ids: [&(dyn ToSql + Sync); 3] =
+                [&b.table_id.as_str(), &b.partition_key.as_bytes(), &key];
+            let row = tx
+                .query_one(
+                    &delete_sql,
+                    &[
+                        ids[0],
+                        ids[1],
+                        ids[2],
+                        &claim.token,
+                        &claim.generation,
+                        &age,
+                        &n,
+                    ],
+                )
+                .await?;
+            let held: i64 = row.try_get(0)?;
+            let deleted: i64 = row.try_get(1)?;
+            if held == 0 {
+                return Err(
+                    Self::refusal(&tx, claim, "clean up", &["archived"], Some(min_age)).await,
+                );
+            }
+            let deleted = u64::try_from(deleted).unwrap_or(0);
+            let mut done = false;
+            if deleted < n as u64 {
+                let remaining: bool = tx.query_one(&remaining_sql, &ids).await?.try_get(0)?;
+                if !remaining {
+                    let updated = tx
+                        .execute(
+                            &done_sql,
+                            &[ids[0], ids[1], ids[2], &claim.token, &claim.generation],
+                        )
+                        .await?;
+                    if updated != 1 {
+                        return Err(TxError::Conflict(
+                            "cleanup claim changed mid-transaction".into(),
+                        ));
+                    }
+                    done = true;
+                }
+            }
+            tx.commit().await.map_err(TxError::Commit)?;
+            Ok((deleted, done))
+        })
+        .await
+    }
+
+    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.discover_ready(cutoff, limit, Duration::ZERO).await
+    }
+
+    async fn discover_ready(
+        &self,
+        cutoff: EventTime,
+        limit: usize,
+        cleanup_delay: Duration,
+    ) -> StoreResult<Vec<WorkItem>> {
+        let cols = "table_id, partition_key, bucket_key, bucket_strategy, bucket_start, bucket_end";
+        let sql = format!(
+            "SELECT * FROM ( \
+               SELECT {cols}, 0::INT4 AS kind FROM {META} \
+                 WHERE state = 'hot' AND bucket_end <= $1 AND (retry_at IS NULL OR retry_at <= now()) \
+               UNION ALL \
+               SELECT {cols}, 1::INT4 AS kind FROM {META} \
+                 WHERE state = 'archiving' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
+               UNION ALL \
+               SELECT {cols}, 2::INT4 AS kind FROM {META} \
+                 WHERE state = 'archived' AND NOT hot_deleted \
+                   AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
+                   AND published_at + $3::INT8 * INTERVAL '1 microsecond' <= now() \
+             ) w ORDER BY bucket_end, table_id, partition_key, bucket_key LIMIT $2"
+        );
+        let cutoff = cutoff.to_datetime();
+        let n = limit_param(limit);
+        let delay = micros(cleanup_delay);
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.run("discover", || async {
+            let client = self.pooled().await?;
+            let rows = client.query(&sql, &[&cutoff, &n, &delay]).await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let get = |e: tokio_postgres::Error| corrupt("bucket metadata row", e);
+                let table_id: String = row.try_get(0).map_err(get)?;
+                let pk: Vec<u8> = row.try_get(1).map_err(get)?;
+                let key: String = row.try_get(2).map_err(get)?;
+                let strategy: String = row.try_get(3).map_err(get)?;
+                let kind: i32 = row.try_get(6).map_err(get)?;
+                let strategy: BucketStrategy = strategy
+                    .parse()
+                    .map_err(|e| corrupt("bucket strategy", e))?;
+                let bucket = BucketId {
+                    table_id: TableId::new(table_id).map_err(|e| corrupt("table id", e))?,
+                    partition_key: PartitionKey::new(pk)
+                        .map_err(|e| corrupt("partition key", e))?,
+                    bucket_key: BucketKey::parse(strategy, &key)
+                        .map_err(|e| corrupt("bucket key", e))?,
+                };
+                let kind = match kind {
+                    0 => WorkKind::Eligible,
+                    1 => WorkKind::ExpiredClaim,
+                    _ => WorkKind::CleanupPending,
+                };
+                out.push(WorkItem { bucket, kind });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
+        // Two scalar subqueries so each one is an index range on (state, bucket_end); count()
+        // is INT8 on both dialects (sum() would be DECIMAL on CockroachDB).
+        let sql = format!(
+            "SELECT (SELECT count(*) FROM {META} WHERE state = 'hot' AND bucket_end <= $1), \
+                    (SELECT count(*) FROM {META} WHERE state = 'archiving')"
+        );
+        let cutoff = cutoff.to_datetime();
+        self.run("backlog", || async {
+            let client = self.pooled().await?;
+            let row = client.query_one(&sql, &[&cutoff]).await?;
+            let count = |i: usize| -> StoreResult<u64> {
+                let n: i64 = row.try_get(i).map_err(|e| corrupt("backlog count", e))?;
+                u64::try_from(n).map_err(|e| corrupt("backlog count", e))
+            };
+            Ok(Backlog {
+                eligible: count(0)?,
+                archiving: count(1)?,
+            })
+        })
+        .await
+    }
+
+    async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
+        let sql = format!("SELECT DISTINCT object_key FROM {META} WHERE object_key IS NOT NULL ORDER BY object_key");
+        self.run("referenced_object_keys", || async {
+            let client = self.pooled().await?;
+            let rows = client.query(&sql, &[]).await?;
+            Ok(rows
+                .iter()
+                .map(|r| r.try_get::<_, String>(0))
+                .collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+}

@@ -1,0 +1,287 @@
+//! Schema migrations for the CockroachDB/PostgreSQL hot store, and their runner.
+//!
+//! The numbered files in `sql/` are embedded at build time. Each holds exactly one
+//! idempotent DDL statement (`CREATE ... IF NOT EXISTS`), so several processes may start
+//! at once without a lock (CockroachDB has no advisory locks): every process runs every
+//! missing statement, the losers of PostgreSQL's catalog races (23505, 42P07, and 42710 for
+//! a table's row type) or of a serialization conflict (40001) simply run it again and find
+//! the object present, and the version is recorded with `INSERT .. ON CONFLICT DO NOTHING`.
+//! The ledger keeps a SHA-256 of each file: an applied migration whose file has since been
+//! edited stops the runner with [`StoreError::Migration`] rather than guessing. Only
+//! `pulpitum_v4_*` objects are ever created; v3 tables are never read, changed or dropped.
+//!
+//! Rolling deploys and rollbacks: the ledger also records each migration's [`Compat`]
+//! (`requires_version`), and migrations recorded by a newer build are judged by the rule
+//! both stores share ([`check_newer`], in [`crate::store::migrate`]; docs/schema.md,
+//! "Upgrade and rollback").
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::store::migrate::{check_newer, checksum, Compat};
+use crate::store::{StoreError, StoreResult};
+
+/// One numbered migration step: a single DDL statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// Version number, strictly increasing in [`MIGRATIONS`].
+    pub version: i32,
+    /// Short name (the file name without number and extension).
+    pub name: &'static str,
+    /// The statement.
+    pub sql: &'static str,
+    /// Which older builds may still run once this migration is applied.
+    pub compat: Compat,
+}
+
+impl Migration {
+    /// Lowercase hex SHA-256 of the statement text as shipped.
+    pub fn checksum(&self) -> String {
+        checksum(self.sql)
+    }
+}
+
+/// The ledger table, created before any numbered step and never recorded in itself.
+pub const BOOTSTRAP_SQL: &str = include_str!("../../../sql/0000_schema_migrations.sql");
+
+/// The ledger's compatibility column, added to ledgers created before it existed (run
+/// after [`BOOTSTRAP_SQL`] on every start, and likewise never recorded).
+pub const BOOTSTRAP_COMPAT_SQL: &str =
+    include_str!("../../../sql/0000_schema_migrations_requires_version.sql");
+
+/// This build's schema version: the last migration it knows.
+pub fn schema_version() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// Every migration of this build, in order.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "tables",
+        sql: include_str!("../../../sql/0001_tables.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 2,
+        name: "bucket_metadata",
+        sql: include_str!("../../../sql/0002_bucket_metadata.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 3,
+        name: "bucket_metadata_discovery_idx",
+        sql: include_str!("../../../sql/0003_bucket_metadata_discovery_idx.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 4,
+        name: "records",
+        sql: include_str!("../../../sql/0004_records.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 5,
+        name: "bucket_metadata_by_start_idx",
+        sql: include_str!("../../../sql/0005_bucket_metadata_by_start_idx.sql"),
+        compat: Compat::Additive,
+    },
+];
+
+/// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a
+/// schema, 42P07 for a table or index, 42710 for a table's row type, 42701 for a column
+/// added twice, 23505 when PostgreSQL's catalog index notices first), or conflict while
+/// creating or recording it (40001, which CockroachDB raises for concurrent schema changes);
+/// re-running the idempotent statement resolves them.
+const RACE_CODES: [&str; 6] = ["23505", "42P06", "42P07", "42710", "42701", "40001"];
+
+/// How often a racing DDL statement is re-run before giving up.
+const DDL_ATTEMPTS: u32 = 20;
+
+/// Applies [`MIGRATIONS`]; returns the versions this call recorded.
+pub async fn migrate(client: &Client) -> StoreResult<Vec<i32>> {
+    apply(client, MIGRATIONS).await
+}
+
+/// Applies the given migrations (tests pass edited lists to exercise the checksum guard).
+pub async fn apply(client: &Client, migrations: &[Migration]) -> StoreResult<Vec<i32>> {
+    run_ddl(client, BOOTSTRAP_SQL).await?;
+    run_ddl(client, BOOTSTRAP_COMPAT_SQL).await?;
+    let applied = ledger(client).await?;
+    let known = migrations.last().map_or(0, |m| m.version);
+    for row in &applied {
+        match migrations.iter().find(|m| m.version == row.version) {
+            None => check_newer(
+                row.version.into(),
+                &row.name,
+                Compat::from_recorded(row.version, row.requires),
+                known.into(),
+            )?,
+            Some(m) => check_checksum(m, &row.checksum)?,
+        }
+    }
+    let mut recorded = Vec::new();
+    for m in migrations {
+        if applied.iter().any(|r| r.version == m.version) {
+            continue;
+        }
+        run_ddl(client, m.sql).await?;
+        if record(client, m).await? {
+            recorded.push(m.version);
+        }
+    }
+    Ok(recorded)
+}
+
+/// One row of the ledger.
+struct Applied {
+    version: i32,
+    name: String,
+    checksum: String,
+    requires: Option<i32>,
+}
+
+fn check_checksum(m: &Migration, stored: &str) -> StoreResult<()> {
+    let expected = m.checksum();
+    if stored != expected {
+        return Err(StoreError::Migration(format!(
+            "migration {} ({}) was applied with checksum {stored} but this build has {expected}: \
+             applied migrations must never be edited; add a new one instead",
+            m.version, m.name
+        )));
+    }
+    Ok(())
+}
+
+async fn ledger(client: &Client) -> StoreResult<Vec<Applied>> {
+    let rows = client
+        .query(
+            "SELECT version, name, checksum, requires_version FROM pulpitum_v4_schema_migrations \
+             ORDER BY version",
+            &[],
+        )
+        .await
+        .map_err(|e| backend(&e))?;
+    rows.iter()
+        .map(|r| {
+            Ok(Applied {
+                version: r.try_get(0).map_err(|e| backend(&e))?,
+                name: r.try_get(1).map_err(|e| backend(&e))?,
+                checksum: r.try_get(2).map_err(|e| backend(&e))?,
+                requires: r.try_get(3).map_err(|e| backend(&e))?,
+            })
+        })
+        .collect()
+}
+
+/// Records `m`; when another process recorded it first, verifies that its checksum agrees.
+async fn record(client: &Client, m: &Migration) -> StoreResult<bool> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let res = client
+            .query(
+                "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum, requires_version) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (version) DO NOTHING RETURNING version",
+                &[&m.version, &m.name, &m.checksum(), &m.compat.recorded()],
+            )
+            .await;
+        match res {
+            Ok(rows) if !rows.is_empty() => return Ok(true),
+            Ok(_) => {
+                let row = client
+                    .query_one(
+                        "SELECT checksum FROM pulpitum_v4_schema_migrations WHERE version = $1",
+                        &[&m.version],
+                    )
+                    .await
+                    .map_err(|e| backend(&e))?;
+                let stored: String = row.try_get(0).map_err(|e| backend(&e))?;
+                check_checksum(m, &stored)?;
+                return Ok(false);
+            }
+            Err(e) if is_race(&e) && attempt < DDL_ATTEMPTS => pause(attempt).await,
+            Err(e) => return Err(backend(&e)),
+        }
+    }
+}
+
+/// Runs one idempotent DDL statement, re-running it when it loses a catalog race (the
+/// store's `CREATE SCHEMA IF NOT EXISTS` at connect goes through here too).
+pub(crate) async fn run_ddl(client: &Client, sql: &str) -> StoreResult<()> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match client.batch_execute(sql).await {
+            Ok(()) => return Ok(()),
+            Err(e) if is_race(&e) && attempt < DDL_ATTEMPTS => pause(attempt).await,
+            Err(e) => return Err(backend(&e)),
+        }
+    }
+}
+
+fn is_race(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| RACE_CODES.contains(&c.code()))
+}
+
+async fn pause(attempt: u32) {
+    let ms = (attempt as u64 * 5).min(100) + rand::random_range(0..5u64);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+fn backend(e: &tokio_postgres::Error) -> StoreError {
+    let detail = match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    };
+    StoreError::Backend {
+        operation: "migrate",
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_single_ddl_statements() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1, "versions are dense and ordered");
+            let code: String = m
+                .sql
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let statements = code.split(';').filter(|s| !s.trim().is_empty()).count();
+            assert_eq!(
+                statements, 1,
+                "migration {} must hold exactly one statement",
+                m.version
+            );
+            assert!(
+                code.contains("IF NOT EXISTS"),
+                "migration {} must be idempotent",
+                m.version
+            );
+            assert!(
+                !code.to_lowercase().contains("pulpitum_v3"),
+                "migration {} must not touch v3 tables",
+                m.version
+            );
+        }
+        for m in MIGRATIONS {
+            if let Compat::Requires(v) = m.compat {
+                assert!(
+                    v >= 1 && v <= m.version,
+                    "migration {} may require only a schema version up to its own",
+                    m.version
+                );
+            }
+        }
+        assert_eq!(MIGRATIONS[0].checksum().len(), 64);
+        assert_ne!(MIGRATIONS[0].checksum(), MIGRATIONS[1].checksum());
+    }
+}

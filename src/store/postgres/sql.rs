@@ -1,0 +1,62 @@
+//! SQL text shared by the roles: the table names, the bucket metadata column list with the
+//! positions the decoder reads it by, and the builders of numbered parameters.
+//!
+//! Statements that take a variable set of predicates (a listing with or without each bound,
+//! a page with cursors) are assembled as text with `$n` placeholders pushed beside their
+//! values, so each distinct shape is one prepared statement cached per connection. Each
+//! statement's own text stays beside the role that sends it.
+
+use tokio_postgres::types::ToSql;
+
+/// The bucket metadata table: one row per bucket, its state and its route.
+pub(super) const META: &str = "pulpitum_v4_bucket_metadata";
+/// The hot records table.
+pub(super) const RECORDS: &str = "pulpitum_v4_records";
+
+/// Every column of [`META`], in the order [`meta_col`] numbers them.
+pub(super) const META_COLS: &str =
+    "table_id, partition_key, bucket_key, bucket_strategy, bucket_start, \
+     bucket_end, state, owner_token, generation, lease_expires_at, retry_at, object_key, \
+     hot_deleted, published_at";
+
+/// Column positions of [`META_COLS`](crate::store::postgres::sql::META_COLS); every
+/// statement decoded by [`decode_meta`](crate::store::postgres::decode::decode_meta) selects
+/// them first, in this order (read by position: a name lookup per column per row cost more
+/// than the decoding).
+pub(super) mod meta_col {
+    pub const TABLE_ID: usize = 0;
+    pub const PARTITION_KEY: usize = 1;
+    pub const BUCKET_KEY: usize = 2;
+    pub const STRATEGY: usize = 3;
+    pub const START: usize = 4;
+    pub const END: usize = 5;
+    pub const STATE: usize = 6;
+    pub const OWNER: usize = 7;
+    pub const GENERATION: usize = 8;
+    pub const LEASE: usize = 9;
+    pub const RETRY: usize = 10;
+    pub const OBJECT_KEY: usize = 11;
+    pub const HOT_DELETED: usize = 12;
+    pub const PUBLISHED: usize = 13;
+}
+
+/// A statement's parameters, in `$n` order, for statements assembled from optional parts.
+pub(super) type Params = Vec<Box<dyn ToSql + Sync + Send>>;
+
+/// The parameters as the client takes them.
+pub(super) fn param_refs(p: &Params) -> Vec<&(dyn ToSql + Sync)> {
+    p.iter()
+        .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+/// Adds a parameter and returns its placeholder (`$n`).
+pub(super) fn push(params: &mut Params, v: impl ToSql + Sync + Send + 'static) -> String {
+    params.push(Box::new(v));
+    format!("${}", params.len())
+}
+
+/// A page size as a `LIMIT` parameter: at least 1, so a page always makes progress.
+pub(super) fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit.max(1)).unwrap_or(i64::MAX)
+}
