@@ -1,0 +1,232 @@
+//! [`Catalog`] for the embedded store: migrations, table registration and lookup, the clock.
+//!
+//! A table's definition is registered once and never changes in strategy or surface (a
+//! second registration that differs is [`StoreError::TableConflict`]); [`require_table`] is
+//! also how an append learns its table's strategy and guard inside its own transaction.
+//! The clock is the system clock (`clock_micros`), which every process sharing the
+//! file reads alike.
+
+use async_trait::async_trait;
+use rusqlite::{params, OptionalExtension, Transaction};
+
+use crate::model::{EventTime, TableId};
+use crate::store::{Catalog, StoreError, StoreResult, TableDefinition};
+
+use super::decode::{corrupt, time};
+use super::{backend, clock_micros, migrate, Mode, SqliteStore, TxError, TxResult};
+
+fn table_from_row(
+    r: &rusqlite::Row<'_>,
+) -> rusqlite::Result<(String, String, Option<i64>, i32, String)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
+fn table_def(row: (String, String, Option<i64>, i32, String)) -> TxResult<TableDefinition> {
+    let (id, strategy, writable, version, surface) = row;
+    Ok(TableDefinition {
+        table_id: TableId::new(id.clone()).map_err(|e| corrupt(e.to_string()))?,
+        strategy: strategy
+            .parse()
+            .map_err(|e| corrupt(format!("table {id}: {e}")))?,
+        writable_buckets: writable
+            .map(|n| {
+                u32::try_from(n).map_err(|_| corrupt(format!("table {id}: writable_buckets {n}")))
+            })
+            .transpose()?,
+        record_schema_version: version,
+        surface,
+    })
+}
+
+const TABLE_COLUMNS: &str =
+    "table_id, bucket_strategy, writable_buckets, record_schema_version, surface";
+
+fn load_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<Option<TableDefinition>> {
+    let sql = format!("SELECT {TABLE_COLUMNS} FROM pulpitum_v4_tables WHERE table_id = ?1");
+    tx.prepare_cached(&sql)?
+        .query_row([table_id.as_str()], table_from_row)
+        .optional()?
+        .map(table_def)
+        .transpose()
+}
+
+pub(super) fn require_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<TableDefinition> {
+    load_table(tx, table_id)?
+        .ok_or_else(|| TxError::Store(StoreError::UnknownTable(table_id.clone())))
+}
+
+#[async_trait]
+impl Catalog for SqliteStore {
+    async fn migrate(&self) -> StoreResult<()> {
+        self.run("migrate", Mode::Write, |tx, now| {
+            migrate::apply(tx, now).map(|_| ())
+        })
+        .await
+    }
+
+    async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {
+        let def = def.clone();
+        self.run("register_table", Mode::Write, move |tx, now| {
+            if let Some(existing) = load_table(tx, &def.table_id)? {
+                if existing.strategy != def.strategy || existing.surface != def.surface {
+                    return Err(StoreError::TableConflict {
+                        table_id: def.table_id.clone(),
+                        existing: format!("strategy {}, surface {}", existing.strategy, existing.surface),
+                        requested: format!("strategy {}, surface {}", def.strategy, def.surface),
+                    }
+                    .into());
+                }
+                return Ok(existing);
+            }
+            tx.execute(
+                "INSERT INTO pulpitum_v4_tables \
+                 (table_id, bucket_strategy, writable_buckets, record_schema_version, surface, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    def.table_id.as_str(),
+                    def.strategy.as_str(),
+                    def.writable_buckets.map(i64::from),
+                    def.record_schema_version,
+                    def.surface,
+                    now,
+                ],
+            )?;
+            Ok(def.clone())
+        })
+        .await
+    }
+
+    async fn table(&self, table_id: &TableId) -> StoreResult<Option<TableDefinition>> {
+        let table_id = table_id.clone();
+        self.run("table", Mode::Read, move |tx, _| load_table(tx, &table_id))
+            .await
+    }
+
+    async fn tables(&self) -> StoreResult<Vec<TableDefinition>> {
+        self.run("tables", Mode::Read, |tx, _| {
+            let mut stmt = tx.prepare(&format!(
+                "SELECT {TABLE_COLUMNS} FROM pulpitum_v4_tables ORDER BY table_id"
+            ))?;
+            let rows = stmt.query_map([], table_from_row)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(table_def(row?)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn now(&self) -> StoreResult<EventTime> {
+        Ok(time(clock_micros(), "store clock").map_err(|e| match e {
+            TxError::Store(s) => s,
+            TxError::Sql(s) => backend("now", s),
+        })?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::tid;
+    use super::super::{lock, migrate};
+    use super::*;
+    use crate::model::BucketStrategy;
+
+    fn ledger(s: &SqliteStore) -> Vec<(i64, String)> {
+        let c = lock(&s.inner.writer);
+        let mut st = c
+            .prepare("SELECT version, name FROM pulpitum_v4_schema_migrations ORDER BY version")
+            .unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn migrations_apply_once_and_refuse_foreign_bookkeeping() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        s.migrate().await.unwrap();
+        let want: Vec<(i64, String)> = migrate::MIGRATIONS
+            .iter()
+            .map(|m| (m.version, m.name.to_string()))
+            .collect();
+        assert_eq!(ledger(&s), want);
+
+        lock(&s.inner.writer)
+            .execute(
+                "UPDATE pulpitum_v4_schema_migrations SET checksum = 'x' WHERE version = 2",
+                [],
+            )
+            .unwrap();
+        let err = s.migrate().await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Migration(m) if m.contains("different SQL")),
+            "{err}"
+        );
+
+        let sum = migrate::checksum(migrate::MIGRATIONS[1].sql);
+        lock(&s.inner.writer)
+            .execute(
+                "UPDATE pulpitum_v4_schema_migrations SET checksum = ?1 WHERE version = 2",
+                [sum],
+            )
+            .unwrap();
+        lock(&s.inner.writer)
+            .execute(
+                // No `requires_version`: a newer build's migration of unknown compatibility
+                // counts as breaking.
+                "INSERT INTO pulpitum_v4_schema_migrations (version, name, checksum, applied_at) \
+                 VALUES (99, 'future', 'x', 0)",
+                [],
+            )
+            .unwrap();
+        let err = s.migrate().await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Migration(m) if m.contains("migration 99 (future)")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn registration_is_immutable_in_strategy_and_surface() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        let mut def = TableDefinition::new(tid("chat"), BucketStrategy::CalendarDayUtc, "chat");
+        def.writable_buckets = Some(3);
+        assert_eq!(s.register_table(&def).await.unwrap(), def);
+        assert_eq!(s.register_table(&def).await.unwrap(), def);
+
+        let other_strategy = TableDefinition {
+            strategy: BucketStrategy::CalendarMonthUtc,
+            ..def.clone()
+        };
+        let err = s.register_table(&other_strategy).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::TableConflict { existing, requested, .. }
+                if existing.contains("calendar_day_utc") && requested.contains("calendar_month_utc")),
+            "{err}"
+        );
+        let other_surface = TableDefinition {
+            surface: "raw".into(),
+            ..def.clone()
+        };
+        assert!(matches!(
+            s.register_table(&other_surface).await,
+            Err(StoreError::TableConflict { .. })
+        ));
+        // A different guard is not a conflict: the stored row is returned unchanged.
+        let other_guard = TableDefinition {
+            writable_buckets: None,
+            ..def.clone()
+        };
+        assert_eq!(s.register_table(&other_guard).await.unwrap(), def);
+
+        let raw = TableDefinition::new(tid("audit"), BucketStrategy::CalendarYearUtc, "raw");
+        s.register_table(&raw).await.unwrap();
+        assert_eq!(s.tables().await.unwrap(), vec![raw.clone(), def.clone()]);
+        assert_eq!(s.table(&tid("chat")).await.unwrap(), Some(def));
+        assert_eq!(s.table(&tid("nope")).await.unwrap(), None);
+    }
+}

@@ -1,0 +1,486 @@
+//! [`Lifecycle`] for the embedded store: the archiver's claims, snapshots, publication,
+//! cleanup and discovery.
+//!
+//! Every step under a claim runs [`verify_claim`] in its own transaction first: same
+//! generation, a state the step accepts, same owner token, lease unexpired at the store's
+//! clock. Writers hold SQLite's write lock from that check to the commit, and the UPDATE
+//! repeats the generation and token in its WHERE clause, so a stale worker can never write.
+//! `snapshot_page` verifies and reads in one read snapshot, so the fence cannot move between
+//! the check and the rows.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::Rng;
+use rusqlite::types::Value;
+use rusqlite::{params, params_from_iter, Transaction};
+
+use crate::model::{BucketId, ClusteringKey, EventTime, Record};
+use crate::store::{Backlog, Claim, Lifecycle, StoreError, StoreResult, WorkItem, WorkKind};
+
+use super::decode::{
+    bucket_args, bucket_id, corrupt, load_meta, record_from, state_name, time, to_i64, MetaRow,
+    BUCKET_PK,
+};
+use super::{Mode, SqliteStore, TxError, TxResult};
+
+/// `now + d`, capped at the last supported instant so the result is always an [`EventTime`].
+fn plus(now: i64, d: Duration) -> i64 {
+    let d = i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+    now.saturating_add(d)
+        .min(EventTime::end_of_supported().as_micros() - 1)
+}
+
+/// Which states an operation under a claim accepts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClaimState {
+    /// A pre-publication claim: `archiving`.
+    Archiving,
+    /// A cleanup claim: `archived` with hot rows retained.
+    Cleanup,
+    /// Either (renewal).
+    Any,
+}
+
+/// Verifies in the caller's transaction that `claim` is current for `operation`: same
+/// generation, a state the operation accepts, same token, lease unexpired at `now`.
+/// Generation is checked first: a newer claim supersedes this one whatever the state.
+fn verify_claim(
+    tx: &Transaction<'_>,
+    claim: &Claim,
+    operation: &'static str,
+    accepts: ClaimState,
+    now: i64,
+) -> TxResult<MetaRow> {
+    let stale = |reason: String| -> TxError {
+        StoreError::StaleClaim {
+            bucket: claim.bucket.clone(),
+            generation: claim.generation,
+            reason,
+        }
+        .into()
+    };
+    let Some(row) = load_meta(tx, &claim.bucket)? else {
+        return Err(stale("the bucket has no metadata".into()));
+    };
+    if row.generation != claim.generation {
+        return Err(stale(format!(
+            "the bucket is at generation {} ({})",
+            row.generation,
+            row.describe()
+        )));
+    }
+    let state_ok = match accepts {
+        ClaimState::Archiving => row.state == "archiving",
+        ClaimState::Cleanup => row.state == "archived" && !row.hot_deleted,
+        ClaimState::Any => {
+            row.state == "archiving" || (row.state == "archived" && !row.hot_deleted)
+        }
+    };
+    if !state_ok {
+        if accepts == ClaimState::Any {
+            return Err(stale(format!(
+                "the bucket is {}; the claim was released",
+                row.describe()
+            )));
+        }
+        return Err(StoreError::InvalidTransition {
+            bucket: claim.bucket.clone(),
+            operation,
+            state: row.describe(),
+        }
+        .into());
+    }
+    if row.owner_token.as_deref() != Some(claim.token.as_str()) {
+        return Err(stale(match &row.owner_token {
+            Some(_) => "another owner token holds this generation".to_string(),
+            None => "no owner holds the bucket".to_string(),
+        }));
+    }
+    if !row.lease_held(now) {
+        let expired = row
+            .lease_expires_at
+            .and_then(|t| EventTime::from_micros(t).ok())
+            .map_or_else(
+                || "no lease is set".to_string(),
+                |t| format!("the lease expired at {t}"),
+            );
+        let now = EventTime::from_micros(now).map_or_else(|_| now.to_string(), |t| t.to_string());
+        return Err(stale(format!("{expired} (store time {now})")));
+    }
+    Ok(row)
+}
+
+fn fresh_token() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    hex::encode(bytes)
+}
+
+#[async_trait]
+impl Lifecycle for SqliteStore {
+    async fn claim(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
+        let id = bucket.clone();
+        self.run("claim", Mode::Write, move |tx, now| {
+            let Some(row) = load_meta(tx, &id)? else {
+                return Ok(None);
+            };
+            let claimable = match row.state.as_str() {
+                "hot" => row.retry_at.is_none_or(|t| t <= now),
+                "archiving" => !row.lease_held(now),
+                _ => false,
+            };
+            if !claimable {
+                return Ok(None);
+            }
+            let claim = Claim {
+                bucket: id.clone(),
+                token: fresh_token(),
+                generation: row.generation + 1,
+                expires_at: time(plus(now, lease), "lease expiry")?,
+            };
+            // Compare-and-set on the generation read above; the write lock already excludes
+            // other writers, this keeps the statement correct on its own.
+            let n = tx.execute(
+                &format!(
+                    "UPDATE pulpitum_v4_bucket_metadata SET state = 'archiving', owner_token = ?4, \
+                     generation = ?5, lease_expires_at = ?6, retry_at = NULL, updated_at = ?7 \
+                     WHERE {BUCKET_PK} AND generation = ?8"
+                ),
+                params![
+                    id.table_id.as_str(),
+                    id.partition_key.as_bytes(),
+                    id.bucket_key.to_string(),
+                    claim.token,
+                    claim.generation,
+                    claim.expires_at.as_micros(),
+                    now,
+                    row.generation,
+                ],
+            )?;
+            Ok((n == 1).then_some(claim))
+        })
+        .await
+    }
+
+    async fn claim_cleanup(
+        &self,
+        bucket: &BucketId,
+        lease: Duration,
+    ) -> StoreResult<Option<Claim>> {
+        let id = bucket.clone();
+        self.run("claim_cleanup", Mode::Write, move |tx, now| {
+            let Some(row) = load_meta(tx, &id)? else {
+                return Ok(None);
+            };
+            if row.state != "archived" || row.hot_deleted || row.lease_held(now) {
+                return Ok(None);
+            }
+            let claim = Claim {
+                bucket: id.clone(),
+                token: fresh_token(),
+                generation: row.generation + 1,
+                expires_at: time(plus(now, lease), "lease expiry")?,
+            };
+            let n = tx.execute(
+                &format!(
+                    "UPDATE pulpitum_v4_bucket_metadata SET owner_token = ?4, generation = ?5, \
+                     lease_expires_at = ?6, updated_at = ?7 \
+                     WHERE {BUCKET_PK} AND generation = ?8 AND state = 'archived' AND hot_deleted = 0"
+                ),
+                params![
+                    id.table_id.as_str(),
+                    id.partition_key.as_bytes(),
+                    id.bucket_key.to_string(),
+                    claim.token,
+                    claim.generation,
+                    claim.expires_at.as_micros(),
+                    now,
+                    row.generation,
+                ],
+            )?;
+            Ok((n == 1).then_some(claim))
+        })
+        .await
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> StoreResult<Claim> {
+        let claim = claim.clone();
+        self.run("renew", Mode::Write, move |tx, now| {
+            verify_claim(tx, &claim, "renew", ClaimState::Any, now)?;
+            let expires = plus(now, lease);
+            let id = &claim.bucket;
+            tx.execute(
+                &format!(
+                    "UPDATE pulpitum_v4_bucket_metadata SET lease_expires_at = ?4, updated_at = ?5 \
+                     WHERE {BUCKET_PK} AND generation = ?6 AND owner_token = ?7"
+                ),
+                params![
+                    id.table_id.as_str(),
+                    id.partition_key.as_bytes(),
+                    id.bucket_key.to_string(),
+                    expires,
+                    now,
+                    claim.generation,
+                    claim.token,
+                ],
+            )?;
+            Ok(Claim {
+                expires_at: time(expires, "lease expiry")?,
+                ..claim.clone()
+            })
+        })
+        .await
+    }
+
+    async fn snapshot_page(
+        &self,
+        claim: &Claim,
+        after: Option<&ClusteringKey>,
+        limit: usize,
+    ) -> StoreResult<Vec<Record>> {
+        let claim = claim.clone();
+        let after = after.cloned();
+        // Verification and the read share one snapshot: the fence cannot move in between.
+        self.run("snapshot_page", Mode::Read, move |tx, now| {
+            verify_claim(tx, &claim, "snapshot", ClaimState::Archiving, now)?;
+            let id = &claim.bucket;
+            let mut sql = "SELECT event_time, sort_key, value FROM pulpitum_v4_records \
+                           WHERE table_id = ? AND partition_key = ? AND bucket_key = ?"
+                .to_string();
+            let mut args = bucket_args(id);
+            if let Some(c) = &after {
+                sql.push_str(" AND (event_time, sort_key) > (?, ?)");
+                args.push(Value::Integer(c.event_time.as_micros()));
+                args.push(Value::Blob(c.sort_key.as_bytes().to_vec()));
+            }
+            sql.push_str(" ORDER BY event_time, sort_key LIMIT ?");
+            args.push(Value::Integer(to_i64(limit)));
+            let mut stmt = tx.prepare_cached(&sql)?;
+            let mut rows = stmt.query(params_from_iter(args.iter()))?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next()? {
+                out.push(record_from(
+                    &id.partition_key,
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                )?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn defer_archive(&self, claim: &Claim, retry_after: Duration) -> StoreResult<()> {
+        let claim = claim.clone();
+        self.run("defer_archive", Mode::Write, move |tx, now| {
+            verify_claim(tx, &claim, "defer", ClaimState::Archiving, now)?;
+            let id = &claim.bucket;
+            tx.execute(
+                &format!(
+                    "UPDATE pulpitum_v4_bucket_metadata SET state = 'hot', owner_token = NULL, \
+                     lease_expires_at = NULL, retry_at = ?4, updated_at = ?5 \
+                     WHERE {BUCKET_PK} AND generation = ?6 AND owner_token = ?7"
+                ),
+                params![
+                    id.table_id.as_str(),
+                    id.partition_key.as_bytes(),
+                    id.bucket_key.to_string(),
+                    plus(now, retry_after),
+                    now,
+                    claim.generation,
+                    claim.token,
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn publish_archive(&self, claim: &Claim, object_key: &str) -> StoreResult<()> {
+        let claim = claim.clone();
+        let object_key = object_key.to_string();
+        self.run("publish_archive", Mode::Write, move |tx, now| {
+            verify_claim(tx, &claim, "publish", ClaimState::Archiving, now)?;
+            let id = &claim.bucket;
+            // Publication ends the claim: the owner and lease are cleared so cleanup can be
+            // claimed at once (it still waits for min_age since publication).
+            tx.execute(
+                &format!(
+                    "UPDATE pulpitum_v4_bucket_metadata SET state = 'archived', object_key = ?4, \
+                     hot_deleted = 0, published_at = ?5, owner_token = NULL, lease_expires_at = NULL, \
+                     updated_at = ?5 \
+                     WHERE {BUCKET_PK} AND generation = ?6 AND owner_token = ?7"
+                ),
+                params![
+                    id.table_id.as_str(),
+                    id.partition_key.as_bytes(),
+                    id.bucket_key.to_string(),
+                    object_key,
+                    now,
+                    claim.generation,
+                    claim.token,
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn cleanup_step(
+        &self,
+        claim: &Claim,
+        limit: usize,
+        min_age: Duration,
+    ) -> StoreResult<(u64, bool)> {
+        let claim = claim.clone();
+        self.run("cleanup_step", Mode::Write, move |tx, now| {
+            // A repeated step after the last one committed is a no-op that reports done.
+            if let Some(row) = load_meta(tx, &claim.bucket)? {
+                if row.state == "archived"
+                    && row.hot_deleted
+                    && row.generation == claim.generation
+                    && row.owner_token.as_deref() == Some(claim.token.as_str())
+                {
+                    return Ok((0, true));
+                }
+            }
+            let row = verify_claim(tx, &claim, "clean up", ClaimState::Cleanup, now)?;
+            let published = row
+                .published_at
+                .ok_or_else(|| corrupt(format!("archived bucket {} has no publication time", claim.bucket)))?;
+            if plus(published, min_age) > now {
+                return Err(StoreError::InvalidTransition {
+                    bucket: claim.bucket.clone(),
+                    operation: "clean up before min_age has passed since publication",
+                    state: format!(
+                        "{} published at {} (min_age {:?})",
+                        row.describe(),
+                        time(published, "publication time")?,
+                        min_age
+                    ),
+                }
+                .into());
+            }
+            let id = &claim.bucket;
+            let key = params![id.table_id.as_str(), id.partition_key.as_bytes(), id.bucket_key.to_string()];
+            let deleted = tx.execute(
+                &format!(
+                    "DELETE FROM pulpitum_v4_records WHERE {BUCKET_PK} AND (event_time, sort_key) IN \
+                     (SELECT event_time, sort_key FROM pulpitum_v4_records WHERE {BUCKET_PK} \
+                      ORDER BY event_time, sort_key LIMIT ?4)"
+                ),
+                params![
+                    id.table_id.as_str(),
+                    id.partition_key.as_bytes(),
+                    id.bucket_key.to_string(),
+                    to_i64(limit),
+                ],
+            )?;
+            let remaining: bool = tx.query_row(
+                &format!("SELECT EXISTS (SELECT 1 FROM pulpitum_v4_records WHERE {BUCKET_PK})"),
+                key,
+                |r| r.get(0),
+            )?;
+            if !remaining {
+                tx.execute(
+                    &format!(
+                        "UPDATE pulpitum_v4_bucket_metadata SET hot_deleted = 1, updated_at = ?4 \
+                         WHERE {BUCKET_PK} AND generation = ?5"
+                    ),
+                    params![
+                        id.table_id.as_str(),
+                        id.partition_key.as_bytes(),
+                        id.bucket_key.to_string(),
+                        now,
+                        claim.generation,
+                    ],
+                )?;
+            }
+            Ok((deleted as u64, !remaining))
+        })
+        .await
+    }
+
+    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.discover_ready(cutoff, limit, Duration::ZERO).await
+    }
+
+    async fn discover_ready(
+        &self,
+        cutoff: EventTime,
+        limit: usize,
+        cleanup_delay: Duration,
+    ) -> StoreResult<Vec<WorkItem>> {
+        let delay = i64::try_from(cleanup_delay.as_micros()).unwrap_or(i64::MAX);
+        self.run("discover", Mode::Read, move |tx, now| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT table_id, partition_key, bucket_key, bucket_strategy, state \
+                 FROM pulpitum_v4_bucket_metadata \
+                 WHERE (state = 'hot' AND bucket_end <= ?1 AND (retry_at IS NULL OR retry_at <= ?2)) \
+                    OR (state = 'archiving' AND (lease_expires_at IS NULL OR lease_expires_at <= ?2)) \
+                    OR (state = 'archived' AND hot_deleted = 0 \
+                        AND (lease_expires_at IS NULL OR lease_expires_at <= ?2) \
+                        AND published_at <= ?4) \
+                 ORDER BY bucket_end, table_id, partition_key, bucket_key \
+                 LIMIT ?3",
+            )?;
+            let published_by = now.saturating_sub(delay);
+            let mut rows = stmt.query(params![
+                cutoff.as_micros(),
+                now,
+                to_i64(limit),
+                published_by
+            ])?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next()? {
+                let table_id: String = r.get(0)?;
+                let pk: Vec<u8> = r.get(1)?;
+                let key: String = r.get(2)?;
+                let strategy: String = r.get(3)?;
+                let state: String = r.get(4)?;
+                let kind = match state_name(&state)? {
+                    "hot" => WorkKind::Eligible,
+                    "archiving" => WorkKind::ExpiredClaim,
+                    _ => WorkKind::CleanupPending,
+                };
+                out.push(WorkItem {
+                    bucket: bucket_id(&table_id, &pk, &strategy, &key)?,
+                    kind,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
+        self.run("backlog", Mode::Read, move |tx, _| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT (SELECT count(*) FROM pulpitum_v4_bucket_metadata \
+                           WHERE state = 'hot' AND bucket_end <= ?1), \
+                        (SELECT count(*) FROM pulpitum_v4_bucket_metadata \
+                           WHERE state = 'archiving')",
+            )?;
+            let (eligible, archiving): (i64, i64) =
+                stmt.query_row(params![cutoff.as_micros()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(Backlog {
+                eligible: u64::try_from(eligible).unwrap_or(0),
+                archiving: u64::try_from(archiving).unwrap_or(0),
+            })
+        })
+        .await
+    }
+
+    async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
+        self.run("referenced_object_keys", Mode::Read, |tx, _| {
+            let mut stmt = tx.prepare(
+                "SELECT DISTINCT object_key FROM pulpitum_v4_bucket_metadata \
+                 WHERE object_key IS NOT NULL ORDER BY object_key",
+            )?;
+            let keys = stmt.query_map([], |r| r.get(0))?;
+            Ok(keys.collect::<rusqlite::Result<Vec<String>>>()?)
+        })
+        .await
+    }
+}
