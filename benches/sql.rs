@@ -31,10 +31,10 @@ use datafusion::datasource::file_format::options::ParquetReadOptions;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use pulpitum::archive::{ArchiveStore, FaultLayer, FaultPlan, PayloadFormat};
 use pulpitum::archiver::{ArchiverConfig, Runner};
+use pulpitum::model::encode_i64;
 use pulpitum::model::{
     BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
 };
-use pulpitum::provider::surface::encode_i64;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
 use pulpitum::store::{Appends, Catalog, HotStore, Lifecycle, RoutedReads};
@@ -223,7 +223,7 @@ async fn main() {
                         .unwrap();
                     assert!(matches!(
                         head.first,
-                        pulpitum::store::FirstPage::Hot { ref rows, .. } if rows.num_rows() == 50
+                        pulpitum::store::HotPage::Hot { ref rows, .. } if rows.num_rows() == 50
                     ));
                 }
                 _ => {
@@ -234,7 +234,7 @@ async fn main() {
                         .iter()
                         .map(|r| {
                             let key: &[u8] = r.get(1);
-                            let id = pulpitum::provider::surface::decode_i64(key).unwrap();
+                            let id = pulpitum::model::decode_i64(key).unwrap();
                             let text = String::from_utf8(r.get::<_, Vec<u8>>(2)).unwrap();
                             (r.get(0), id, text)
                         })

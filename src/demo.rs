@@ -16,8 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::archive::{ArchiveStore, PayloadFormat};
 use crate::archiver::{ArchiverConfig, ArchiverError, Runner};
-use crate::model::{BucketStrategy, EventTime, ModelError, Record, SortKey, TableId};
-use crate::provider::surface::{encode_i64, Surface};
+use crate::model::{
+    encode_i64, BucketStrategy, EventTime, ModelError, PartitionKey, Record, SortKey, TableId,
+};
+use crate::provider::surface::Surface;
 use crate::store::{HotStore, StoreError, TableDefinition};
 
 /// The demo table's name.
@@ -246,7 +248,7 @@ async fn load(
                 }
                 next_id += 1;
                 batch.push(Record {
-                    partition_key: Surface::partition_key_of_i64(channel),
+                    partition_key: PartitionKey::from_i64(channel),
                     event_time: EventTime::from_datetime(at)?,
                     sort_key: SortKey::new(encode_i64(next_id).to_vec())?,
                     value: {

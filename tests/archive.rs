@@ -16,7 +16,7 @@ use datafusion::arrow::array::BinaryArray;
 use futures::StreamExt;
 use pulpitum::archive::{
     batches_to_records, ArchiveError, ArchiveScan, ArchiveScanMetrics, ArchiveStore, FaultLayer,
-    FaultOp, FaultPlan, Manifest, PayloadFormat, WrittenArchive,
+    FaultOp, FaultPlan, Manifest, PayloadFormat, WriteError, WrittenArchive,
 };
 use pulpitum::model::{
     BucketId, BucketKey, ClusteringKey, EventTime, PartitionKey, Record, ScanBounds, SortKey,
@@ -199,6 +199,7 @@ async fn round_trips_in_both_formats_and_retries_idempotently() {
             let w = s
                 .write_bucket(&b, 3, format, pages(&rs, 777))
                 .await
+                .map_err(WriteError::into_archive)
                 .unwrap();
             assert_eq!(w.manifest_key, s.manifest_key(&b, 3), "{}", be.name);
             assert!(w.manifest_key.contains("v4/chat/"));
@@ -219,6 +220,7 @@ async fn round_trips_in_both_formats_and_retries_idempotently() {
             let again = s
                 .write_bucket(&b, 3, format, pages(&rs, 5000))
                 .await
+                .map_err(WriteError::into_archive)
                 .unwrap();
             assert!(again.manifest.same_archive(m));
             assert_eq!(again.manifest.sha256, m.sha256);
@@ -227,6 +229,7 @@ async fn round_trips_in_both_formats_and_retries_idempotently() {
             let err = s
                 .write_bucket(&b, 3, format, pages(&other, 777))
                 .await
+                .map_err(WriteError::into_archive)
                 .unwrap_err();
             assert!(
                 matches!(err, ArchiveError::AlreadyExistsDifferent { .. }),
@@ -247,6 +250,7 @@ async fn empty_buckets_are_valid_archives() {
                 .store
                 .write_bucket(&b, g as i64, format, pages(&[], 1))
                 .await
+                .map_err(WriteError::into_archive)
                 .unwrap();
             assert_eq!(w.manifest.row_count, 0);
             assert_eq!(w.manifest.min_event_time, None);
@@ -281,6 +285,7 @@ async fn writer_rejects_records_that_do_not_belong() {
                 .store
                 .write_bucket(&b, 1, format, pages(&bad, 4))
                 .await
+                .map_err(WriteError::into_archive)
                 .unwrap_err();
             assert!(
                 matches!(err, ArchiveError::InvalidInput { .. }),
@@ -302,6 +307,7 @@ async fn writer_rejects_records_that_do_not_belong() {
         .store
         .write_bucket(&b, 2, PayloadFormat::Parquet, failing)
         .await
+        .map_err(WriteError::into_archive)
         .unwrap_err();
     assert!(matches!(err, ArchiveError::Config(_)));
 }
@@ -356,6 +362,7 @@ async fn damaged_archives_yield_typed_errors_never_wrong_rows() {
             let w = s
                 .write_bucket(&b, 1, format, pages(&rs, 1000))
                 .await
+                .map_err(WriteError::into_archive)
                 .unwrap();
             let (mk, m) = (w.manifest_key.clone(), w.manifest.clone());
             let good_payload = get(s, &m.payload_key).await;
@@ -581,6 +588,7 @@ async fn json_rows_out_of_order_or_from_another_partition_are_rejected() {
     let w = s
         .write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 3))
         .await
+        .map_err(WriteError::into_archive)
         .unwrap();
     let payload = String::from_utf8(get(s, &w.manifest.payload_key).await).unwrap();
     let mut lines: Vec<&str> = payload.lines().collect();
@@ -614,6 +622,7 @@ async fn legacy_raw_json_arrays_stay_readable() {
         let w = s
             .write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 50))
             .await
+            .map_err(WriteError::into_archive)
             .unwrap();
         // A 0.1-era payload: a plain array, hex strings or byte arrays, RFC 3339 or micros.
         let legacy: Vec<serde_json::Value> = rs
@@ -802,6 +811,7 @@ async fn parquet_rows_from_another_partition_are_rejected() {
             pages(&records(&mine, 10, 0), 3),
         )
         .await
+        .map_err(WriteError::into_archive)
         .unwrap();
     let other = s
         .write_bucket(
@@ -811,6 +821,7 @@ async fn parquet_rows_from_another_partition_are_rejected() {
             pages(&records(&theirs, 10, 0), 3),
         )
         .await
+        .map_err(WriteError::into_archive)
         .unwrap();
     let foreign = get(s, &other.manifest.payload_key).await;
     reseal(s, &w.manifest_key, &w.manifest, foreign, 10).await;
@@ -845,6 +856,7 @@ async fn parquet_scans_prune_and_match_the_reference_filter() {
         let w = s
             .write_bucket(&b, 2, PayloadFormat::Parquet, pages(&rs, 9_999))
             .await
+            .map_err(WriteError::into_archive)
             .unwrap();
         check_scans(s, &w.manifest, &rs, be.name).await;
 
@@ -891,6 +903,7 @@ async fn json_scans_match_the_reference_filter() {
             .store
             .write_bucket(&b, 2, PayloadFormat::Json, pages(&rs, 999))
             .await
+            .map_err(WriteError::into_archive)
             .unwrap();
         assert!(w.manifest.block_sha256.len() == 1);
         check_scans(&be.store, &w.manifest, &rs, be.name).await;
@@ -909,6 +922,7 @@ async fn write_multi_block(
     let w = store
         .write_bucket(b, 1, format, pages(rs, 4096))
         .await
+        .map_err(WriteError::into_archive)
         .unwrap();
     assert!(
         w.manifest.block_sha256.len() > 3,
@@ -1002,7 +1016,8 @@ async fn writes_under_faults_never_publish_a_bad_payload() {
             let faulty = be.store.with_faults(layer.clone());
             let result = faulty
                 .write_bucket(&b, generation, format, pages(&rs, 100))
-                .await;
+                .await
+                .map_err(WriteError::into_archive);
             let mk = be.store.manifest_key(&b, generation);
             match &result {
                 Ok(w) => {
@@ -1035,6 +1050,7 @@ async fn writes_under_faults_never_publish_a_bad_payload() {
                 .store
                 .write_bucket(&b, generation, format, pages(&rs, 300))
                 .await
+                .map_err(WriteError::into_archive)
             {
                 Ok(w) => {
                     retried_ok += 1;
@@ -1078,6 +1094,7 @@ async fn an_ambiguous_manifest_create_is_resolved_by_the_retry() {
             match faulty
                 .write_bucket(&b, 1, PayloadFormat::Parquet, pages(&rs, 100))
                 .await
+                .map_err(WriteError::into_archive)
             {
                 Ok(w) => break w,
                 Err(e) => {
@@ -1139,7 +1156,8 @@ async fn sixteen_concurrent_creators_exactly_one_wins() {
                     let rs = records(&b, 300, i);
                     let r = s
                         .write_bucket(&b, 7, PayloadFormat::Parquet, pages(&rs, 64))
-                        .await;
+                        .await
+                        .map_err(WriteError::into_archive);
                     (rs, r)
                 })
             })
@@ -1168,6 +1186,7 @@ async fn objects_are_listed_and_deleted_for_gc() {
         let w = s
             .write_bucket(&b, 1, PayloadFormat::Json, pages(&records(&b, 10, 0), 10))
             .await
+            .map_err(WriteError::into_archive)
             .unwrap();
         let objs = s.list_objects().await.unwrap();
         let keys: Vec<&str> = objs.iter().map(|o| o.key.as_str()).collect();
@@ -1204,6 +1223,7 @@ async fn datafusion_reads_the_payload() {
         let w = s
             .write_bucket(&b, 1, PayloadFormat::Parquet, pages(&rs, 10_000))
             .await
+            .map_err(WriteError::into_archive)
             .unwrap();
         let ctx = SessionContext::new();
         let url = url::Url::parse("archive://store").unwrap();
@@ -1257,6 +1277,7 @@ async fn a_payload_larger_than_one_upload_chunk_round_trips() {
             .store
             .write_bucket(&b, 1, PayloadFormat::Json, pages(&rs, 8192))
             .await
+            .map_err(WriteError::into_archive)
             .unwrap();
         assert!(
             w.manifest.byte_length > 9 << 20,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use archiver_support::*;
 use datafusion::arrow::array::{Array, Int64Array};
 use pulpitum::archiver::{ArchiverConfig, Runner};
-use pulpitum::model::{EventTime, Record, SortKey, TableId};
-use pulpitum::provider::surface::{encode_i64, Surface};
+use pulpitum::model::{encode_i64, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::provider::surface::Surface;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::{BucketFilter, BucketState};
 use tokio_util::sync::CancellationToken;
@@ -54,7 +54,7 @@ async fn sql_during_real_archiving_sees_every_row_once() {
             let id = ch * 100_000 + i;
             id_sum += id;
             records.push(Record {
-                partition_key: Surface::partition_key_of_i64(ch),
+                partition_key: PartitionKey::from_i64(ch),
                 event_time: EventTime::from_micros(base + (i / 10) * 86_400_000_000 + i).unwrap(),
                 sort_key: SortKey::new(encode_i64(id).to_vec()).unwrap(),
                 value: format!("c{ch} m{i}").into_bytes(),

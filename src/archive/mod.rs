@@ -39,6 +39,7 @@ pub use integrity::BLOCK_SIZE;
 pub use manifest::{Manifest, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION};
 pub use parquet::{envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS};
 pub use url::install_http_transport;
+pub use write::WriteError;
 
 /// The payload encoding of one archive; the manifest names it and readers pick the decoder
 /// from it, so changing the configured write format never invalidates older archives.
@@ -209,9 +210,6 @@ pub enum ArchiveError {
         /// What the probe saw.
         reason: String,
     },
-    /// The record source feeding a write failed (for the archiver: a snapshot page).
-    #[error("the record source failed: {0}")]
-    Source(String),
     /// A value failed model validation.
     #[error(transparent)]
     Model(#[from] ModelError),
@@ -495,15 +493,18 @@ impl ArchiveStore {
     /// returns the stored manifest; different content is [`ArchiveError::AlreadyExistsDifferent`].
     /// Memory stays bounded by one row group (Parquet) or one chunk (JSON), whatever the
     /// bucket size.
-    pub async fn write_bucket<S>(
+    ///
+    /// An error of `pages` aborts the write and comes back as [`WriteError::Source`],
+    /// unchanged.
+    pub async fn write_bucket<S, E>(
         &self,
         bucket: &BucketId,
         generation: i64,
         format: PayloadFormat,
         pages: S,
-    ) -> Result<WrittenArchive, ArchiveError>
+    ) -> Result<WrittenArchive, WriteError<E>>
     where
-        S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
+        S: Stream<Item = Result<Vec<Record>, E>> + Send,
     {
         write::write_bucket(self, bucket, generation, format, pages).await
     }

@@ -25,6 +25,29 @@ use super::{
 };
 use crate::model::{BucketId, EventTime, Record};
 
+/// Why an archive write failed: the source of its pages, or the archive itself. Generic over
+/// the source's error so that a caller (the archiver, reading fenced snapshot pages) gets its
+/// own error back as it was, to decide on it (a stale claim is a lost lease, not a failed
+/// upload), rather than a message.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError<E> {
+    /// The page stream returned an error; nothing was published and the upload was aborted.
+    #[error("the record source failed: {0}")]
+    Source(E),
+    /// Encoding, uploading, verifying or committing the archive failed.
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+}
+
+impl WriteError<ArchiveError> {
+    /// The error as an [`ArchiveError`], for callers whose source already speaks it.
+    pub fn into_archive(self) -> ArchiveError {
+        match self {
+            Self::Source(e) | Self::Archive(e) => e,
+        }
+    }
+}
+
 /// Upload chunk size: payloads up to this size are one PUT; larger ones are multipart with
 /// parts of this size, so the writer holds at most one chunk of encoded bytes.
 const UPLOAD_CHUNK: usize = 8 << 20;
@@ -124,16 +147,16 @@ impl<'a> Rechunker<'a> {
     }
 }
 
-async fn encode_parquet<S>(
+async fn encode_parquet<S, E>(
     sink: PayloadSink,
     row_group_rows: usize,
     key: &str,
     bucket: &BucketId,
     lossy: bool,
     pages: S,
-) -> (PayloadSink, Result<RowStats, ArchiveError>)
+) -> (PayloadSink, Result<RowStats, WriteError<E>>)
 where
-    S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
+    S: Stream<Item = Result<Vec<Record>, E>> + Send,
 {
     let mut writer = match AsyncArrowWriter::try_new(
         sink,
@@ -144,10 +167,10 @@ where
         Err(e) => unreachable_writer(e),
     };
     let mut chunker = Rechunker::new(bucket, lossy);
-    let result: Result<(), ArchiveError> = async {
+    let result: Result<(), WriteError<E>> = async {
         futures::pin_mut!(pages);
         while let Some(page) = pages.next().await {
-            for chunk in chunker.push(page?)? {
+            for chunk in chunker.push(page.map_err(WriteError::Source)?)? {
                 let batch = records_to_batch(&chunk, true);
                 writer
                     .write(&batch)
@@ -178,18 +201,18 @@ fn unreachable_writer(e: ::parquet::errors::ParquetError) -> ! {
     panic!("the archive Parquet writer rejected its own schema: {e}")
 }
 
-async fn encode_json<S>(
+async fn encode_json<S, E>(
     mut sink: PayloadSink,
     key: &str,
     bucket: &BucketId,
     lossy: bool,
     pages: S,
-) -> (PayloadSink, Result<RowStats, ArchiveError>)
+) -> (PayloadSink, Result<RowStats, WriteError<E>>)
 where
-    S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
+    S: Stream<Item = Result<Vec<Record>, E>> + Send,
 {
     let mut chunker = Rechunker::new(bucket, lossy);
-    let result: Result<(), ArchiveError> = async {
+    let result: Result<(), WriteError<E>> = async {
         let put_err = |e| ArchiveError::storage("write", key, e);
         sink.put(json::header_line().into())
             .await
@@ -197,7 +220,7 @@ where
         futures::pin_mut!(pages);
         let mut buf = Vec::new();
         while let Some(page) = pages.next().await {
-            for chunk in chunker.push(page?)? {
+            for chunk in chunker.push(page.map_err(WriteError::Source)?)? {
                 buf.clear();
                 json::encode_lines(&chunk, &mut buf);
                 sink.put(buf.clone().into()).await.map_err(put_err)?;
@@ -221,24 +244,51 @@ pub(crate) fn is_condition_failure(e: &opendal::Error) -> bool {
     )
 }
 
-pub(crate) async fn write_bucket<S>(
+pub(crate) async fn write_bucket<S, E>(
     store: &ArchiveStore,
     bucket: &BucketId,
     generation: i64,
     format: PayloadFormat,
     pages: S,
-) -> Result<WrittenArchive, ArchiveError>
+) -> Result<WrittenArchive, WriteError<E>>
 where
-    S: Stream<Item = Result<Vec<Record>, ArchiveError>> + Send,
+    S: Stream<Item = Result<Vec<Record>, E>> + Send,
+{
+    let uploaded = upload_payload(store, bucket, generation, format, pages).await?;
+    Ok(verify_and_commit(store, bucket, generation, format, uploaded).await?)
+}
+
+/// A payload uploaded (or found from an earlier attempt) and the digests its encoding had.
+struct Uploaded {
+    payload_key: String,
+    manifest_key: String,
+    written: Digests,
+    stats: RowStats,
+    /// The payload was already there (an earlier attempt), or another writer created it
+    /// first: a different stored payload is then someone else's, not a corruption.
+    preexisting: bool,
+}
+
+/// Encodes the pages into a create-if-absent payload while hashing them. The only step that
+/// reads the source, so the only one whose errors may be the source's.
+async fn upload_payload<S, E>(
+    store: &ArchiveStore,
+    bucket: &BucketId,
+    generation: i64,
+    format: PayloadFormat,
+    pages: S,
+) -> Result<Uploaded, WriteError<E>>
+where
+    S: Stream<Item = Result<Vec<Record>, E>> + Send,
 {
     if generation < 0 {
         return Err(ArchiveError::Config(format!(
             "generation must not be negative, got {generation}"
-        )));
+        ))
+        .into());
     }
     let op = store.operator();
     let payload_key = store.payload_key(bucket, generation, format);
-    let manifest_key = store.manifest_key(bucket, generation);
 
     // A payload left by an earlier attempt is compared, never overwritten. (radosgw ignores
     // If-None-Match on multipart completion, so large payloads rely on this check and on the
@@ -246,7 +296,7 @@ where
     let mut existed = match op.stat(&payload_key).await {
         Ok(_) => true,
         Err(e) if e.kind() == opendal::ErrorKind::NotFound => false,
-        Err(e) => return Err(ArchiveError::storage("stat", &payload_key, e)),
+        Err(e) => return Err(ArchiveError::storage("stat", &payload_key, e).into()),
     };
     let writer = if existed {
         None
@@ -262,7 +312,7 @@ where
                 existed = true;
                 None
             }
-            Err(e) => return Err(ArchiveError::storage("write", &payload_key, e)),
+            Err(e) => return Err(ArchiveError::storage("write", &payload_key, e).into()),
         }
     };
     // From here on, every way out of this function that leaves the upload unfinished (an
@@ -286,17 +336,43 @@ where
     let lost_race = match sink.close().await {
         Ok(()) => false,
         Err(e) if is_condition_failure(&e) => true,
-        Err(e) => return Err(ArchiveError::storage("write", &payload_key, e)),
+        Err(e) => return Err(ArchiveError::storage("write", &payload_key, e).into()),
     };
     let written: Digests = sink.finish_digest();
     crate::failpoint::hit("after_upload");
+    Ok(Uploaded {
+        payload_key,
+        manifest_key: store.manifest_key(bucket, generation),
+        written,
+        stats,
+        preexisting: existed || lost_race,
+    })
+}
+
+/// Reads the payload back and verifies it, then creates the manifest in one conditional PUT
+/// and reads that back.
+async fn verify_and_commit(
+    store: &ArchiveStore,
+    bucket: &BucketId,
+    generation: i64,
+    format: PayloadFormat,
+    uploaded: Uploaded,
+) -> Result<WrittenArchive, ArchiveError> {
+    let Uploaded {
+        payload_key,
+        manifest_key,
+        written,
+        stats,
+        preexisting,
+    } = uploaded;
+    let op = store.operator();
 
     // Read back the whole payload and compare every block with what was encoded.
     // Equal length and equal block digests mean equal bytes, so the stored object's whole
     // SHA-256 is the one computed on upload; hashing it a second time would prove nothing.
     let stored = digest_stored(op, &payload_key, store.block_size()).await?;
     if stored.len != written.len || stored.blocks != written.blocks {
-        if existed || lost_race {
+        if preexisting {
             return Err(ArchiveError::AlreadyExistsDifferent { key: payload_key });
         }
         if stored.len != written.len {

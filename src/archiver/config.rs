@@ -109,7 +109,7 @@ impl ArchiverConfig {
                     self.gc_delay.as_secs_f64(),
                     floor.as_secs_f64(),
                     self.upload_deadline.as_secs_f64(),
-                    super::runner::publication_window(self.op_deadline).as_secs_f64(),
+                    super::publish::publication_window(self.op_deadline).as_secs_f64(),
                     CLOCK_SKEW_ALLOWANCE.as_secs(),
                 ),
             );
@@ -122,7 +122,7 @@ impl ArchiverConfig {
     /// re-read), plus [`CLOCK_SKEW_ALLOWANCE`] between this host and the object store.
     pub fn min_gc_delay(&self) -> Duration {
         self.upload_deadline
-            .saturating_add(super::runner::publication_window(self.op_deadline))
+            .saturating_add(super::publish::publication_window(self.op_deadline))
             .saturating_add(CLOCK_SKEW_ALLOWANCE)
     }
 }
@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(
             floor,
             Duration::from_secs(3)
-                + super::super::runner::publication_window(c.op_deadline)
+                + super::super::publish::publication_window(c.op_deadline)
                 + CLOCK_SKEW_ALLOWANCE
         );
         // Zero is already outside the setting's range, which says so first.

@@ -6,10 +6,12 @@
 //! work items); `lease` renews claims; [`gc`] removes objects that no route or claim
 //! references; [`metrics`] counts what happened; [`config`] holds and validates settings.
 
+mod cleanup;
 pub mod config;
 pub mod gc;
 mod lease;
 pub mod metrics;
+mod publish;
 mod runner;
 
 pub use config::ArchiverConfig;

@@ -15,36 +15,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use futures::stream::{self, FuturesUnordered, StreamExt};
-use tokio::sync::{Mutex, Semaphore};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use crate::archive::{ArchiveError, ArchiveStore};
+use crate::archive::ArchiveStore;
 use crate::failpoint;
-use crate::model::{BucketId, ClusteringKey, EventTime, Record};
+use crate::model::{BucketId, EventTime};
 use crate::store::{BucketState, Claim, HotStore, StoreError, WorkItem, WorkKind};
 
 use super::config::january_first_of_previous_year;
-use super::lease::LeaseKeeper;
+use super::cleanup::Cleanup;
 use super::{ArchiverConfig, ArchiverError, ArchiverMetrics};
-
-/// Publication attempts before its outcome is reported unresolved.
-const PUBLISH_ATTEMPTS: u32 = 5;
-
-/// Pause before publication attempt `attempt` (from 1).
-fn publish_backoff(attempt: u32) -> Duration {
-    Duration::from_millis(100 << attempt)
-}
-
-/// The longest publication can take after the upload: every attempt and its re-read at the
-/// operation deadline, plus the pauses between attempts. Part of the GC delay's floor.
-pub(crate) fn publication_window(op_deadline: Duration) -> Duration {
-    let pauses: Duration = (1..PUBLISH_ATTEMPTS).map(publish_backoff).sum();
-    op_deadline
-        .saturating_mul(2 * PUBLISH_ATTEMPTS)
-        .saturating_add(pauses)
-}
 
 /// Upper bound on the backlog a drain counts at its end (one statement; a larger backlog is
 /// reported as "at least" this).
@@ -136,27 +119,15 @@ pub struct DrainReport {
     pub interrupted: bool,
 }
 
-/// How a cleanup attempt ended.
-enum Cleanup {
-    /// All hot rows deleted (this many by us).
-    Done(u64),
-    /// Already clean, not due yet, or another worker holds the cleanup.
-    NotOurs,
-    /// Shutdown stopped it between transactions.
-    Interrupted,
-    /// Our cleanup claim went stale mid-way.
-    LeaseLost,
-}
-
 /// Where the default cutoff reads the time (injectable for tests).
 pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
 
 /// One archiver process's worker.
 pub struct Runner {
-    store: Arc<dyn HotStore>,
-    archive: Arc<ArchiveStore>,
-    config: ArchiverConfig,
-    metrics: Arc<ArchiverMetrics>,
+    pub(super) store: Arc<dyn HotStore>,
+    pub(super) archive: Arc<ArchiveStore>,
+    pub(super) config: ArchiverConfig,
+    pub(super) metrics: Arc<ArchiverMetrics>,
     clock: Clock,
 }
 
@@ -445,226 +416,8 @@ impl Runner {
         .await
     }
 
-    fn keep_lease(&self, claim: Claim, sent: Instant) -> LeaseKeeper {
-        LeaseKeeper::start(
-            self.store.clone(),
-            claim,
-            sent,
-            self.config.lease,
-            self.config.op_deadline,
-        )
-    }
-
-    async fn archive_claimed(
-        &self,
-        claim: Claim,
-        sent: Instant,
-        shutdown: &CancellationToken,
-    ) -> Result<BucketOutcome, ArchiverError> {
-        let started = Instant::now();
-        let keeper = self.keep_lease(claim.clone(), sent);
-        let store_error: Arc<Mutex<Option<StoreError>>> = Arc::new(Mutex::new(None));
-        let pages = snapshot_pages(
-            self.store.clone(),
-            claim.clone(),
-            self.config.snapshot_page_rows,
-            self.config.op_deadline,
-            store_error.clone(),
-        );
-        let upload =
-            self.archive
-                .write_bucket(&claim.bucket, claim.generation, self.config.format, pages);
-        let written = tokio::select! {
-            biased;
-            _ = keeper.lost.cancelled() => return Ok(BucketOutcome::LeaseLost),
-            _ = shutdown.cancelled() => {
-                // Hand the bucket back at once rather than keep the process alive for an
-                // upload that may take minutes; the dropped upload leaves only orphans.
-                self.defer(&claim, "archiver shutting down".into(), Duration::ZERO).await;
-                return Ok(BucketOutcome::Interrupted);
-            }
-            r = tokio::time::timeout(self.config.upload_deadline, upload) => match r {
-                Ok(Ok(w)) => w,
-                Ok(Err(e)) => {
-                    let reason = match store_error.lock().await.take() {
-                        Some(StoreError::StaleClaim { .. }) => return Ok(BucketOutcome::LeaseLost),
-                        Some(se) => format!("snapshot failed: {se}"),
-                        None => format!("upload failed: {e}"),
-                    };
-                    self.defer(&claim, reason.clone(), self.config.retry).await;
-                    return Ok(BucketOutcome::Deferred { reason });
-                }
-                Err(_) => {
-                    let reason = "upload deadline passed".to_string();
-                    self.defer(&claim, reason.clone(), self.config.retry).await;
-                    return Ok(BucketOutcome::Deferred { reason });
-                }
-            },
-        };
-        failpoint::hit("after_verify");
-        info!(
-            key = %written.manifest_key,
-            rows = written.manifest.row_count,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "snapshotted, uploaded and verified"
-        );
-        if !keeper.holds() {
-            return Ok(BucketOutcome::LeaseLost);
-        }
-        if !self.publish(&claim, &written.manifest_key).await? {
-            return Ok(BucketOutcome::LeaseLost);
-        }
-        failpoint::hit("after_publish");
-        self.metrics.buckets_archived.inc();
-        self.metrics
-            .rows_archived
-            .inc_by(written.manifest.row_count);
-        self.metrics
-            .bytes_archived
-            .inc_by(written.manifest.byte_length);
-        info!(key = %written.manifest_key, elapsed_ms = started.elapsed().as_millis() as u64, "published");
-        Ok(BucketOutcome::Archived {
-            rows: written.manifest.row_count,
-            bytes: written.manifest.byte_length,
-        })
-    }
-
-    /// Publishes, settling an ambiguous result by re-reading the route. `Ok(false)` when the
-    /// claim turned out not to be current (nothing was published under it).
-    async fn publish(&self, claim: &Claim, manifest_key: &str) -> Result<bool, ArchiverError> {
-        let mut last_error = None;
-        for attempt in 0..PUBLISH_ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(publish_backoff(attempt)).await;
-            }
-            // The store answered that the conditional update matched nothing: definitive,
-            // unless an earlier attempt's commit is what changed the row (the re-read tells).
-            let mut refused = false;
-            match tokio::time::timeout(
-                self.config.op_deadline,
-                self.store.publish_archive(claim, manifest_key),
-            )
-            .await
-            {
-                Ok(Ok(())) => return Ok(true),
-                Ok(Err(e @ StoreError::StaleClaim { .. })) => {
-                    refused = true;
-                    last_error = Some(e.to_string());
-                }
-                Ok(Err(e)) => last_error = Some(e.to_string()),
-                Err(_) => last_error = Some("publish deadline passed".into()),
-            }
-            // The commit may have happened even though we saw an error: ask the authority.
-            match tokio::time::timeout(self.config.op_deadline, self.store.bucket(&claim.bucket))
-                .await
-            {
-                Ok(Ok(Some(meta))) => match meta.state {
-                    BucketState::Archived { object_key, .. } if object_key == manifest_key => {
-                        return Ok(true)
-                    }
-                    // Still ours by token and generation, so the update was refused for the
-                    // lease alone: it expired.
-                    BucketState::Archiving
-                        if meta.generation == claim.generation
-                            && meta.owner_token.as_deref() == Some(claim.token.as_str()) =>
-                    {
-                        if refused {
-                            return Ok(false);
-                        }
-                    }
-                    _ => return Ok(false),
-                },
-                Ok(Ok(None)) => return Ok(false),
-                Ok(Err(e)) => last_error = Some(e.to_string()),
-                Err(_) => last_error = Some("re-read deadline passed".into()),
-            }
-        }
-        Err(ArchiverError::Unresolved {
-            bucket: claim.bucket.clone(),
-            step: "publish",
-            detail: last_error.unwrap_or_default(),
-        })
-    }
-
-    /// Claims a published bucket's cleanup once its delay has passed (never waiting for it:
-    /// a bucket not yet due is left for a later cycle), then deletes the hot rows in small
-    /// transactions under that claim, stopping between transactions on shutdown.
-    async fn finish_cleanup(
-        &self,
-        bucket: &BucketId,
-        shutdown: &CancellationToken,
-    ) -> Result<Cleanup, ArchiverError> {
-        let meta = self.op("bucket", self.store.bucket(bucket)).await?;
-        let Some(published_at) = meta.and_then(|m| m.published_at) else {
-            return Ok(Cleanup::NotOurs);
-        };
-        let now = self.op("now", self.store.now()).await?;
-        let due = published_at.as_micros().saturating_add(
-            i64::try_from(self.config.cleanup_delay.as_micros()).unwrap_or(i64::MAX),
-        );
-        if due > now.as_micros() {
-            debug!("cleanup not due yet (readers' route-cache bound)");
-            return Ok(Cleanup::NotOurs);
-        }
-        let sent = Instant::now();
-        let Some(claim) = self
-            .op(
-                "claim_cleanup",
-                self.store.claim_cleanup(bucket, self.config.lease),
-            )
-            .await?
-        else {
-            debug!("cleanup owned elsewhere or already done");
-            return Ok(Cleanup::NotOurs);
-        };
-        debug!(generation = claim.generation, "claimed cleanup");
-        let keeper = self.keep_lease(claim.clone(), sent);
-        let started = Instant::now();
-        let mut deleted = 0u64;
-        let mut steps = 0u32;
-        loop {
-            if !keeper.holds() {
-                return Ok(Cleanup::LeaseLost);
-            }
-            if shutdown.is_cancelled() {
-                return Ok(Cleanup::Interrupted);
-            }
-            let step = self.store.cleanup_step(
-                &claim,
-                self.config.cleanup_batch_rows,
-                self.config.cleanup_delay,
-            );
-            match tokio::time::timeout(self.config.op_deadline, step).await {
-                Ok(Ok((n, finished))) => {
-                    deleted += n;
-                    self.metrics.rows_deleted.inc_by(n);
-                    steps += 1;
-                    if steps == 1 {
-                        failpoint::hit("mid_cleanup");
-                    }
-                    if finished {
-                        self.metrics.buckets_cleaned.inc();
-                        info!(
-                            rows_deleted = deleted,
-                            elapsed_ms = started.elapsed().as_millis() as u64,
-                            "hot rows deleted"
-                        );
-                        return Ok(Cleanup::Done(deleted));
-                    }
-                }
-                Ok(Err(StoreError::StaleClaim { .. })) => return Ok(Cleanup::LeaseLost),
-                Ok(Err(e)) if e.is_retryable() => {
-                    warn!(error = %e, "cleanup step failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Ok(Err(e)) => return Err(e.into()),
-                Err(_) => warn!("cleanup step deadline passed; retrying"),
-            }
-        }
-    }
-
     /// Hands a claimed bucket back to Hot, claimable after `retry`.
-    async fn defer(&self, claim: &Claim, reason: String, retry: Duration) {
+    pub(super) async fn defer(&self, claim: &Claim, reason: String, retry: Duration) {
         warn!(%reason, "deferring bucket");
         match tokio::time::timeout(
             self.config.op_deadline,
@@ -680,7 +433,8 @@ impl Runner {
         self.metrics.buckets_deferred.inc();
     }
 
-    async fn op<T>(
+    /// One store call under the operation deadline.
+    pub(super) async fn op<T>(
         &self,
         name: &'static str,
         fut: impl std::future::Future<Output = Result<T, StoreError>>,
@@ -690,82 +444,6 @@ impl Runner {
             Err(_) => Err(ArchiverError::Deadline { operation: name }),
         }
     }
-}
-
-/// The fenced snapshot as a stream of pages for the archive writer. The next page is
-/// fetched while the writer encodes the current one, so the database and the encoder work
-/// at the same time. A store error is kept in `error_slot` (the writer only sees that its
-/// source failed) so the runner can tell a lost claim from a transient failure.
-fn snapshot_pages(
-    store: Arc<dyn HotStore>,
-    claim: Claim,
-    page_rows: usize,
-    deadline: Duration,
-    error_slot: Arc<Mutex<Option<StoreError>>>,
-) -> impl futures::Stream<Item = Result<Vec<Record>, ArchiveError>> + Send + 'static {
-    type Fetch = tokio::task::JoinHandle<Result<Vec<Record>, StoreError>>;
-    let fetch = {
-        let (store, claim) = (store.clone(), claim.clone());
-        move |after: Option<ClusteringKey>| -> Fetch {
-            let (store, claim) = (store.clone(), claim.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(
-                    deadline,
-                    store.snapshot_page(&claim, after.as_ref(), page_rows),
-                )
-                .await
-                {
-                    Ok(r) => r,
-                    Err(_) => Err(StoreError::Backend {
-                        operation: "snapshot",
-                        detail: "snapshot page deadline passed".into(),
-                    }),
-                }
-            })
-        }
-    };
-    /// Aborts a prefetch nobody will read (the writer stopped or the work was dropped).
-    struct Pending(Option<Fetch>);
-    impl Drop for Pending {
-        fn drop(&mut self) {
-            if let Some(h) = self.0.take() {
-                h.abort();
-            }
-        }
-    }
-    let first = Pending(Some(fetch(None)));
-    stream::try_unfold((first, 0u64), move |(mut pending, page_no)| {
-        let error_slot = error_slot.clone();
-        let fetch = fetch.clone();
-        async move {
-            let Some(handle) = pending.0.take() else {
-                return Ok(None);
-            };
-            if page_no == 1 {
-                // The first page has been handed to the writer: we are mid-upload.
-                failpoint::hit("mid_upload");
-            }
-            let page = match handle.await {
-                Ok(Ok(p)) => p,
-                Ok(Err(e)) => {
-                    let msg = e.to_string();
-                    *error_slot.lock().await = Some(e);
-                    return Err(ArchiveError::Source(msg));
-                }
-                Err(e) => return Err(ArchiveError::Source(format!("snapshot task failed: {e}"))),
-            };
-            if page_no == 0 {
-                failpoint::hit("mid_snapshot");
-            }
-            if page.is_empty() {
-                return Ok(None);
-            }
-            if page.len() >= page_rows {
-                pending.0 = Some(fetch(page.last().map(Record::clustering_key)));
-            }
-            Ok(Some((page, (pending, page_no + 1))))
-        }
-    })
 }
 
 /// Whether `bucket` is fully archived: published with its hot rows deleted.

@@ -6,12 +6,14 @@
 mod bounds;
 mod bucket;
 pub mod envelope;
+mod int_key;
 mod keys;
 mod time;
 
 pub use bounds::{ClusteringKey, ScanBounds};
 pub use bucket::{BucketId, BucketKey, BucketStrategy};
 pub use envelope::{batch_to_records, envelope_schema, records_to_batch, EnvelopeBuilder};
+pub use int_key::{decode_i64, encode_i64};
 pub use keys::{PartitionKey, Record, SortKey, TableId, MAX_KEY_LEN, MAX_TABLE_ID_LEN};
 pub use time::{EventTime, MAX_SUPPORTED_YEAR, MIN_SUPPORTED_YEAR};
 

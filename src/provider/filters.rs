@@ -20,7 +20,7 @@ use std::ops::Bound;
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::scalar::ScalarValue;
 
-use super::surface::{encode_i64, Role, Surface};
+use super::surface::{Role, Surface};
 use crate::model::{ClusteringKey, EventTime, PartitionKey, ScanBounds, SortKey};
 
 /// What one accepted filter contributes to the scan.
@@ -127,30 +127,6 @@ fn comparison(surface: Surface, e: &Expr) -> Option<(Role, Operator, ScalarValue
     }
 }
 
-fn int_of(v: &ScalarValue) -> Option<i64> {
-    match v {
-        ScalarValue::Int64(Some(x)) => Some(*x),
-        ScalarValue::Int32(Some(x)) => Some(i64::from(*x)),
-        ScalarValue::Int16(Some(x)) => Some(i64::from(*x)),
-        ScalarValue::Int8(Some(x)) => Some(i64::from(*x)),
-        ScalarValue::UInt32(Some(x)) => Some(i64::from(*x)),
-        ScalarValue::UInt16(Some(x)) => Some(i64::from(*x)),
-        ScalarValue::UInt8(Some(x)) => Some(i64::from(*x)),
-        ScalarValue::UInt64(Some(x)) => i64::try_from(*x).ok(),
-        _ => None,
-    }
-}
-
-fn bytes_of(v: &ScalarValue) -> Option<Vec<u8>> {
-    match v {
-        ScalarValue::Binary(Some(b))
-        | ScalarValue::LargeBinary(Some(b))
-        | ScalarValue::BinaryView(Some(b)) => Some(b.clone()),
-        ScalarValue::FixedSizeBinary(_, Some(b)) => Some(b.clone()),
-        _ => None,
-    }
-}
-
 /// Microseconds of a timestamp literal; `None` when it is not a timestamp or would lose
 /// sub-microsecond digits.
 fn micros_of(v: &ScalarValue) -> Option<i64> {
@@ -164,19 +140,11 @@ fn micros_of(v: &ScalarValue) -> Option<i64> {
 }
 
 fn sort_key_of(surface: Surface, v: &ScalarValue) -> Option<SortKey> {
-    match surface {
-        Surface::Chat => SortKey::new(encode_i64(int_of(v)?).to_vec()).ok(),
-        Surface::Raw => SortKey::new(bytes_of(v)?).ok(),
-    }
+    surface.sort_key_of(v)
 }
 
 fn partition_of(surface: Surface, v: &ScalarValue) -> Option<PartitionKey> {
-    match surface {
-        Surface::Chat => Some(Surface::partition_key_of_i64(int_of(v)?)),
-        // An empty or oversized key can match no stored row, but it is not a key we can
-        // name in a bucket listing: leave such filters to DataFusion.
-        Surface::Raw => PartitionKey::new(bytes_of(v)?).ok(),
-    }
+    surface.partition_of(v)
 }
 
 fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
@@ -541,11 +509,7 @@ impl PushedFilters {
     /// EXPLAIN): e.g. `[channel_id IN (1), timestamp >= 2024-05-02T00:00:00Z]`.
     pub fn describe(&self, surface: Surface) -> String {
         let [p, t, k, _] = surface.column_names();
-        let key = |b: &[u8]| match surface {
-            Surface::Chat => super::surface::decode_i64(b)
-                .map_or_else(|| format!("0x{}", hex::encode(b)), |v| v.to_string()),
-            Surface::Raw => format!("0x{}", hex::encode(b)),
-        };
+        let key = |b: &[u8]| surface.display_key(b);
         let mut parts = Vec::new();
         if let Some(set) = &self.partitions {
             let vals: Vec<String> = set.iter().map(|pk| key(pk.as_bytes())).collect();
@@ -651,7 +615,10 @@ mod tests {
             .or(col("timestamp").lt(t.clone()));
         assert!(exact(&back));
         let p = PushedFilters::from_exprs(Surface::Chat, &[fwd]);
-        assert_eq!(p.bounds.after.unwrap().sort_key.as_bytes(), &encode_i64(7));
+        assert_eq!(
+            p.bounds.after.unwrap().sort_key.as_bytes(),
+            &crate::model::encode_i64(7)
+        );
     }
 
     #[test]

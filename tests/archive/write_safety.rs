@@ -4,6 +4,7 @@
 //! refuses a store that overwrites, and an upload that fails or is dropped is aborted.
 
 use super::*;
+use pulpitum::archive::WriteError;
 use pulpitum::archive::WriteFault;
 
 const WRITE_FAULTS: [WriteFault; 4] = [
@@ -79,6 +80,7 @@ async fn damaged_writes_are_never_returned_as_archives() {
                         .with_faults(layer.clone())
                         .write_bucket(&b, generation, format, pages(&rs, 50))
                         .await
+                        .map_err(WriteError::into_archive)
                         .map(|w| w.manifest_key)
                         .expect_err(&format!(
                             "{ctx}: a damaged write was returned as an archive"
@@ -100,6 +102,7 @@ async fn damaged_writes_are_never_returned_as_archives() {
                     match store
                         .write_bucket(&b, generation, format, pages(&rs, 50))
                         .await
+                        .map_err(WriteError::into_archive)
                     {
                         Ok(w) => assert_eq!(store.read_all(&w.manifest).await.unwrap(), rs),
                         Err(
@@ -127,6 +130,7 @@ async fn a_lossy_encoder_is_caught_by_the_decode_check() {
             let err = store
                 .write_bucket(&b, generation as i64, format, pages(&rs, 90))
                 .await
+                .map_err(WriteError::into_archive)
                 .map(|w| w.manifest_key)
                 .expect_err(&format!(
                     "{} {format}: a lossy payload was accepted",
@@ -171,7 +175,10 @@ async fn racing_writers_of_different_manifests_exactly_one_wins() {
                         (be.store.clone(), b.clone(), rs.clone(), barrier.clone());
                     tokio::spawn(async move {
                         barrier.wait().await;
-                        let r = s.write_bucket(&b, generation, format, pages(&rs, 40)).await;
+                        let r = s
+                            .write_bucket(&b, generation, format, pages(&rs, 40))
+                            .await
+                            .map_err(WriteError::into_archive);
                         (format, r, std::time::Instant::now())
                     })
                 })
@@ -344,14 +351,15 @@ async fn failed_and_dropped_uploads_are_aborted() {
         let b = bucket("2024-05-04", 6);
         let key = be.store.payload_key(&b, 1, PayloadFormat::Json);
         let failing = big_then(&be, &b, key.clone(), async {
-            Err(ArchiveError::Source("snapshot connection lost".into()))
+            Err(ArchiveError::Config("snapshot connection lost".into()))
         });
         match be
             .store
             .write_bucket(&b, 1, PayloadFormat::Json, failing)
             .await
         {
-            Err(ArchiveError::Source(_)) => {}
+            Err(WriteError::Source(ArchiveError::Config(m))) if m == "snapshot connection lost" => {
+            }
             other => panic!("{}: {:?}", be.name, other.map(|w| w.manifest_key)),
         }
         assert_eq!(leftovers(&be, &key).await, (false, 0), "{} error", be.name);
@@ -364,6 +372,7 @@ async fn failed_and_dropped_uploads_are_aborted() {
             .with_faults(layer)
             .write_bucket(&b, 3, PayloadFormat::Json, completing)
             .await
+            .map_err(WriteError::into_archive)
         {
             Err(ArchiveError::Storage { op: "write", .. }) => {}
             other => panic!("{}: {:?}", be.name, other.map(|w| w.manifest_key)),

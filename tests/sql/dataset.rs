@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use futures::stream;
 use pulpitum::archive::PayloadFormat;
+use pulpitum::model::encode_i64;
 use pulpitum::model::{BucketId, EventTime, PartitionKey, Record, SortKey, TableId};
-use pulpitum::provider::surface::encode_i64;
 use pulpitum::store::{Appends, BucketFilter, BucketState, Lifecycle, RoutedReads};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -203,7 +203,7 @@ pub async fn archive(
         .await
         .unwrap()
         .expect("claimable");
-    let mut pages = Vec::new();
+    let mut pages: Vec<Result<_, std::convert::Infallible>> = Vec::new();
     let mut after = None;
     loop {
         let page = env

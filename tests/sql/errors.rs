@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use pulpitum::model::encode_i64;
 use pulpitum::model::{BucketId, BucketStrategy, EventTime, PartitionKey, TableId};
-use pulpitum::provider::surface::encode_i64;
 use pulpitum::provider::QueryLimits;
 use pulpitum::session::SessionOptions;
 use pulpitum::store::{HotStore, Lifecycle, RoutedReads};

@@ -60,10 +60,8 @@ async fn plan_env() -> Env {
         .await;
     let planted = pulpitum::model::BucketId {
         table_id: pulpitum::model::TableId::new("chat").unwrap(),
-        partition_key: pulpitum::model::PartitionKey::new(
-            pulpitum::provider::surface::encode_i64(1).to_vec(),
-        )
-        .unwrap(),
+        partition_key: pulpitum::model::PartitionKey::new(pulpitum::model::encode_i64(1).to_vec())
+            .unwrap(),
         bucket_key: pulpitum::model::BucketStrategy::CalendarDayUtc
             .bucket_of(pulpitum::model::EventTime::parse_rfc3339("2024-03-05T00:00:00Z").unwrap()),
     };

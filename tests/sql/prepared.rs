@@ -402,8 +402,7 @@ async fn prepared_insert_appends_through_the_fence() {
     // A row aimed at a fenced bucket fails the statement, naming the bucket.
     let bucket = BucketId {
         table_id: TableId::new("chat").unwrap(),
-        partition_key: PartitionKey::new(pulpitum::provider::surface::encode_i64(9).to_vec())
-            .unwrap(),
+        partition_key: PartitionKey::new(pulpitum::model::encode_i64(9).to_vec()).unwrap(),
         bucket_key: pulpitum::model::BucketStrategy::CalendarDayUtc
             .bucket_of(EventTime::parse_rfc3339("2024-05-01T00:00:00Z").unwrap()),
     };
@@ -512,8 +511,8 @@ async fn cached_plans_run_concurrently_with_fresh_state() {
 /// ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_histories_read_heads_then_list_the_rest() {
+    use pulpitum::model::encode_i64;
     use pulpitum::model::SortKey;
-    use pulpitum::provider::surface::encode_i64;
     use pulpitum::store::{HEAD_READS, LIST_PAGE};
 
     let env = Env::new("preplong").await;
@@ -671,8 +670,8 @@ async fn drained_scans_count_the_limit_across_tiers() {
     use datafusion::arrow::array::{Array, BinaryArray};
     use futures::StreamExt;
     use pulpitum::archive::PayloadFormat;
+    use pulpitum::model::{decode_i64, encode_i64};
     use pulpitum::model::{BucketStrategy, ScanBounds};
-    use pulpitum::provider::surface::{decode_i64, encode_i64};
     use pulpitum::table::{BucketScan, DurableTable};
 
     let env = Env::new("preptiers").await;
