@@ -37,7 +37,7 @@ use pulpitum::model::{
 };
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
-use pulpitum::store::{Appends, Catalog, HotStore, Lifecycle, RoutedReads};
+use pulpitum::store::{Appends, HotStore, Lifecycle, RoutedReads};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
@@ -82,7 +82,7 @@ where
 async fn archive_bucket(store: &PgStore, archive: &ArchiveStore, bucket: &BucketId) {
     let lease = Duration::from_secs(300);
     let claim = store.claim(bucket, lease).await.unwrap().unwrap();
-    let mut pages = Vec::new();
+    let mut pages: Vec<Result<_, std::convert::Infallible>> = Vec::new();
     let mut after = None;
     loop {
         let page = store

@@ -12,7 +12,6 @@ use archiver_support::*;
 use datafusion::arrow::array::{Array, Int64Array};
 use pulpitum::archiver::{ArchiverConfig, Runner};
 use pulpitum::model::{encode_i64, EventTime, PartitionKey, Record, SortKey, TableId};
-use pulpitum::provider::surface::Surface;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::{BucketFilter, BucketState};
 use tokio_util::sync::CancellationToken;

@@ -25,8 +25,8 @@ use crate::failpoint;
 use crate::model::{BucketId, EventTime};
 use crate::store::{BucketState, Claim, HotStore, StoreError, WorkItem, WorkKind};
 
-use super::config::january_first_of_previous_year;
 use super::cleanup::Cleanup;
+use super::config::january_first_of_previous_year;
 use super::{ArchiverConfig, ArchiverError, ArchiverMetrics};
 
 /// Upper bound on the backlog a drain counts at its end (one statement; a larger backlog is

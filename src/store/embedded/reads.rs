@@ -293,8 +293,8 @@ mod tests {
             };
             assert_eq!(state, BucketState::Hot);
             assert_eq!(
-                crate::model::batch_to_records(&rows).unwrap(),
-                want,
+                rows,
+                crate::model::records_to_batch(&want, include_value),
                 "bounds {bounds:?} desc {descending} limit {limit}"
             );
         }
