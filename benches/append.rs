@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use pulpitum::model::{BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
 use pulpitum::store::postgres::{PgStore, PgStoreConfig};
-use pulpitum::store::{Appends, Catalog, HotStore, Lifecycle, RoutedReads, TableDefinition};
+use pulpitum::store::{Appends, Catalog, TableDefinition};
 use tokio::runtime::Runtime;
 
 static SEQ: AtomicI64 = AtomicI64::new(0);

@@ -19,7 +19,7 @@ use pulpitum::archive::{ArchiveStore, PayloadFormat};
 use pulpitum::archiver::{ArchiverConfig, Runner};
 use pulpitum::model::{BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
 use pulpitum::store::postgres::PgStore;
-use pulpitum::store::{Appends, Catalog, HotStore, Lifecycle, RoutedReads, TableDefinition};
+use pulpitum::store::{Appends, Catalog, RoutedReads, TableDefinition};
 use tokio_util::sync::CancellationToken;
 
 fn pg_url() -> String {

@@ -37,7 +37,7 @@ use pulpitum::model::{
 use pulpitum::provider::surface::encode_i64;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
-use pulpitum::store::{Appends, Catalog, HotStore, Lifecycle, RoutedReads};
+use pulpitum::store::{Appends, HotStore, Lifecycle, RoutedReads};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
@@ -223,7 +223,7 @@ async fn main() {
                         .unwrap();
                     assert!(matches!(
                         head.first,
-                        pulpitum::store::FirstPage::Hot { ref rows, .. } if rows.num_rows() == 50
+                        pulpitum::store::HotPage::Hot { ref rows, .. } if rows.num_rows() == 50
                     ));
                 }
                 _ => {
