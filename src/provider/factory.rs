@@ -31,8 +31,9 @@ use super::surface::Surface;
 use super::{ProviderError, ProviderOptions, PulpitumTable};
 use crate::archive::ArchiveStore;
 use crate::model::{BucketStrategy, TableId};
-use crate::store::{HotStore, StoreError, TableDefinition};
-use crate::table::{DurableTable, RouteCacheConfig, TableError};
+use crate::table::{
+    DurableTable, HotStore, RouteCacheConfig, StoreError, TableDefinition, TableError,
+};
 
 /// The `STORED AS` name of Pulpitum tables.
 pub const FORMAT_NAME: &str = "PULPITUM";

@@ -1,20 +1,23 @@
 //! The DataFusion surface: a thin `TableProvider` over a [`DurableTable`].
 //!
-//! [`PulpitumTable`] classifies filters ([`filters`]), lists and prunes buckets, groups
-//! them into scan partitions and hands everything to [`scan::PulpitumScanExec`]. Inserts go
-//! through [`sink::PulpitumSink`], tables are created by SQL through
-//! [`factory::PulpitumTableFactory`], and [`surface`] maps envelope columns to SQL columns.
+//! It translates and nothing more: [`PulpitumTable`] turns SQL filters into scan bounds and
+//! partition keys ([`filters`]), asks the table which buckets they can match
+//! ([`DurableTable::plan_buckets`]) and hands the plan to [`scan::PulpitumScanExec`], which
+//! reads through the table (listing, grouping, routing and tiers are all in
+//! [`crate::table`]) and turns envelope rows into SQL columns ([`surface`]). Inserts go
+//! through [`sink::PulpitumSink`], and tables are created by SQL through
+//! [`factory::PulpitumTableFactory`].
 //! Errors of this layer are one enum, [`ProviderError`], converted to `DataFusionError`
 //! only where DataFusion calls in.
 
 pub mod factory;
 pub mod filters;
 pub mod literals;
+mod metrics;
 pub mod scan;
 pub mod sink;
 pub mod surface;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,13 +34,13 @@ use datafusion::physical_plan::ExecutionPlan;
 pub use factory::PulpitumTableFactory;
 pub use filters::{classify, PushedFilters};
 pub use literals::ExactTimeLiterals;
-pub use scan::{BucketCounts, KeyBuckets, PulpitumScanExec, ScanSpec};
+pub use scan::{PulpitumScanExec, ScanSpec};
 pub use sink::PulpitumSink;
 pub use surface::Surface;
 
-use crate::model::{ModelError, PartitionKey};
-use crate::store::{BucketFilter, BucketState};
-use crate::table::{DurableTable, TableError, DEFAULT_PAGE_ROWS};
+use crate::model::ModelError;
+pub use crate::table::{BucketCounts, KeyBuckets};
+use crate::table::{BucketPlan, DurableTable, TableError, DEFAULT_PAGE_ROWS};
 
 /// Every way the SQL layer can fail.
 #[derive(Debug, thiserror::Error)]
@@ -182,80 +185,27 @@ impl PulpitumTable {
     ) -> Result<ScanSpec, ProviderError> {
         let pushed = PushedFilters::try_from_exprs(self.surface, filters)?;
         let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..4).collect());
-        let mut counts = BucketCounts::default();
-        let mut by_key: BTreeMap<PartitionKey, KeyBuckets> = BTreeMap::new();
-        // With the partitions named by the filters, the listing can wait for execution,
-        // where each key's listing travels with its first page (one statement).
-        let deferred = list_at_execution && !pushed.empty && pushed.partitions.is_some();
-        if deferred {
-            for pk in pushed.partitions.iter().flatten() {
-                by_key.insert(
-                    pk.clone(),
-                    KeyBuckets {
-                        partition_key: pk.clone(),
-                        buckets: Vec::new(),
-                    },
-                );
-            }
-        } else if !pushed.empty {
-            let interval = pushed.bounds.time_interval();
-            let filter = BucketFilter {
-                partitions: pushed
-                    .partitions
-                    .as_ref()
-                    .map(|p| p.iter().cloned().collect()),
-                from: interval.map(|i| i.0),
-                to: interval.map(|i| i.1),
-                ..BucketFilter::default()
-            };
-            let mut metas = self.table.list_buckets(&filter).await?;
-            metas.sort_by(|a, b| {
-                (&a.id.partition_key, a.id.bucket_key.start())
-                    .cmp(&(&b.id.partition_key, b.id.bucket_key.start()))
-            });
-            for m in metas {
-                let in_set = pushed
-                    .partitions
-                    .as_ref()
-                    .is_none_or(|p| p.contains(&m.id.partition_key));
-                if !in_set || !pushed.bounds.may_overlap(&m.id.bucket_key) {
-                    counts.pruned += 1;
-                    continue;
-                }
-                let archived = match &m.state {
-                    BucketState::Hot => {
-                        counts.hot += 1;
-                        None
-                    }
-                    BucketState::Archiving => {
-                        counts.archiving += 1;
-                        None
-                    }
-                    BucketState::Archived { object_key, .. } => {
-                        counts.archived += 1;
-                        Some(object_key.clone())
-                    }
-                };
-                by_key
-                    .entry(m.id.partition_key.clone())
-                    .or_insert_with(|| KeyBuckets {
-                        partition_key: m.id.partition_key.clone(),
-                        buckets: Vec::new(),
-                    })
-                    .buckets
-                    .push((m.id, archived));
-            }
-        }
-        let keys: Vec<KeyBuckets> = by_key.into_values().collect();
+        // Contradicting filters read nothing: no listing at all.
+        let plan = if pushed.empty {
+            BucketPlan::default()
+        } else {
+            self.table
+                .plan_buckets(
+                    pushed.partitions.as_ref(),
+                    &pushed.bounds,
+                    list_at_execution,
+                )
+                .await?
+        };
         Ok(ScanSpec {
             table: self.table.clone(),
             surface: self.surface,
             projection,
             pushed,
-            keys,
+            keys: plan.keys,
             target_partitions: target_partitions.max(1),
-            counts,
-            deferred,
+            counts: plan.counts,
+            deferred: plan.deferred,
             limit,
             descending: false,
             page_rows: self.options.page_rows,

@@ -1,28 +1,31 @@
-//! `PulpitumScanExec`: the physical scan of one table.
+//! `PulpitumScanExec`: the physical scan of one table, as DataFusion sees it.
 //!
-//! Planning (in [`PulpitumScanExec::try_new`]) has already listed the buckets that can hold
-//! matching rows and grouped them by partition key into DataFusion partitions: each
-//! partition emits its partition keys in ascending key order and, per key, its buckets in
-//! time order (newest first in descending mode). So every partition is sorted by
-//! `(partition, time, sort)`, and by `(time, sort)` when it holds one partition key; both
-//! orderings are declared, which lets DataFusion drop `SortExec` for `ORDER BY timestamp, id`
-//! on one channel and answer `ORDER BY timestamp DESC LIMIT n` through
-//! [`ExecutionPlan::try_pushdown_sort`] with a descending scan that stops after `n` rows,
-//! reading only the newest buckets it needs. Buckets stream in order, one after another. A
-//! limited scan opens a bucket only when the previous one is exhausted and the limit is not
-//! reached; a scan without a limit reads every bucket anyway, so it opens the next one while
-//! the current one is still being consumed.
+//! The table decides what is read ([`crate::table`]): the provider asked it for the buckets
+//! the filters can match, and [`PulpitumScanExec::try_new`] has it group them into
+//! DataFusion partitions ([`plan_groups`]). Each partition emits its partition keys in
+//! ascending key order and, per key, its buckets in time order (newest first in descending
+//! mode). So every partition is sorted by `(partition, time, sort)`, and by `(time, sort)`
+//! when it holds one partition key; both orderings are declared, which lets DataFusion drop
+//! `SortExec` for `ORDER BY timestamp, id` on one channel and answer `ORDER BY timestamp
+//! DESC LIMIT n` through [`ExecutionPlan::try_pushdown_sort`] with a descending scan that
+//! stops after `n` rows, reading only the newest buckets it needs.
+//!
+//! At execution a partition reads its units (buckets, or whole keys listed as it goes) in
+//! order through [`DurableTable::scan_unit`], under one row limit the table counts. A
+//! limited scan opens a unit only when the previous one is exhausted and the limit is not
+//! reached; a scan without a limit reads every unit anyway, so it opens the next one while
+//! the current one is still being consumed. What this node adds is DataFusion's side: the
+//! plan's properties and `EXPLAIN` text, per-tier metrics, the per-query limits, and the
+//! envelope rows turned into the surface's columns.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::SortOptions;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::util::bit_util;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DFResult};
@@ -30,9 +33,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
-};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -40,32 +41,13 @@ use datafusion::physical_plan::{
 };
 use futures::stream::{self, BoxStream, StreamExt};
 
+use super::metrics::{batch_bytes, TierMetrics};
 use super::surface::{Role, Surface};
 use super::{ProviderError, QueryLimits};
-use crate::model::{BucketId, PartitionKey};
-use crate::table::{BucketChunk, BucketScan, DurableTable, TableError, Tier};
-
-/// The buckets of one partition key that a scan reads, oldest first.
-#[derive(Debug, Clone)]
-pub struct KeyBuckets {
-    /// The partition key.
-    pub partition_key: PartitionKey,
-    /// Buckets in time order, each with its Archived route if the listing saw one.
-    pub buckets: Vec<(BucketId, Option<String>)>,
-}
-
-/// Bucket counts of a plan, by the state the listing observed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BucketCounts {
-    /// Buckets listed as Hot.
-    pub hot: usize,
-    /// Buckets listed as Archiving.
-    pub archiving: usize,
-    /// Buckets listed as Archived.
-    pub archived: usize,
-    /// Buckets listed but excluded by the scan bounds before any read.
-    pub pruned: usize,
-}
+use crate::table::{
+    plan_groups, scan_units, BucketChunk, BucketCounts, BucketScan, DurableTable, KeyBuckets,
+    RowLimit, ScanUnit, TableError,
+};
 
 /// Everything a scan was planned with.
 #[derive(Debug, Clone)]
@@ -157,75 +139,6 @@ impl PulpitumScanExec {
     pub fn groups(&self) -> &[Vec<KeyBuckets>] {
         &self.groups
     }
-}
-
-/// Splits the keys into scan partitions. Every partition lists its keys in key order and
-/// each key's buckets in time order, so every partition is sorted by (key, time, sort).
-///
-/// - With a row limit (a "latest N" or cursor page) or buckets listed at execution, keys
-///   stay whole: each goes to one partition (contiguous runs when there are more keys than
-///   partitions), so a limited scan stops after the newest (or oldest) buckets it needs
-///   instead of reading the first rows of every time range.
-/// - Otherwise, with more keys than partitions, the key-ordered sequence of buckets is cut
-///   into equal runs, so every core reads the same number of buckets (whole keys would
-///   leave one partition with twice the work of another for three keys on two cores); a
-///   key may then continue in the next partition.
-/// - With fewer keys than partitions, each key's buckets are split into contiguous time
-///   ranges; a partition then holds one key, sorted by (time, sort), and a global ORDER BY
-///   becomes a merge.
-fn plan_groups(keys: &[KeyBuckets], target: usize, whole_keys: bool) -> Vec<Vec<KeyBuckets>> {
-    let target = target.max(1);
-    if keys.is_empty() {
-        return vec![Vec::new()];
-    }
-    if whole_keys {
-        let parts = target.min(keys.len());
-        let mut out: Vec<Vec<KeyBuckets>> = (0..parts).map(|_| Vec::new()).collect();
-        for (i, k) in keys.iter().enumerate() {
-            out[i * parts / keys.len()].push(k.clone());
-        }
-        return out;
-    }
-    if keys.len() > target {
-        let total: usize = keys.iter().map(|k| k.buckets.len()).sum();
-        if total == 0 {
-            return vec![Vec::new()];
-        }
-        let parts = target.min(total);
-        let mut out: Vec<Vec<KeyBuckets>> = (0..parts).map(|_| Vec::new()).collect();
-        let mut seen = 0usize;
-        for k in keys {
-            let n = k.buckets.len();
-            let mut a = 0;
-            while a < n {
-                // The partition of the bucket at global position `seen + a`, and where it ends.
-                let p = (seen + a) * parts / total;
-                let end_global = ((p + 1) * total).div_ceil(parts);
-                let b = n.min(end_global - seen).max(a + 1);
-                out[p].push(KeyBuckets {
-                    partition_key: k.partition_key.clone(),
-                    buckets: k.buckets[a..b].to_vec(),
-                });
-                a = b;
-            }
-            seen += n;
-        }
-        return out;
-    }
-    let per_key = target / keys.len();
-    let mut out = Vec::new();
-    for k in keys {
-        let pieces = per_key.min(k.buckets.len()).max(1);
-        let n = k.buckets.len();
-        for p in 0..pieces {
-            let (a, b) = (p * n / pieces, (p + 1) * n / pieces);
-            out.push(vec![KeyBuckets {
-                partition_key: k.partition_key.clone(),
-                buckets: k.buckets[a..b].to_vec(),
-            }]);
-        }
-    }
-    out
 }
 
 fn sort_options(descending: bool) -> SortOptions {
@@ -320,87 +233,6 @@ impl DisplayAs for PulpitumScanExec {
                 Ok(())
             }
         }
-    }
-}
-
-/// Per-partition metrics, named by tier.
-#[derive(Clone)]
-struct TierMetrics {
-    hot_buckets: Count,
-    hot_rows: Count,
-    hot_pages: Count,
-    hot_bytes: Count,
-    archived_buckets: Count,
-    archived_rows: Count,
-    archived_batches: Count,
-    archived_bytes: Count,
-}
-
-impl TierMetrics {
-    fn new(m: &ExecutionPlanMetricsSet, p: usize) -> Self {
-        let c = |name: &'static str| MetricBuilder::new(m).counter(name, p);
-        Self {
-            hot_buckets: c("hot_buckets"),
-            hot_rows: c("hot_rows"),
-            hot_pages: c("hot_pages"),
-            hot_bytes: c("hot_bytes"),
-            archived_buckets: c("archived_buckets"),
-            archived_rows: c("archived_rows"),
-            archived_batches: c("archived_batches"),
-            archived_bytes: c("archived_bytes"),
-        }
-    }
-
-    fn record(&self, chunk: &BucketChunk, first_of_bucket: bool, bytes: usize) {
-        let rows = chunk.batch.num_rows();
-        match chunk.tier {
-            Tier::Hot => {
-                if first_of_bucket {
-                    self.hot_buckets.add(1);
-                }
-                self.hot_rows.add(rows);
-                self.hot_pages.add(chunk.pages as usize);
-                self.hot_bytes.add(bytes);
-            }
-            Tier::Archived => {
-                if first_of_bucket {
-                    self.archived_buckets.add(1);
-                }
-                self.archived_rows.add(rows);
-                self.archived_batches.add(1);
-                self.archived_bytes.add(bytes);
-            }
-        }
-    }
-}
-
-/// The bytes a batch's rows occupy (what `ArrayData::get_slice_memory_size` reports), for
-/// the byte limit and the metrics. The scan's own column types are measured from their
-/// offsets and widths directly: going through `to_data()` copied every column's buffer list
-/// twice per chunk, a visible share of a hot page.
-fn batch_bytes(b: &RecordBatch) -> usize {
-    b.columns().iter().map(array_bytes).sum()
-}
-
-fn array_bytes(a: &ArrayRef) -> usize {
-    let len = a.len();
-    // Arrow drops a null buffer without nulls when it builds the array data, so only a
-    // buffer with a null in it is counted.
-    let nulls = a
-        .nulls()
-        .filter(|n| n.null_count() > 0)
-        .map_or(0, |_| bit_util::ceil(len, 8));
-    match a.data_type() {
-        DataType::Binary => {
-            let o = a.as_binary::<i32>().value_offsets();
-            (o[len] - o[0]) as usize + (len + 1) * 4 + nulls
-        }
-        DataType::Utf8 => {
-            let o = a.as_string::<i32>().value_offsets();
-            (o[len] - o[0]) as usize + (len + 1) * 4 + nulls
-        }
-        t if t.is_primitive() => t.primitive_width().map_or(0, |w| w * len) + nulls,
-        _ => a.to_data().get_slice_memory_size().unwrap_or(0),
     }
 }
 
@@ -503,31 +335,11 @@ impl ExecutionPlan for PulpitumScanExec {
         let group: Vec<KeyBuckets> = self.groups.get(partition).cloned().unwrap_or_default();
         let metrics = TierMetrics::new(&self.metrics, partition);
         let started = *self.shared.started.get_or_init(Instant::now);
-        let remaining = Arc::new(AtomicUsize::new(spec.limit.unwrap_or(usize::MAX)));
-
-        // What this partition reads, in order: whole keys (listed now) or planned buckets.
-        enum Unit {
-            Key(PartitionKey),
-            Bucket(BucketId, Option<String>),
-        }
-        let mut units: Vec<Unit> = Vec::new();
-        for kb in group {
-            if spec.deferred {
-                units.push(Unit::Key(kb.partition_key));
-            } else if spec.descending {
-                units.extend(
-                    kb.buckets
-                        .into_iter()
-                        .rev()
-                        .map(|(b, a)| Unit::Bucket(b, a)),
-                );
-            } else {
-                units.extend(kb.buckets.into_iter().map(|(b, a)| Unit::Bucket(b, a)));
-            }
-        }
+        // One limit for everything this partition reads; the table counts it.
+        let limit = RowLimit::new(spec.limit);
+        let mut units = scan_units(group, spec.deferred, spec.descending);
         let table = spec.table.clone();
-        let rem = remaining.clone();
-        let req_base = BucketScan {
+        let req = BucketScan {
             bounds: spec.pushed.bounds.clone(),
             descending: spec.descending,
             include_value: spec
@@ -542,19 +354,11 @@ impl ExecutionPlan for PulpitumScanExec {
             limit: None,
         };
         let prefetch = spec.limit.is_none() && units.len() > 1;
-        let open = move |unit: Unit| {
-            let left = rem.load(AtomicOrdering::SeqCst);
-            let req = BucketScan {
-                limit: (left != usize::MAX).then_some(left),
-                ..req_base.clone()
-            };
+        let unit_limit = limit.clone();
+        let open = move |unit: ScanUnit| {
             let metrics = metrics.clone();
-            let inner = match unit {
-                _ if left == 0 => stream::empty().boxed(),
-                Unit::Key(pk) => table.scan_key(pk, req),
-                Unit::Bucket(id, archived) => table.scan_bucket(id, archived, req),
-            };
-            inner
+            table
+                .scan_unit(unit, &req, &unit_limit)
                 .inspect(move |item| {
                     if let Ok(chunk) = item {
                         metrics.record(chunk, chunk.first_of_bucket, batch_bytes(&chunk.batch));
@@ -566,7 +370,7 @@ impl ExecutionPlan for PulpitumScanExec {
         // and flattening for every wake-up of a latency-bound page.
         if units.len() == 1 && !prefetch {
             let unit = units.pop().expect("one unit");
-            return Ok(self.surface_stream(open(unit), remaining, started));
+            return Ok(self.surface_stream(open(unit), limit, started));
         }
         let per_unit = stream::iter(units).map(open);
         let chunks = if prefetch {
@@ -582,17 +386,17 @@ impl ExecutionPlan for PulpitumScanExec {
         } else {
             per_unit.flatten().boxed()
         };
-        Ok(self.surface_stream(chunks, remaining, started))
+        Ok(self.surface_stream(chunks, limit, started))
     }
 }
 
 impl PulpitumScanExec {
-    /// The scan's output: envelope chunks turned into the surface's columns, under the
-    /// query's limits on rows, bytes and time.
+    /// The scan's output: envelope chunks, already cut to the scan's row limit by the table,
+    /// turned into the surface's columns under the query's limits on rows, bytes and time.
     fn surface_stream(
         &self,
         chunks: BoxStream<'static, Result<BucketChunk, TableError>>,
-        remaining: Arc<AtomicUsize>,
+        limit: RowLimit,
         started: Instant,
     ) -> SendableRecordBatchStream {
         let spec = &self.spec;
@@ -606,9 +410,10 @@ impl PulpitumScanExec {
             let out_schema = out_schema.clone();
             let projection = projection.clone();
             let shared = shared.clone();
-            let remaining = remaining.clone();
+            let limit = limit.clone();
             async move {
-                if done || remaining.load(AtomicOrdering::SeqCst) == 0 {
+                // Not even polled once the limit is reached.
+                if done || limit.is_spent() {
                     return None;
                 }
                 let next = match limits.max_duration {
@@ -634,15 +439,7 @@ impl PulpitumScanExec {
                     Some(Ok(c)) => c,
                 };
                 let res = (|| -> Result<RecordBatch, ProviderError> {
-                    let left = remaining.load(AtomicOrdering::SeqCst);
-                    let env = if chunk.batch.num_rows() > left {
-                        chunk.batch.slice(0, left)
-                    } else {
-                        chunk.batch
-                    };
-                    if left != usize::MAX {
-                        remaining.fetch_sub(env.num_rows(), AtomicOrdering::SeqCst);
-                    }
+                    let env = chunk.batch;
                     let rows = shared
                         .rows
                         .fetch_add(env.num_rows() as u64, AtomicOrdering::SeqCst)
@@ -712,89 +509,10 @@ impl QueryLimits {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+
     use super::*;
-    use crate::model::{BucketStrategy, EventTime, TableId};
-
-    fn keys(sizes: &[usize]) -> Vec<KeyBuckets> {
-        let strategy = BucketStrategy::CalendarDayUtc;
-        sizes
-            .iter()
-            .enumerate()
-            .map(|(k, &n)| {
-                let pk = PartitionKey::new(vec![k as u8]).unwrap();
-                let mut b = strategy.bucket_of(EventTime::from_micros(0).unwrap());
-                let buckets = (0..n)
-                    .map(|_| {
-                        let id = BucketId {
-                            table_id: TableId::new("t").unwrap(),
-                            partition_key: pk.clone(),
-                            bucket_key: b,
-                        };
-                        b = b.next().unwrap();
-                        (id, None)
-                    })
-                    .collect();
-                KeyBuckets {
-                    partition_key: pk,
-                    buckets,
-                }
-            })
-            .collect()
-    }
-
-    fn flat(groups: &[Vec<KeyBuckets>]) -> Vec<BucketId> {
-        groups
-            .iter()
-            .flatten()
-            .flat_map(|k| k.buckets.iter().map(|(b, _)| b.clone()))
-            .collect()
-    }
-
-    #[test]
-    fn groups_keep_key_and_time_order_and_balance_buckets() {
-        for sizes in [
-            vec![60, 60, 60],
-            vec![1, 100, 3, 7],
-            vec![5, 5, 5, 5, 5],
-            vec![1, 1, 1],
-            vec![0, 4, 0, 9],
-            vec![30],
-            vec![2, 40],
-        ] {
-            for target in 1..=6 {
-                let ks = keys(&sizes);
-                let want = flat(std::slice::from_ref(&ks));
-                for whole in [false, true] {
-                    let g = plan_groups(&ks, target, whole);
-                    // Concatenated in partition order, the groups are the original sequence:
-                    // every bucket once, each partition sorted by (key, time).
-                    assert_eq!(flat(&g), want, "{sizes:?} target {target} whole {whole}");
-                    assert!(!g.is_empty() && g.len() <= target);
-                    if whole {
-                        let names: Vec<_> = g
-                            .iter()
-                            .flatten()
-                            .map(|k| k.partition_key.clone())
-                            .collect();
-                        let orig: Vec<_> = ks.iter().map(|k| k.partition_key.clone()).collect();
-                        assert_eq!(names, orig, "whole keys stay whole");
-                    } else if ks.len() > target {
-                        let total: usize = sizes.iter().sum();
-                        let loads: Vec<usize> = g
-                            .iter()
-                            .map(|p| p.iter().map(|k| k.buckets.len()).sum())
-                            .collect();
-                        let most = loads.iter().max().unwrap();
-                        assert!(
-                            *most <= total.div_ceil(g.len()),
-                            "{sizes:?} target {target}: loads {loads:?}"
-                        );
-                        assert!(loads.iter().all(|l| *l > 0), "{loads:?}");
-                    }
-                }
-            }
-        }
-    }
+    use crate::table::Tier;
 
     /// Sets its flag when dropped: tells whether a unit's stream is still alive.
     struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
@@ -846,37 +564,5 @@ mod tests {
         let after = produced.load(AtomicOrdering::SeqCst);
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert_eq!(produced.load(AtomicOrdering::SeqCst), after);
-    }
-
-    #[test]
-    fn batch_bytes_match_arrow_slice_sizes() {
-        use datafusion::arrow::array::{
-            BinaryArray, Int64Array, StringArray, TimestampMicrosecondArray,
-        };
-        let cols: Vec<ArrayRef> = vec![
-            Arc::new(BinaryArray::from(vec![
-                Some(b"ab".as_ref()),
-                None,
-                Some(b"cdef".as_ref()),
-                Some(b"".as_ref()),
-            ])),
-            Arc::new(StringArray::from(vec!["x", "yy", "zzz", "w"])),
-            Arc::new(Int64Array::from(vec![Some(1), Some(2), None, Some(4)])),
-            Arc::new(TimestampMicrosecondArray::from(vec![1, 2, 3, 4]).with_timezone("UTC")),
-            Arc::new(datafusion::arrow::array::BooleanArray::from(vec![
-                true, false, true, true,
-            ])),
-        ];
-        for col in &cols {
-            for (offset, len) in [(0, 4), (1, 2), (3, 1), (2, 0)] {
-                let part = col.slice(offset, len);
-                assert_eq!(
-                    array_bytes(&part),
-                    part.to_data().get_slice_memory_size().unwrap(),
-                    "{} sliced {offset}+{len}",
-                    part.data_type()
-                );
-            }
-        }
     }
 }

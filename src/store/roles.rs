@@ -83,8 +83,8 @@ pub trait RoutedReads: Send + Sync + 'static {
     /// This is how a scan that starts at execution time finds its first bucket and reads its
     /// first rows in one round trip; the buckets after it are found by further calls on the
     /// interval beyond it, then by [`list_buckets`](Self::list_buckets) (see
-    /// `HEAD_READS` in the table layer). The default runs a listing of one and a page read one after
-    /// another; a store that can answer both in one statement should.
+    /// [`crate::table::HEAD_READS`]). The default runs a listing of one and a page read one
+    /// after another; a store that can answer both in one statement should.
     async fn read_head(
         &self,
         table_id: &TableId,

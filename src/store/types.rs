@@ -132,19 +132,6 @@ impl HotPage {
     }
 }
 
-/// Buckets a scan reads with head statements ([`RoutedReads::read_head`]: the next bucket's
-/// route and first rows together) before it lists the rest [`LIST_PAGE`] at a time. A
-/// "latest N" page mostly ends in its first bucket or spills into the next (a quiet day),
-/// and a head statement finds that next bucket and reads its rows in one round trip where a
-/// listing and a read take two; past that, a scan is reading history, where one listing
-/// per [`LIST_PAGE`] buckets is cheaper than one route lookup per bucket.
-pub const HEAD_READS: usize = 2;
-
-/// Buckets a scan lists per round trip once it reads past its head reads: enough that
-/// a scan over years of daily buckets lists in a few statements, few enough that a listing
-/// the scan never reaches costs little.
-pub const LIST_PAGE: usize = 64;
-
 /// A bucket as a scan needs to know it: its identity and its route (the lease, owner and
 /// times of [`BucketMeta`] are the archiver's business). The head statement returns only
 /// this much of the bucket beside its rows.

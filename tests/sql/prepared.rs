@@ -513,7 +513,7 @@ async fn cached_plans_run_concurrently_with_fresh_state() {
 async fn long_histories_read_heads_then_list_the_rest() {
     use pulpitum::model::encode_i64;
     use pulpitum::model::SortKey;
-    use pulpitum::store::{HEAD_READS, LIST_PAGE};
+    use pulpitum::table::{HEAD_READS, LIST_PAGE};
 
     let env = Env::new("preplong").await;
     let (counting, ctx) = counting_session(&env).await;
