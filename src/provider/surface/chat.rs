@@ -34,7 +34,11 @@ impl SurfaceKind for Chat {
         }
     }
 
-    fn from_envelope(&self, role: Role, column: &ArrayRef) -> Result<ArrayRef, ProviderError> {
+    fn column_from_envelope(
+        &self,
+        role: Role,
+        column: &ArrayRef,
+    ) -> Result<ArrayRef, ProviderError> {
         match role {
             Role::Partition => decode_i64_column(column, "channel_id"),
             Role::Sort => decode_i64_column(column, "id"),
@@ -42,7 +46,7 @@ impl SurfaceKind for Chat {
         }
     }
 
-    fn to_envelope(
+    fn envelope_bytes(
         &self,
         role: Role,
         column: &ArrayRef,

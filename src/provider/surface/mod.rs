@@ -73,9 +73,13 @@ pub(crate) trait SurfaceKind: Sync {
     /// The SQL field of a partition, sort or value column (all non-null).
     fn key_field(&self, role: Role) -> Field;
     /// A partition, sort or value column of the envelope as this surface's column.
-    fn from_envelope(&self, role: Role, column: &ArrayRef) -> Result<ArrayRef, ProviderError>;
+    fn column_from_envelope(
+        &self,
+        role: Role,
+        column: &ArrayRef,
+    ) -> Result<ArrayRef, ProviderError>;
     /// One row's partition, sort or value column of this surface as envelope bytes.
-    fn to_envelope(
+    fn envelope_bytes(
         &self,
         role: Role,
         column: &ArrayRef,
@@ -174,7 +178,7 @@ impl Surface {
                 .ok_or_else(|| ProviderError::Internal(format!("envelope batch lacks {name}")))?;
             columns.push(match role {
                 Role::Time => time_to_micros(col)?,
-                _ => kind.from_envelope(role, col)?,
+                _ => kind.column_from_envelope(role, col)?,
             });
         }
         let opts = RecordBatchOptions::new().with_row_count(Some(envelope.num_rows()));
@@ -207,10 +211,10 @@ impl Surface {
         let mut out = Vec::with_capacity(batch.num_rows());
         for (row, &micros) in times.iter().enumerate() {
             out.push(Record {
-                partition_key: PartitionKey::new(kind.to_envelope(Role::Partition, p, row)?)?,
+                partition_key: PartitionKey::new(kind.envelope_bytes(Role::Partition, p, row)?)?,
                 event_time: EventTime::from_micros(micros)?,
-                sort_key: SortKey::new(kind.to_envelope(Role::Sort, s, row)?)?,
-                value: kind.to_envelope(Role::Value, v, row)?,
+                sort_key: SortKey::new(kind.envelope_bytes(Role::Sort, s, row)?)?,
+                value: kind.envelope_bytes(Role::Value, v, row)?,
             });
         }
         Ok(out)

@@ -26,11 +26,15 @@ impl SurfaceKind for Raw {
         Field::new(name, DataType::Binary, false)
     }
 
-    fn from_envelope(&self, _role: Role, column: &ArrayRef) -> Result<ArrayRef, ProviderError> {
+    fn column_from_envelope(
+        &self,
+        _role: Role,
+        column: &ArrayRef,
+    ) -> Result<ArrayRef, ProviderError> {
         Ok(column.clone())
     }
 
-    fn to_envelope(
+    fn envelope_bytes(
         &self,
         role: Role,
         column: &ArrayRef,
