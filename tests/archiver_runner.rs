@@ -203,6 +203,44 @@ async fn a_worker_that_cannot_renew_stops_and_another_finishes() {
     assert_eq!(&read_bucket(&*store, &archive, bucket).await, rows);
 }
 
+/// A snapshot page the store refuses as stale (another worker's claim took the bucket) is a
+/// lost lease: the worker stops, reports it and writes nothing. It must not defer, which would
+/// hand back a bucket it no longer owns. The refusal reaches the runner as the writer's
+/// `WriteError::Source`, unchanged; reading it as an upload failure defers the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_snapshot_is_a_lost_lease_not_a_failed_upload() {
+    let db = fresh_database("stalesnap").await;
+    let (store, archive) = open(&db, &fresh_archive_url("stalesnap")).await;
+    let made = buckets(&*store, "2021-04-01", 1, 10).await;
+    let (bucket, _) = &made[0];
+    let hooked = Hooked::new(store.clone());
+    hooked.refuse_snapshots_as_stale();
+    let runner = Runner::new(
+        hooked.clone(),
+        archive.clone(),
+        config("2022-01-01T00:00:00Z", Duration::from_secs(30)),
+    )
+    .unwrap();
+    let report = runner
+        .run_cycle(&CancellationToken::new(), &|_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.archived, report.deferred, report.failed),
+        (0, 0, 1),
+        "{report:?}"
+    );
+    assert!(report.errors[0].contains("lease lost"), "{report:?}");
+    assert_eq!(runner.metrics().lease_losses.get(), 1);
+    assert_eq!(runner.metrics().buckets_deferred.get(), 0);
+    assert_eq!(state(&*store, bucket).await, BucketState::Archiving);
+    let generation = store.bucket(bucket).await.unwrap().unwrap().generation;
+    assert_eq!(
+        objects_of(&archive, bucket, generation).await,
+        Vec::<String>::new()
+    );
+}
+
 /// The store starts a lease when the claim commits; this host only knows when it sent it. A
 /// claim whose answer took most of the lease to arrive must be given up by the time the
 /// lease counted from the sending runs out (counting from the answer, as before, kept the

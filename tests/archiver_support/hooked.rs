@@ -1,10 +1,11 @@
 //! A hot store that delegates to the real one and lets a test disturb the archiver's view at
 //! exact points: run a step in the gap between GC's two metadata reads, delay a claim's
-//! answer after it committed, cut or silently drop lease renewals.
+//! answer after it committed, cut or silently drop lease renewals, refuse snapshot pages as
+//! stale.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,7 @@ pub struct Hooked {
     gap: Mutex<Option<Step>>,
     claim_reply_delay: Mutex<Duration>,
     renewal: AtomicU8,
+    stale_snapshots: AtomicBool,
     /// When the last claim statement was sent.
     pub claim_sent: Mutex<Option<Instant>>,
 }
@@ -48,6 +50,7 @@ impl Hooked {
             gap: Mutex::new(None),
             claim_reply_delay: Mutex::new(Duration::ZERO),
             renewal: AtomicU8::new(Renewal::Pass as u8),
+            stale_snapshots: AtomicBool::new(false),
             claim_sent: Mutex::new(None),
         })
     }
@@ -66,6 +69,12 @@ impl Hooked {
     /// Sets what renewals do from now on.
     pub fn renewals(&self, r: Renewal) {
         self.renewal.store(r as u8, Ordering::SeqCst);
+    }
+
+    /// From now on, every snapshot page is refused as the store refuses a claim that another
+    /// worker has taken over (`StaleClaim`), without reaching the store.
+    pub fn refuse_snapshots_as_stale(&self) {
+        self.stale_snapshots.store(true, Ordering::SeqCst);
     }
 
     async fn gap(&self) {
@@ -169,6 +178,13 @@ impl Lifecycle for Hooked {
         after: Option<&ClusteringKey>,
         limit: usize,
     ) -> StoreResult<Vec<Record>> {
+        if self.stale_snapshots.load(Ordering::SeqCst) {
+            return Err(StoreError::StaleClaim {
+                bucket: c.bucket.clone(),
+                generation: c.generation,
+                reason: "taken over by another worker (injected by the test)".into(),
+            });
+        }
         self.inner.snapshot_page(c, after, limit).await
     }
 
