@@ -3,8 +3,6 @@
 
 use datafusion::arrow::record_batch::RecordBatch;
 
-#[allow(unused_imports)] // for links in the docs
-use super::roles::{Lifecycle, RoutedReads};
 use crate::model::{
     records_to_batch, BucketId, BucketStrategy, EventTime, PartitionKey, Record, ScanBounds,
     TableId, RECORD_SCHEMA_VERSION,
@@ -153,7 +151,7 @@ impl From<BucketMeta> for RoutedBucket {
 }
 
 /// The first bucket of a partition in scan order and its first page (see
-/// [`RoutedReads::read_head`]).
+/// [`RoutedReads::read_head`](super::RoutedReads::read_head)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeadPage {
     /// The first bucket in scan order among those overlapping the interval, with its route
@@ -161,7 +159,7 @@ pub struct HeadPage {
     pub bucket: Option<RoutedBucket>,
     /// Route and first page of that bucket ([`HotPage::Missing`] when `bucket` is `None`).
     /// This, not `bucket.state`, decides the tier a scan reads: a store that reads the two
-    /// apart (the default [`RoutedReads::read_head`]) may see the bucket published in between.
+    /// apart (the default [`RoutedReads::read_head`](super::RoutedReads::read_head)) may see the bucket published in between.
     pub first: HotPage,
 }
 
@@ -178,7 +176,7 @@ pub struct PageRequest {
     pub include_value: bool,
 }
 
-/// A selection of buckets of one table for [`RoutedReads::list_buckets`].
+/// A selection of buckets of one table for [`RoutedReads::list_buckets`](super::RoutedReads::list_buckets).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BucketFilter {
     /// Only these partitions (`None`: all).
@@ -213,7 +211,7 @@ pub struct WorkItem {
     pub kind: WorkKind,
 }
 
-/// How much archiver work the store holds at one moment (see [`Lifecycle::backlog`]).
+/// How much archiver work the store holds at one moment (see [`Lifecycle::backlog`](super::Lifecycle::backlog)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {
     /// Hot buckets that ended at or before the cutoff, whether or not a retry time holds
