@@ -5,10 +5,12 @@
 //! Layers, lowest first (an upper layer may use a lower one, never the reverse):
 //! [`model`] (pure values), [`store`] (hot tier) and [`archive`] (cold tier), [`archiver`]
 //! (the fenced cutover runner), [`table`] (routed reads and fenced appends), [`provider`]
-//! (DataFusion), and [`session`] (the embedded entry point).
+//! (DataFusion), [`control`] (policies, pauses and the system tables, beside the provider),
+//! and [`session`] (the embedded entry point).
 
 pub mod archive;
 pub mod archiver;
+pub mod control;
 pub mod defaults;
 pub mod demo;
 pub mod failpoint;

@@ -1,5 +1,8 @@
 //! The embedded entry point: a DataFusion `SessionContext` with every registered Pulpitum
-//! table, and `CREATE EXTERNAL TABLE ... STORED AS PULPITUM` enabled.
+//! table, the system tables (`pulpitum_tables`, `pulpitum_buckets`, `pulpitum_jobs`), and
+//! `CREATE EXTERNAL TABLE ... STORED AS PULPITUM` enabled. Statements DataFusion cannot plan
+//! (`ALTER TABLE ... SET (archive_after = ...)`, `SYSTEM STOP MOVES`) run through
+//! [`crate::control::sql`], which every front end uses.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,6 +36,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::archive::{ArchiveError, ArchiveStore};
+use crate::control::ControlHandle;
 use crate::provider::factory::{PulpitumSchema, FORMAT_NAME};
 use crate::provider::{
     ExactTimeLiterals, ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits,
@@ -109,7 +113,11 @@ pub async fn session(
         },
         opts.route_cache,
     );
-    let mut config = SessionConfig::new().with_information_schema(true);
+    let mut config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_extension(Arc::new(ControlHandle {
+            store: store.clone(),
+        }));
     if let Some(n) = opts.target_partitions {
         config = config.with_target_partitions(n.max(1));
     }
@@ -123,6 +131,7 @@ pub async fn session(
     // must not be truncated by its optimizer (see `provider::literals`).
     ctx.add_analyzer_rule(Arc::new(ExactTimeLiterals));
     PulpitumSchema::install(&ctx)?;
+    crate::control::system::register(&ctx, store.clone())?;
     for def in store.tables().await? {
         let name = def.table_id.to_string();
         let provider = factory.provider(def)?;

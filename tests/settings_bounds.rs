@@ -12,7 +12,7 @@ use pulpitum::archiver::config::{LEASE, RETRY};
 use pulpitum::archiver::ArchiverConfig;
 use pulpitum::model::{BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
 use pulpitum::store::embedded::SqliteStore;
-use pulpitum::store::{BucketFilter, BucketState, HotStore, TableDefinition};
+use pulpitum::store::{BucketFilter, BucketState, Eligibility, HotStore, TableDefinition};
 
 async fn max_lease_and_retry_work(store: Arc<dyn HotStore>, label: &str) {
     store.migrate().await.unwrap();
@@ -68,7 +68,11 @@ async fn max_lease_and_retry_work(store: Arc<dyn HotStore>, label: &str) {
     // Deferred for seven days: not discoverable now.
     let cutoff = EventTime::parse_rfc3339("2022-01-01T00:00:00Z").unwrap();
     assert!(
-        store.discover(cutoff, 10).await.unwrap().is_empty(),
+        store
+            .discover(&Eligibility::before(cutoff), 10)
+            .await
+            .unwrap()
+            .is_empty(),
         "{label}"
     );
     assert!(LEASE.max.as_micros() as i64 <= day && RETRY.max.as_micros() as i64 <= 7 * day);

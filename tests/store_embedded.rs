@@ -43,8 +43,8 @@ use pulpitum::model::{
 };
 use pulpitum::store::embedded::SqliteStore;
 use pulpitum::store::{
-    AppendOutcome, Appends, BucketFilter, BucketState, Catalog, Claim, HotPage, Lifecycle,
-    PageRequest, RoutedReads, StoreError, TableDefinition, WorkItem, WorkKind,
+    AppendOutcome, Appends, BucketFilter, BucketState, Catalog, Claim, Eligibility, HotPage,
+    Lifecycle, PageRequest, RoutedReads, StoreError, TableDefinition, WorkItem, WorkKind,
 };
 use tempfile::TempDir;
 
@@ -157,7 +157,7 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
     let now = s.now().await.unwrap();
 
     assert_eq!(
-        s.discover(now, 10).await.unwrap(),
+        s.discover(&Eligibility::before(now), 10).await.unwrap(),
         vec![WorkItem {
             bucket: id.clone(),
             kind: WorkKind::Eligible
@@ -176,7 +176,10 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
     assert_eq!(meta.lease_expires_at, Some(c.expires_at));
     assert_eq!(meta.generation, 1);
     assert!(
-        s.discover(now, 10).await.unwrap().is_empty(),
+        s.discover(&Eligibility::before(now), 10)
+            .await
+            .unwrap()
+            .is_empty(),
         "a live claim is not work"
     );
     assert!(
@@ -241,7 +244,7 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
         vec!["t/manifest-g1.json".to_string()]
     );
     assert_eq!(
-        s.discover(now, 10).await.unwrap(),
+        s.discover(&Eligibility::before(now), 10).await.unwrap(),
         vec![WorkItem {
             bucket: id.clone(),
             kind: WorkKind::CleanupPending
@@ -259,7 +262,11 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
         s.claim_cleanup(&id, LONG).await.unwrap().is_none(),
         "held by cc"
     );
-    assert!(s.discover(now, 10).await.unwrap().is_empty());
+    assert!(s
+        .discover(&Eligibility::before(now), 10)
+        .await
+        .unwrap()
+        .is_empty());
     let mut deleted = 0;
     let mut steps = 0;
     loop {
@@ -287,7 +294,11 @@ async fn full_lifecycle_claim_snapshot_publish_cleanup() {
         "idempotent"
     );
     assert!(s.claim_cleanup(&id, LONG).await.unwrap().is_none());
-    assert!(s.discover(now, 10).await.unwrap().is_empty());
+    assert!(s
+        .discover(&Eligibility::before(now), 10)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(
         s.read_page(&id, &all_rows(100)).await.unwrap(),
         HotPage::Archived {
@@ -366,7 +377,7 @@ async fn an_expired_lease_loses_ownership_to_the_next_claim() {
     ));
     let now = s.now().await.unwrap();
     assert_eq!(
-        s.discover(now, 10).await.unwrap(),
+        s.discover(&Eligibility::before(now), 10).await.unwrap(),
         vec![WorkItem {
             bucket: id.clone(),
             kind: WorkKind::ExpiredClaim
@@ -420,10 +431,20 @@ async fn defer_returns_the_bucket_to_hot_until_the_retry_time() {
         s.claim(&id, LONG).await.unwrap().is_none(),
         "retry time not reached"
     );
-    assert!(s.discover(now, 10).await.unwrap().is_empty());
+    assert!(s
+        .discover(&Eligibility::before(now), 10)
+        .await
+        .unwrap()
+        .is_empty());
     tokio::time::sleep(Duration::from_millis(400)).await;
     let now = s.now().await.unwrap();
-    assert_eq!(s.discover(now, 10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.discover(&Eligibility::before(now), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let c2 = s
         .claim(&id, LONG)
         .await
@@ -504,7 +525,7 @@ async fn cleanup_claims_are_leased_and_fenced_by_generation() {
     assert_stale(s.cleanup_step(&a, 2, Duration::ZERO).await, "expired");
     let now = s.now().await.unwrap();
     assert_eq!(
-        s.discover(now, 10).await.unwrap(),
+        s.discover(&Eligibility::before(now), 10).await.unwrap(),
         vec![WorkItem {
             bucket: id.clone(),
             kind: WorkKind::CleanupPending
@@ -704,15 +725,21 @@ async fn discovery_is_oldest_first_limited_and_respects_the_cutoff() {
     let now = s.now().await.unwrap();
     filled(&s, b"a", (now.as_micros() - t0()) / DAY, 1).await;
 
-    let work = s.discover(now, 10).await.unwrap();
+    let work = s.discover(&Eligibility::before(now), 10).await.unwrap();
     let ids: Vec<&BucketId> = work.iter().map(|w| &w.bucket).collect();
     assert_eq!(ids, vec![&d1, &d3, &d5]);
     assert!(work.iter().all(|w| w.kind == WorkKind::Eligible));
-    assert_eq!(s.discover(now, 2).await.unwrap().len(), 2);
+    assert_eq!(
+        s.discover(&Eligibility::before(now), 2)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
     // bucket_end <= cutoff: the cutoff at the end of day 3 includes day 3, not day 5.
     let end3 = d3.bucket_key.end();
     let ids: Vec<BucketId> = s
-        .discover(end3, 10)
+        .discover(&Eligibility::before(end3), 10)
         .await
         .unwrap()
         .into_iter()
@@ -720,7 +747,13 @@ async fn discovery_is_oldest_first_limited_and_respects_the_cutoff() {
         .collect();
     assert_eq!(ids, vec![d1.clone(), d3.clone()]);
     let just_before = EventTime::from_micros(end3.as_micros() - 1).unwrap();
-    assert_eq!(s.discover(just_before, 10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.discover(&Eligibility::before(just_before), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 
     // Mixed kinds keep bucket order.
     s.claim(&d1, Duration::ZERO).await.unwrap().unwrap();
@@ -728,7 +761,7 @@ async fn discovery_is_oldest_first_limited_and_respects_the_cutoff() {
     s.publish_archive(&c3, "k3").await.unwrap();
     let now = s.now().await.unwrap();
     let kinds: Vec<(BucketId, WorkKind)> = s
-        .discover(now, 10)
+        .discover(&Eligibility::before(now), 10)
         .await
         .unwrap()
         .into_iter()
@@ -930,7 +963,7 @@ async fn concurrent_migrations_apply_each_version_once() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
 }
 
 /// A store call waiting on SQLite's lock does not stall the async runtime: on a

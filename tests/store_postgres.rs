@@ -114,8 +114,11 @@ async fn migrations_run_twice_and_concurrently() {
         tables,
         [
             "pulpitum_v4_bucket_metadata",
+            "pulpitum_v4_jobs",
+            "pulpitum_v4_policies",
             "pulpitum_v4_records",
             "pulpitum_v4_schema_migrations",
+            "pulpitum_v4_store_control",
             "pulpitum_v4_tables"
         ]
     );

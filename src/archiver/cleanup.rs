@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 
 use crate::failpoint;
 use crate::model::BucketId;
-use crate::store::StoreError;
+use crate::store::{Claim, JobKind, JobOutcome, StoreError};
 
 use super::{ArchiverError, Runner};
 
@@ -40,9 +40,10 @@ impl Runner {
             return Ok(Cleanup::NotOurs);
         };
         let now = self.op("now", self.store.now()).await?;
-        let due = published_at.as_micros().saturating_add(
-            i64::try_from(self.config.cleanup_delay.as_micros()).unwrap_or(i64::MAX),
-        );
+        let delay = self.cleanup_delay_for(&bucket.table_id);
+        let due = published_at
+            .as_micros()
+            .saturating_add(i64::try_from(delay.as_micros()).unwrap_or(i64::MAX));
         if due > now.as_micros() {
             debug!("cleanup not due yet (readers' route-cache bound)");
             return Ok(Cleanup::NotOurs);
@@ -59,6 +60,27 @@ impl Runner {
             return Ok(Cleanup::NotOurs);
         };
         debug!(generation = claim.generation, "claimed cleanup");
+        let job = self.job_started(&claim, JobKind::Cleanup).await;
+        let result = self.clean_claimed(&claim, sent, delay, shutdown).await;
+        let (outcome, rows, error) = match &result {
+            Ok(Cleanup::Done(n)) => (JobOutcome::Cleaned, Some(*n), None),
+            Ok(Cleanup::Interrupted) => (JobOutcome::Interrupted, None, None),
+            Ok(Cleanup::LeaseLost) => (JobOutcome::LeaseLost, None, None),
+            Ok(Cleanup::NotOurs) => (JobOutcome::Failed, None, Some("not ours".to_string())),
+            Err(e) => (JobOutcome::Failed, None, Some(e.to_string())),
+        };
+        self.job_ended(job, outcome, rows, None, error).await;
+        result
+    }
+
+    /// Deletes a published bucket's hot rows under `claim`, in small transactions.
+    async fn clean_claimed(
+        &self,
+        claim: &Claim,
+        sent: Instant,
+        delay: Duration,
+        shutdown: &CancellationToken,
+    ) -> Result<Cleanup, ArchiverError> {
         let keeper = self.keep_lease(claim.clone(), sent);
         let started = Instant::now();
         let mut deleted = 0u64;
@@ -70,11 +92,9 @@ impl Runner {
             if shutdown.is_cancelled() {
                 return Ok(Cleanup::Interrupted);
             }
-            let step = self.store.cleanup_step(
-                &claim,
-                self.config.cleanup_batch_rows,
-                self.config.cleanup_delay,
-            );
+            let step = self
+                .store
+                .cleanup_step(claim, self.config.cleanup_batch_rows, delay);
             match tokio::time::timeout(self.config.op_deadline, step).await {
                 Ok(Ok((n, finished))) => {
                     deleted += n;

@@ -51,6 +51,8 @@ pub struct ArchiverConfig {
     pub op_deadline: Duration,
     /// Deadline of one bucket's whole snapshot, upload and verification.
     pub upload_deadline: Duration,
+    /// Job history older than this (by start) is pruned, a batch per cycle.
+    pub job_retention: Duration,
 }
 
 impl ArchiverConfig {
@@ -70,6 +72,7 @@ impl ArchiverConfig {
             concurrency: 4,
             op_deadline: Duration::from_secs(30),
             upload_deadline: Duration::from_secs(3600),
+            job_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 
@@ -84,6 +87,7 @@ impl ArchiverConfig {
             (&CLEANUP_DELAY, self.cleanup_delay),
             (&UPLOAD_DEADLINE, self.upload_deadline),
             (&OP_DEADLINE, self.op_deadline),
+            (&JOB_RETENTION, self.job_retention),
         ] {
             bound.check(value, &format!("{} s", value.as_secs_f64()))?;
         }
@@ -256,6 +260,12 @@ pub const CLEANUP_DELAY: SecondsRange = SecondsRange {
     setting: "ARCHIVER_CLEANUP_DELAY_SECONDS (--cleanup-delay-seconds)",
     min: Duration::ZERO,
     max: Duration::from_secs(7 * DAY),
+};
+/// `--job-retention-seconds`: at least an hour, so a runbook query finds the last attempts.
+pub const JOB_RETENTION: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_JOB_RETENTION_SECONDS (--job-retention-seconds)",
+    min: Duration::from_secs(3600),
+    max: Duration::from_secs(3650 * DAY),
 };
 /// `--upload-deadline-seconds`: 0 would defer every bucket.
 pub const UPLOAD_DEADLINE: SecondsRange = SecondsRange {

@@ -4,8 +4,9 @@
 //! module only declares metrics; [`serve`] answers `/healthz` with the health verdict and
 //! every other path with the metrics text, which is all a scraper or a probe needs and
 //! spares a web framework. Health is judged from progress, not from liveness of the loop: a
-//! process whose every bucket fails is running but not healthy. No metric carries a label,
-//! so nothing from a URL or a credential can leak into the exposition.
+//! process whose every bucket fails is running but not healthy. The only label is a table
+//! id (the per-table lag and backlog), so nothing from a URL or a credential can leak into
+//! the exposition.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -19,8 +20,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tracing::warn;
 
-use crate::model::EventTime;
-use crate::store::HotStore;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+
+use crate::store::{Eligibility, HotStore};
 
 use super::CycleReport;
 
@@ -32,6 +35,14 @@ fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// The one label any metric carries: a table id, which the registry validates as a plain
+/// identifier, so nothing from a URL or a credential can reach the exposition.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    /// The table id.
+    pub table: String,
 }
 
 /// A counter that also remembers when it last moved, in unix seconds (0: never).
@@ -94,6 +105,12 @@ pub struct ArchiverMetrics {
     pub rows_deleted: Counter,
     /// Claims lost while working (expired or taken over).
     pub lease_losses: Counter,
+    /// Job history rows that could not be written (the work went on without them).
+    pub history_write_failures: Counter,
+    /// Per table: seconds since the end of its oldest eligible bucket not yet archived.
+    pub table_lag: Family<TableLabel, Gauge>,
+    /// Per table: eligible buckets not yet archived.
+    pub table_backlog: Family<TableLabel, Gauge>,
     /// Orphaned objects deleted by GC.
     pub gc_deletions: Counter,
     /// Discovery cycles finished (whatever their items' outcomes).
@@ -126,6 +143,9 @@ impl Default for ArchiverMetrics {
             bytes_archived: Counter::default(),
             rows_deleted: Counter::default(),
             lease_losses: Counter::default(),
+            history_write_failures: Counter::default(),
+            table_lag: Family::default(),
+            table_backlog: Family::default(),
             gc_deletions: Counter::default(),
             cycles: Counter::default(),
             backlog_buckets: Gauge::default(),
@@ -154,7 +174,7 @@ impl ArchiverMetrics {
 
     /// Records a finished cycle: refreshes the backlog gauges with one count in the store
     /// (`cutoff` as discovery used it) and stamps success when no item failed.
-    pub async fn cycle_finished(&self, store: &dyn HotStore, cutoff: EventTime, r: &CycleReport) {
+    pub async fn cycle_finished(&self, store: &dyn HotStore, rule: &Eligibility, r: &CycleReport) {
         self.cycles.inc();
         let line = format!(
             "last cycle: {} of {} work items failed",
@@ -164,10 +184,27 @@ impl ArchiverMetrics {
             self.last_success.set(unix_now());
         }
         *self.last_cycle.lock().expect("not poisoned") = line;
-        match tokio::time::timeout(BACKLOG_DEADLINE, store.backlog(cutoff)).await {
+        match tokio::time::timeout(BACKLOG_DEADLINE, store.backlog(rule)).await {
             Ok(Ok(b)) => {
                 self.backlog_buckets.set(count(b.eligible));
                 self.archiving_buckets.set(count(b.archiving));
+                // Tables caught up since the last count drop out rather than keep a stale lag.
+                self.table_lag.clear();
+                self.table_backlog.clear();
+                let now = unix_now();
+                for t in &b.tables {
+                    let label = TableLabel {
+                        table: t.table_id.to_string(),
+                    };
+                    let lag = t.oldest_eligible_end.map_or(0, |end| {
+                        now.saturating_sub(end.as_micros().div_euclid(1_000_000))
+                            .max(0)
+                    });
+                    self.table_lag.get_or_create(&label).set(lag);
+                    self.table_backlog
+                        .get_or_create(&label)
+                        .set(count(t.eligible));
+                }
             }
             Ok(Err(e)) => warn!(error = %e, "counting the backlog failed"),
             Err(_) => warn!("counting the backlog exceeded its deadline"),
@@ -301,6 +338,21 @@ impl ArchiverMetrics {
         for (name, help, m) in gauges {
             r.register(name, help, m.clone());
         }
+        r.register(
+            "history_write_failures",
+            "Job history rows that could not be written (the work went on without them)",
+            self.history_write_failures.clone(),
+        );
+        r.register(
+            "table_lag_seconds",
+            "Per table: seconds since the end of its oldest eligible bucket not yet archived, at the end of the last cycle",
+            self.table_lag.clone(),
+        );
+        r.register(
+            "table_backlog_buckets",
+            "Per table: eligible buckets not yet archived, at the end of the last cycle",
+            self.table_backlog.clone(),
+        );
         let mut out = String::new();
         encode(&mut out, &r).expect("writing to a String cannot fail");
         out

@@ -8,6 +8,7 @@
 
 mod cleanup;
 pub mod config;
+mod control;
 pub mod gc;
 mod lease;
 pub mod metrics;

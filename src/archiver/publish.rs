@@ -61,9 +61,10 @@ impl Runner {
             self.config.snapshot_page_rows,
             self.config.op_deadline,
         );
-        let upload =
-            self.archive
-                .write_bucket(&claim.bucket, claim.generation, self.config.format, pages);
+        let format = self.format_for(&claim.bucket.table_id);
+        let upload = self
+            .archive
+            .write_bucket(&claim.bucket, claim.generation, format, pages);
         let written = tokio::select! {
             biased;
             _ = keeper.lost.cancelled() => return Ok(BucketOutcome::LeaseLost),

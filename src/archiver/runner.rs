@@ -23,10 +23,11 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use crate::archive::ArchiveStore;
 use crate::failpoint;
 use crate::model::{BucketId, EventTime};
-use crate::store::{BucketState, Claim, HotStore, StoreError, WorkItem, WorkKind};
+use crate::store::{BucketState, Claim, HotStore, JobKind, StoreError, WorkItem, WorkKind};
 
 use super::cleanup::Cleanup;
 use super::config::january_first_of_previous_year;
+use super::control::{default_worker_name, PolicyCache};
 use super::{ArchiverConfig, ArchiverError, ArchiverMetrics};
 
 /// Upper bound on the backlog a drain counts at its end (one statement; a larger backlog is
@@ -128,6 +129,8 @@ pub struct Runner {
     pub(super) archive: Arc<ArchiveStore>,
     pub(super) config: ArchiverConfig,
     pub(super) metrics: Arc<ArchiverMetrics>,
+    pub(super) policies: PolicyCache,
+    pub(super) worker: String,
     clock: Clock,
 }
 
@@ -144,8 +147,17 @@ impl Runner {
             archive,
             config,
             metrics: Arc::new(ArchiverMetrics::default()),
+            policies: PolicyCache::default(),
+            worker: default_worker_name(),
             clock: Arc::new(Utc::now),
         })
+    }
+
+    /// Names this process in job history (default: host and pid).
+    #[must_use]
+    pub fn with_worker(mut self, name: impl Into<String>) -> Self {
+        self.worker = name.into();
+        self
     }
 
     /// Replaces the wall clock the default cutoff is computed from.
@@ -187,11 +199,13 @@ impl Runner {
     }
 
     async fn discover(&self) -> Result<Vec<WorkItem>, ArchiverError> {
-        let cutoff = self.cutoff();
+        // Policies first: the work found below is done with the formats and delays in force.
+        self.refresh_policies().await;
+        let rule = self.eligibility();
         self.op(
             "discover",
             self.store
-                .discover_ready(cutoff, self.config.scan_limit, self.config.cleanup_delay),
+                .discover_ready(&rule, self.config.scan_limit, self.config.cleanup_delay),
         )
         .await
     }
@@ -247,8 +261,9 @@ impl Runner {
             }
         }
         self.metrics
-            .cycle_finished(&*self.store, self.cutoff(), &report)
+            .cycle_finished(&*self.store, &self.eligibility(), &report)
             .await;
+        self.prune_history().await;
         report
     }
 
@@ -289,20 +304,15 @@ impl Runner {
             report.totals.add(batch);
         }
         report.interrupted |= shutdown.is_cancelled();
+        let rule = self.eligibility();
         let left = self
-            .op(
-                "discover",
-                self.store.discover(self.cutoff(), REMAINING_COUNT_CAP),
-            )
+            .op("discover", self.store.discover(&rule, REMAINING_COUNT_CAP))
             .await?;
         let due = self
             .op(
                 "discover",
-                self.store.discover_ready(
-                    self.cutoff(),
-                    REMAINING_COUNT_CAP,
-                    self.config.cleanup_delay,
-                ),
+                self.store
+                    .discover_ready(&rule, REMAINING_COUNT_CAP, self.config.cleanup_delay),
             )
             .await?;
         report.remaining = due.len();
@@ -394,8 +404,11 @@ impl Runner {
                         return Ok(BucketOutcome::Skipped);
                     };
                     info!(generation = claim.generation, "claimed");
+                    let job = self.job_started(&claim, JobKind::Archive).await;
                     failpoint::hit("after_claim");
-                    self.archive_claimed(claim, sent, shutdown).await?
+                    let result = self.archive_claimed(claim, sent, shutdown).await;
+                    self.archive_job_ended(job, &result).await;
+                    result?
                 }
                 WorkKind::CleanupPending => {
                     match self.finish_cleanup(&item.bucket, shutdown).await? {

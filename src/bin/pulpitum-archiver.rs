@@ -93,6 +93,14 @@ struct Args {
         allow_hyphen_values = true
     )]
     cleanup_delay_seconds: String,
+    /// Seconds of job history kept (pulpitum_jobs); older rows are pruned each cycle.
+    #[arg(
+        long,
+        env = "ARCHIVER_JOB_RETENTION_SECONDS",
+        default_value = "604800",
+        allow_hyphen_values = true
+    )]
+    job_retention_seconds: String,
     /// Buckets processed at once.
     #[arg(
         long,
@@ -177,6 +185,7 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
         })?;
     c.gc_delay = config::GC_DELAY.parse(&args.gc_delay_seconds)?;
     c.cleanup_delay = config::CLEANUP_DELAY.parse(&args.cleanup_delay_seconds)?;
+    c.job_retention = config::JOB_RETENTION.parse(&args.job_retention_seconds)?;
     c.concurrency = config::CONCURRENCY.parse(&args.concurrency)?;
     c.cleanup_batch_rows = config::CLEANUP_BATCH_ROWS.parse(&args.cleanup_batch_rows)?;
     c.snapshot_page_rows = config::SNAPSHOT_PAGE_ROWS.parse(&args.snapshot_page_rows)?;

@@ -114,20 +114,9 @@ enum Meta {
 impl Shell {
     async fn run_statement(&mut self, sql: &str) -> Result<(), String> {
         let start = Instant::now();
-        // What `ctx.sql` does, with the check of statements DataFusion would let through
-        // silently (`DROP TABLE IF EXISTS` on a Pulpitum table) between planning and running.
-        let plan = self
-            .ctx
-            .state()
-            .create_logical_plan(sql)
-            .await
-            .map_err(|e| e.to_string())?;
-        pulpitum::provider::factory::check_statement(&self.ctx, &plan)
-            .await
-            .map_err(|e| e.to_string())?;
-        let df = self
-            .ctx
-            .execute_logical_plan(plan)
+        // Control statements, then what `ctx.sql` does with the check of statements
+        // DataFusion would let through silently (`DROP TABLE IF EXISTS` on a Pulpitum table).
+        let df = pulpitum::control::sql(&self.ctx, sql)
             .await
             .map_err(|e| e.to_string())?;
         // The result's columns come from the plan, not from the batches: an empty result may

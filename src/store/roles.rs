@@ -7,8 +7,10 @@
 //! - [`RoutedReads`]: bucket listings and hot pages that carry their route.
 //! - [`Lifecycle`]: the archiver's claim, snapshot, publish, cleanup and discovery steps and
 //!   the queries garbage collection relies on.
+//! - [`Control`]: the control plane: per-table policies, the store-wide pause and the
+//!   archiver's job history.
 //!
-//! [`HotStore`] is all four together, implemented for every type that implements them; it is
+//! [`HotStore`] is all five together, implemented for every type that implements them; it is
 //! what a session or an archiver holds. Every method is one serializable transaction or one
 //! statement.
 
@@ -17,8 +19,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, HeadPage, HotPage,
-    PageRequest, RoutedBucket, StoreResult, TableDefinition, WorkItem,
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, Eligibility, HeadPage,
+    HotPage, JobEnd, JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, RoutedBucket,
+    StoreResult, TableDefinition, TablePolicy, WorkItem,
 };
 use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
@@ -118,7 +121,9 @@ pub trait RoutedReads: Send + Sync + 'static {
 pub trait Lifecycle: Send + Sync + 'static {
     /// Claims a bucket for archiving: a Hot bucket whose retry time has passed, or an
     /// Archiving bucket whose lease expired, becomes Archiving with a fresh token,
-    /// `generation + 1` and `expires_at = now + lease`. `Ok(None)` when not claimable.
+    /// `generation + 1` and `expires_at = now + lease`. `Ok(None)` when not claimable,
+    /// which includes a paused table or store: the pause is read in the claiming statement,
+    /// so once a pause commits no claim that follows it succeeds.
     async fn claim(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>>;
 
     /// Claims a published bucket's cleanup: an Archived bucket with hot rows whose previous
@@ -155,32 +160,73 @@ pub trait Lifecycle: Send + Sync + 'static {
         min_age: Duration,
     ) -> StoreResult<(u64, bool)>;
 
-    /// Work for the archiver: eligible Hot buckets (`bucket_end <= cutoff`, retry passed),
-    /// expired pre-publication claims, and published buckets with cleanup pending whose
-    /// owner lease (if any) expired, up to `limit`, oldest buckets first.
-    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>>;
+    /// Work for the archiver: eligible Hot buckets (by [`Eligibility`] and the table's
+    /// policy, retry passed), expired pre-publication claims, and published buckets with
+    /// cleanup pending whose owner lease (if any) expired, up to `limit`, oldest buckets
+    /// first. Buckets of a paused table or store are archive work for no one; their cleanup
+    /// still is.
+    async fn discover(&self, rule: &Eligibility, limit: usize) -> StoreResult<Vec<WorkItem>>;
 
     /// [`discover`](Self::discover), except that a published bucket's cleanup is work only
-    /// once `cleanup_delay` has passed since its publication, so cleanups not yet due never
-    /// fill the batch ahead of eligible buckets; the condition is in the statement, so the
-    /// batch is full whenever that much work is due.
+    /// once the larger of `cleanup_delay` and its table's policy delay has passed since its
+    /// publication, so cleanups not yet due never fill the batch ahead of eligible buckets;
+    /// the condition is in the statement, so the batch is full whenever that much work is
+    /// due.
     async fn discover_ready(
         &self,
-        cutoff: EventTime,
+        rule: &Eligibility,
         limit: usize,
         cleanup_delay: Duration,
     ) -> StoreResult<Vec<WorkItem>>;
 
-    /// Counts the eligible backlog and the buckets being archived, in one statement that
-    /// reads only the `(state, bucket_end)` index range of Hot and Archiving buckets, so the
-    /// archiver can afford it every cycle.
-    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog>;
+    /// Counts the eligible backlog (by time, paused or not) per table with its oldest
+    /// bucket end, and the buckets being archived, reading only the Hot and Archiving range
+    /// of the `(state, bucket_end)` index, so the archiver can afford it every cycle.
+    async fn backlog(&self, rule: &Eligibility) -> StoreResult<Backlog>;
 
     /// Every object key referenced by a published route (for orphan GC).
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>>;
 }
 
-/// Every role together: what a session, the archiver and the conformance suite hold.
-pub trait HotStore: Catalog + Appends + RoutedReads + Lifecycle {}
+/// The control plane: tiering policies, pauses and job history. Policies and pauses are
+/// read by discovery and claims in their own statements; history is written beside the
+/// lifecycle's transactions, never inside them, so a history write that fails cannot fail
+/// or weaken a fenced step.
+#[async_trait]
+pub trait Control: Send + Sync + 'static {
+    /// Every table's policy, ordered by table id; a table that never had one is absent.
+    async fn policies(&self) -> StoreResult<Vec<TablePolicy>>;
 
-impl<T: Catalog + Appends + RoutedReads + Lifecycle + ?Sized> HotStore for T {}
+    /// Applies `update` to a table's policy in one transaction (fields it leaves alone keep
+    /// their value, even under concurrent updates) and returns the result.
+    /// [`StoreError::UnknownTable`](super::StoreError::UnknownTable) for an unregistered table.
+    async fn update_policy(
+        &self,
+        table_id: &TableId,
+        update: &PolicyUpdate,
+    ) -> StoreResult<TablePolicy>;
+
+    /// Whether the whole store is paused (no new archive claims on any table).
+    async fn store_paused(&self) -> StoreResult<bool>;
+
+    /// Pauses or resumes the whole store; durable.
+    async fn set_store_paused(&self, paused: bool) -> StoreResult<()>;
+
+    /// Records a job's start; marks any earlier unfinished job of the same bucket as
+    /// abandoned (its worker stopped and this claim took the bucket over). Idempotent.
+    async fn record_job_start(&self, job: &JobStart) -> StoreResult<()>;
+
+    /// Records a job's end (writing its start too if that was never recorded).
+    async fn record_job_end(&self, end: &JobEnd) -> StoreResult<()>;
+
+    /// Job history matching the filter, newest start first.
+    async fn jobs(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>>;
+
+    /// Deletes up to `limit` history rows started before `before`; returns how many.
+    async fn prune_jobs(&self, before: EventTime, limit: usize) -> StoreResult<u64>;
+}
+
+/// Every role together: what a session, the archiver and the conformance suite hold.
+pub trait HotStore: Catalog + Appends + RoutedReads + Lifecycle + Control {}
+
+impl<T: Catalog + Appends + RoutedReads + Lifecycle + Control + ?Sized> HotStore for T {}

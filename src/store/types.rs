@@ -212,14 +212,16 @@ pub struct WorkItem {
 }
 
 /// How much archiver work the store holds at one moment (see [`Lifecycle::backlog`](super::Lifecycle::backlog)).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Backlog {
-    /// Hot buckets that ended at or before the cutoff, whether or not a retry time holds
-    /// them back: eligible and not yet archived.
+    /// Hot buckets eligible by time (the cutoff and their table's policy), whether or not a
+    /// retry time or a pause holds them back: eligible and not yet archived.
     pub eligible: u64,
     /// Buckets claimed for archiving and not yet published, by any process, whatever their
     /// lease.
     pub archiving: u64,
+    /// The eligible backlog per table with any, ordered by table id.
+    pub tables: Vec<super::TableLag>,
 }
 
 /// Result of a single append.

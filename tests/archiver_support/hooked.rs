@@ -1,7 +1,7 @@
 //! A hot store that delegates to the real one and lets a test disturb the archiver's view at
 //! exact points: run a step in the gap between GC's two metadata reads, delay a claim's
 //! answer after it committed, cut or silently drop lease renewals, refuse snapshot pages as
-//! stale.
+//! stale, fail job history writes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,8 +13,9 @@ use async_trait::async_trait;
 use pulpitum::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 use pulpitum::store::{
     AppendOutcome, Appends, Backlog, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim,
-    HeadPage, HotPage, HotStore, Lifecycle, PageRequest, RoutedReads, StoreError, StoreResult,
-    TableDefinition, WorkItem,
+    Control, Eligibility, HeadPage, HotPage, HotStore, JobEnd, JobFilter, JobRecord, JobStart,
+    Lifecycle, PageRequest, PolicyUpdate, RoutedReads, StoreError, StoreResult, TableDefinition,
+    TablePolicy, WorkItem,
 };
 
 /// What [`Hooked::renew`] does.
@@ -38,6 +39,7 @@ pub struct Hooked {
     claim_reply_delay: Mutex<Duration>,
     renewal: AtomicU8,
     stale_snapshots: AtomicBool,
+    failing_history: AtomicBool,
     /// When the last claim statement was sent.
     pub claim_sent: Mutex<Option<Instant>>,
 }
@@ -51,6 +53,7 @@ impl Hooked {
             claim_reply_delay: Mutex::new(Duration::ZERO),
             renewal: AtomicU8::new(Renewal::Pass as u8),
             stale_snapshots: AtomicBool::new(false),
+            failing_history: AtomicBool::new(false),
             claim_sent: Mutex::new(None),
         })
     }
@@ -75,6 +78,22 @@ impl Hooked {
     /// worker has taken over (`StaleClaim`), without reaching the store.
     pub fn refuse_snapshots_as_stale(&self) {
         self.stale_snapshots.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on, every job history write fails as a dropped connection does, without
+    /// reaching the store.
+    pub fn fail_history_writes(&self) {
+        self.failing_history.store(true, Ordering::SeqCst);
+    }
+
+    fn history(&self) -> StoreResult<()> {
+        if self.failing_history.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend {
+                operation: "record_job",
+                detail: "connection reset (injected)".into(),
+            });
+        }
+        Ok(())
     }
 
     async fn gap(&self) {
@@ -205,28 +224,63 @@ impl Lifecycle for Hooked {
         self.inner.cleanup_step(c, limit, min_age).await
     }
 
-    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
-        self.inner.discover(cutoff, limit).await
+    async fn discover(&self, rule: &Eligibility, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.inner.discover(rule, limit).await
     }
 
     async fn discover_ready(
         &self,
-        cutoff: EventTime,
+        rule: &Eligibility,
         limit: usize,
         cleanup_delay: Duration,
     ) -> StoreResult<Vec<WorkItem>> {
-        self.inner
-            .discover_ready(cutoff, limit, cleanup_delay)
-            .await
+        self.inner.discover_ready(rule, limit, cleanup_delay).await
     }
 
-    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
-        self.inner.backlog(cutoff).await
+    async fn backlog(&self, rule: &Eligibility) -> StoreResult<Backlog> {
+        self.inner.backlog(rule).await
     }
 
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         let r = self.inner.referenced_object_keys().await;
         self.gap().await;
         r
+    }
+}
+
+#[async_trait]
+impl Control for Hooked {
+    async fn policies(&self) -> StoreResult<Vec<TablePolicy>> {
+        self.inner.policies().await
+    }
+
+    async fn update_policy(&self, t: &TableId, u: &PolicyUpdate) -> StoreResult<TablePolicy> {
+        self.inner.update_policy(t, u).await
+    }
+
+    async fn store_paused(&self) -> StoreResult<bool> {
+        self.inner.store_paused().await
+    }
+
+    async fn set_store_paused(&self, paused: bool) -> StoreResult<()> {
+        self.inner.set_store_paused(paused).await
+    }
+
+    async fn record_job_start(&self, job: &JobStart) -> StoreResult<()> {
+        self.history()?;
+        self.inner.record_job_start(job).await
+    }
+
+    async fn record_job_end(&self, end: &JobEnd) -> StoreResult<()> {
+        self.history()?;
+        self.inner.record_job_end(end).await
+    }
+
+    async fn jobs(&self, f: &JobFilter) -> StoreResult<Vec<JobRecord>> {
+        self.inner.jobs(f).await
+    }
+
+    async fn prune_jobs(&self, before: EventTime, limit: usize) -> StoreResult<u64> {
+        self.inner.prune_jobs(before, limit).await
     }
 }

@@ -17,7 +17,8 @@ use std::time::Duration;
 use pulpitum::model::batch_to_records;
 use pulpitum::model::{BucketId, BucketKey, BucketStrategy, EventTime, Record, ScanBounds};
 use pulpitum::store::{
-    AppendOutcome, Backlog, BucketState, Claim, HotPage, PageRequest, StoreError, WorkKind,
+    AppendOutcome, Backlog, BucketState, Claim, Eligibility, HotPage, PageRequest, StoreError,
+    TableLag, WorkKind,
 };
 
 use super::{
@@ -44,7 +45,10 @@ pub async fn full_lifecycle(store: Store) {
     let b = bucket_of(&tbl, s, &rows[0]);
     let cutoff = t("2021-06-02T00:00:00Z");
 
-    let work = store.discover(cutoff, 10).await.unwrap();
+    let work = store
+        .discover(&Eligibility::before(cutoff), 10)
+        .await
+        .unwrap();
     assert_eq!(work.len(), 1);
     assert_eq!(
         (work[0].bucket.clone(), work[0].kind),
@@ -52,7 +56,7 @@ pub async fn full_lifecycle(store: Store) {
     );
     assert!(
         store
-            .discover(t("2021-06-01T23:59:59Z"), 10)
+            .discover(&Eligibility::before(t("2021-06-01T23:59:59Z")), 10)
             .await
             .unwrap()
             .is_empty(),
@@ -71,7 +75,11 @@ pub async fn full_lifecycle(store: Store) {
         "a live claim is exclusive"
     );
     assert!(
-        store.discover(cutoff, 10).await.unwrap().is_empty(),
+        store
+            .discover(&Eligibility::before(cutoff), 10)
+            .await
+            .unwrap()
+            .is_empty(),
         "a live claim is not work"
     );
 
@@ -150,7 +158,10 @@ pub async fn full_lifecycle(store: Store) {
         store.referenced_object_keys().await.unwrap(),
         vec!["objects/g1/manifest.json".to_string()]
     );
-    let work = store.discover(cutoff, 10).await.unwrap();
+    let work = store
+        .discover(&Eligibility::before(cutoff), 10)
+        .await
+        .unwrap();
     assert_eq!(work.len(), 1);
     assert_eq!(work[0].kind, WorkKind::CleanupPending);
 
@@ -164,7 +175,11 @@ pub async fn full_lifecycle(store: Store) {
         store.claim_cleanup(&b, LONG).await.unwrap().is_none(),
         "cleanup claim is exclusive"
     );
-    assert!(store.discover(cutoff, 10).await.unwrap().is_empty());
+    assert!(store
+        .discover(&Eligibility::before(cutoff), 10)
+        .await
+        .unwrap()
+        .is_empty());
     let mut deleted = 0;
     let mut steps = 0;
     loop {
@@ -202,7 +217,11 @@ pub async fn full_lifecycle(store: Store) {
         (0, true)
     );
     assert!(store.claim_cleanup(&b, LONG).await.unwrap().is_none());
-    assert!(store.discover(cutoff, 10).await.unwrap().is_empty());
+    assert!(store
+        .discover(&Eligibility::before(cutoff), 10)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(
         store
             .read_page(
@@ -244,7 +263,7 @@ pub async fn defer_archive_sets_retry_time(store: Store) {
         "retry time not reached"
     );
     assert!(store
-        .discover(t("2030-01-01T00:00:00Z"), 10)
+        .discover(&Eligibility::before(t("2030-01-01T00:00:00Z")), 10)
         .await
         .unwrap()
         .is_empty());
@@ -260,7 +279,10 @@ pub async fn defer_archive_sets_retry_time(store: Store) {
     );
     assert_invalid(store.defer_archive(&claim, LONG).await, "defer twice");
     tokio::time::sleep(Duration::from_millis(550)).await;
-    let work = store.discover(t("2030-01-01T00:00:00Z"), 10).await.unwrap();
+    let work = store
+        .discover(&Eligibility::before(t("2030-01-01T00:00:00Z")), 10)
+        .await
+        .unwrap();
     assert_eq!(work.len(), 1);
     assert_eq!(work[0].kind, WorkKind::Eligible);
     let again = store
@@ -307,7 +329,10 @@ pub async fn expired_lease_is_rejected(store: Store) {
             .await,
         Err(StoreError::Fenced { .. })
     ));
-    let work = store.discover(t("2021-01-01T00:00:00Z"), 10).await.unwrap();
+    let work = store
+        .discover(&Eligibility::before(t("2021-01-01T00:00:00Z")), 10)
+        .await
+        .unwrap();
     assert_eq!(work.len(), 1);
     assert_eq!(work[0].kind, WorkKind::ExpiredClaim);
 
@@ -612,7 +637,10 @@ pub async fn discover_orders_and_limits(store: Store) {
     store.publish_archive(&c, "m4").await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let cutoff = t("2021-06-06T00:00:00Z");
-    let work = store.discover(cutoff, 100).await.unwrap();
+    let work = store
+        .discover(&Eligibility::before(cutoff), 100)
+        .await
+        .unwrap();
     let got: Vec<(String, WorkKind)> = work
         .iter()
         .map(|w| (w.bucket.bucket_key.to_string(), w.kind))
@@ -626,9 +654,16 @@ pub async fn discover_orders_and_limits(store: Store) {
             ("day:2021-06-05".into(), WorkKind::Eligible),
         ]
     );
-    let first_two = store.discover(cutoff, 2).await.unwrap();
+    let first_two = store
+        .discover(&Eligibility::before(cutoff), 2)
+        .await
+        .unwrap();
     assert_eq!(first_two, work[..2].to_vec());
-    assert!(store.discover(cutoff, 0).await.unwrap().is_empty());
+    assert!(store
+        .discover(&Eligibility::before(cutoff), 0)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// The backlog counts Hot buckets ended by the cutoff (a deferred one included) and
@@ -637,7 +672,10 @@ pub async fn backlog_counts_eligible_and_archiving(store: Store) {
     let s = BucketStrategy::CalendarDayUtc;
     let cutoff = t("2021-06-06T00:00:00Z");
     let tbl = table(&store, "events", s).await;
-    assert_eq!(store.backlog(cutoff).await.unwrap(), Backlog::default());
+    assert_eq!(
+        store.backlog(&Eligibility::before(cutoff)).await.unwrap(),
+        Backlog::default()
+    );
     for d in ["01", "02", "03", "04", "05", "09"] {
         store
             .append(
@@ -652,12 +690,19 @@ pub async fn backlog_counts_eligible_and_archiving(store: Store) {
         partition_key: pk("p"),
         bucket_key: BucketKey::parse(s, &format!("day:2021-06-{d}")).unwrap(),
     };
-    let counts = |eligible, archiving| Backlog {
-        eligible,
-        archiving,
-    };
+    let counts = |eligible, archiving| (eligible, archiving);
+    let got = |b: Backlog| (b.eligible, b.archiving);
     // Five days end by the cutoff; 06-09 does not.
-    assert_eq!(store.backlog(cutoff).await.unwrap(), counts(5, 0));
+    let b = store.backlog(&Eligibility::before(cutoff)).await.unwrap();
+    assert_eq!(
+        b.tables,
+        vec![TableLag {
+            table_id: tbl.clone(),
+            eligible: 5,
+            oldest_eligible_end: Some(t("2021-06-02T00:00:00Z")),
+        }]
+    );
+    assert_eq!(got(b), counts(5, 0));
     // 06-01 claimed (in flight), 06-02 claimed then deferred (still eligible), 06-03
     // published, 06-04 claimed with a lease that has expired (still in flight).
     store.claim(&id("01"), LONG).await.unwrap().unwrap();
@@ -671,10 +716,23 @@ pub async fn backlog_counts_eligible_and_archiving(store: Store) {
         .unwrap()
         .unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(store.backlog(cutoff).await.unwrap(), counts(2, 2));
+    let b = store.backlog(&Eligibility::before(cutoff)).await.unwrap();
+    // The lag is the oldest eligible bucket not yet archived: 06-02 (deferred) now.
+    assert_eq!(
+        b.tables,
+        vec![TableLag {
+            table_id: tbl.clone(),
+            eligible: 2,
+            oldest_eligible_end: Some(t("2021-06-03T00:00:00Z")),
+        }]
+    );
+    assert_eq!(got(b), counts(2, 2));
     // The cutoff bounds only the eligible count.
     assert_eq!(
-        store.backlog(t("2030-01-01T00:00:00Z")).await.unwrap(),
+        got(store
+            .backlog(&Eligibility::before(t("2030-01-01T00:00:00Z")))
+            .await
+            .unwrap()),
         counts(3, 2)
     );
 }

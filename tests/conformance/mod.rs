@@ -18,6 +18,7 @@
 //! - `reads.rs`: listings, `read_page`, `read_head` and scan bounds (`RoutedReads`).
 //! - `lifecycle.rs`: claim, renew, snapshot, defer, publish, cleanup, discovery, backlog
 //!   and the garbage-collection queries (`Lifecycle`).
+//! - `control.rs`: policies, pauses, eligibility by policy and job history (`Control`).
 //!
 //! This file holds the one case list, [`every_case!`], and the helpers the cases share.
 //! The cases are re-exported here, so a runner names each one `conformance::<case>`
@@ -27,11 +28,13 @@
 
 mod appends;
 mod catalog;
+mod control;
 mod lifecycle;
 mod reads;
 
 pub use appends::*;
 pub use catalog::*;
+pub use control::*;
 pub use lifecycle::*;
 pub use reads::*;
 
@@ -70,6 +73,12 @@ macro_rules! every_case {
             racing_claimers,
             discover_orders_and_limits,
             backlog_counts_eligible_and_archiving,
+            // control.rs
+            policies_update_only_what_they_name,
+            pauses_stop_claims_but_not_cleanup,
+            archive_after_and_the_ceiling_decide_eligibility,
+            cleanup_waits_for_the_longer_delay,
+            job_history_records_abandons_and_prunes,
         );
     };
 }

@@ -15,8 +15,9 @@ use pulpitum::prepared::{prepare, PreparedError};
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
 use pulpitum::store::{
-    AppendOutcome, Appends, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim, HeadPage,
-    HotPage, HotStore, Lifecycle, PageRequest, RoutedReads, StoreResult, TableDefinition, WorkItem,
+    AppendOutcome, Appends, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim, Control,
+    Eligibility, HeadPage, HotPage, HotStore, JobEnd, JobFilter, JobRecord, JobStart, Lifecycle,
+    PageRequest, PolicyUpdate, RoutedReads, StoreResult, TableDefinition, TablePolicy, WorkItem,
 };
 
 use crate::common::*;
@@ -141,27 +142,60 @@ impl Lifecycle for Counting {
         self.inner.cleanup_step(c, limit, min_age).await
     }
 
-    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
-        self.inner.discover(cutoff, limit).await
+    async fn discover(&self, rule: &Eligibility, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.inner.discover(rule, limit).await
     }
 
     async fn discover_ready(
         &self,
-        cutoff: EventTime,
+        rule: &Eligibility,
         limit: usize,
         cleanup_delay: Duration,
     ) -> StoreResult<Vec<WorkItem>> {
-        self.inner
-            .discover_ready(cutoff, limit, cleanup_delay)
-            .await
+        self.inner.discover_ready(rule, limit, cleanup_delay).await
     }
 
-    async fn backlog(&self, cutoff: EventTime) -> StoreResult<pulpitum::store::Backlog> {
-        self.inner.backlog(cutoff).await
+    async fn backlog(&self, rule: &Eligibility) -> StoreResult<pulpitum::store::Backlog> {
+        self.inner.backlog(rule).await
     }
 
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         self.inner.referenced_object_keys().await
+    }
+}
+
+#[async_trait]
+impl Control for Counting {
+    async fn policies(&self) -> StoreResult<Vec<TablePolicy>> {
+        self.inner.policies().await
+    }
+
+    async fn update_policy(&self, t: &TableId, u: &PolicyUpdate) -> StoreResult<TablePolicy> {
+        self.inner.update_policy(t, u).await
+    }
+
+    async fn store_paused(&self) -> StoreResult<bool> {
+        self.inner.store_paused().await
+    }
+
+    async fn set_store_paused(&self, paused: bool) -> StoreResult<()> {
+        self.inner.set_store_paused(paused).await
+    }
+
+    async fn record_job_start(&self, job: &JobStart) -> StoreResult<()> {
+        self.inner.record_job_start(job).await
+    }
+
+    async fn record_job_end(&self, end: &JobEnd) -> StoreResult<()> {
+        self.inner.record_job_end(end).await
+    }
+
+    async fn jobs(&self, f: &JobFilter) -> StoreResult<Vec<JobRecord>> {
+        self.inner.jobs(f).await
+    }
+
+    async fn prune_jobs(&self, before: EventTime, limit: usize) -> StoreResult<u64> {
+        self.inner.prune_jobs(before, limit).await
     }
 }
 

@@ -15,8 +15,10 @@ use rand::Rng;
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, Transaction};
 
-use crate::model::{BucketId, ClusteringKey, EventTime, Record};
-use crate::store::{Backlog, Claim, Lifecycle, StoreError, StoreResult, WorkItem, WorkKind};
+use crate::model::{BucketId, ClusteringKey, EventTime, Record, TableId};
+use crate::store::{
+    Backlog, Claim, Eligibility, Lifecycle, StoreError, StoreResult, TableLag, WorkItem, WorkKind,
+};
 
 use super::decode::{
     bucket_args, bucket_id, corrupt, load_meta, record_from, state_name, time, to_i64, MetaRow,
@@ -116,6 +118,23 @@ fn fresh_token() -> String {
     hex::encode(bytes)
 }
 
+/// Whether archive claims on `id`'s table are paused, by its policy or store-wide.
+fn archiving_paused(tx: &Transaction<'_>, id: &BucketId) -> TxResult<bool> {
+    let paused: i64 = tx
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM pulpitum_v4_policies WHERE table_id = ?1 AND paused = 1) \
+                 OR EXISTS (SELECT 1 FROM pulpitum_v4_store_control WHERE paused = 1)",
+        )?
+        .query_row(params![id.table_id.as_str()], |r| r.get(0))?;
+    Ok(paused != 0)
+}
+
+/// The time condition of eligibility for a Hot bucket `m` joined to its table's policy `p`:
+/// `?1` is the cutoff for tables without a policy, `?2` the bound for tables with one and
+/// `?3` the store's now (see [`Eligibility`]).
+const ELIGIBLE_BY_TIME: &str = "m.bucket_end <= CASE WHEN p.archive_after_us IS NULL THEN ?1 \
+     ELSE min(?2, ?3 - p.archive_after_us) END";
+
 #[async_trait]
 impl Lifecycle for SqliteStore {
     async fn claim(&self, bucket: &BucketId, lease: Duration) -> StoreResult<Option<Claim>> {
@@ -129,7 +148,9 @@ impl Lifecycle for SqliteStore {
                 "archiving" => !row.lease_held(now),
                 _ => false,
             };
-            if !claimable {
+            // A paused table or store takes no new claims; read under the write lock, so a
+            // committed pause is seen by every claim after it.
+            if !claimable || archiving_paused(tx, &id)? {
                 return Ok(None);
             }
             let claim = Claim {
@@ -402,36 +423,37 @@ impl Lifecycle for SqliteStore {
         .await
     }
 
-    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
-        self.discover_ready(cutoff, limit, Duration::ZERO).await
+    async fn discover(&self, rule: &Eligibility, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.discover_ready(rule, limit, Duration::ZERO).await
     }
 
     async fn discover_ready(
         &self,
-        cutoff: EventTime,
+        rule: &Eligibility,
         limit: usize,
         cleanup_delay: Duration,
     ) -> StoreResult<Vec<WorkItem>> {
         let delay = i64::try_from(cleanup_delay.as_micros()).unwrap_or(i64::MAX);
+        let (cutoff, bound) = (rule.cutoff.as_micros(), rule.policy_bound().as_micros());
         self.run("discover", Mode::Read, move |tx, now| {
-            let mut stmt = tx.prepare_cached(
-                "SELECT table_id, partition_key, bucket_key, bucket_strategy, state \
-                 FROM pulpitum_v4_bucket_metadata \
-                 WHERE (state = 'hot' AND bucket_end <= ?1 AND (retry_at IS NULL OR retry_at <= ?2)) \
-                    OR (state = 'archiving' AND (lease_expires_at IS NULL OR lease_expires_at <= ?2)) \
-                    OR (state = 'archived' AND hot_deleted = 0 \
-                        AND (lease_expires_at IS NULL OR lease_expires_at <= ?2) \
-                        AND published_at <= ?4) \
-                 ORDER BY bucket_end, table_id, partition_key, bucket_key \
-                 LIMIT ?3",
-            )?;
-            let published_by = now.saturating_sub(delay);
-            let mut rows = stmt.query(params![
-                cutoff.as_micros(),
-                now,
-                to_i64(limit),
-                published_by
-            ])?;
+            // Archive work skips paused tables and a paused store; cleanup never does.
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT m.table_id, m.partition_key, m.bucket_key, m.bucket_strategy, m.state \
+                 FROM pulpitum_v4_bucket_metadata m \
+                 LEFT JOIN pulpitum_v4_policies p ON p.table_id = m.table_id \
+                 WHERE (((m.state = 'hot' AND {ELIGIBLE_BY_TIME} \
+                          AND (m.retry_at IS NULL OR m.retry_at <= ?3)) \
+                        OR (m.state = 'archiving' \
+                          AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= ?3))) \
+                       AND COALESCE(p.paused, 0) = 0 \
+                       AND NOT EXISTS (SELECT 1 FROM pulpitum_v4_store_control WHERE paused = 1)) \
+                    OR (m.state = 'archived' AND m.hot_deleted = 0 \
+                        AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= ?3) \
+                        AND m.published_at <= ?3 - max(?5, COALESCE(p.cleanup_delay_us, 0))) \
+                 ORDER BY m.bucket_end, m.table_id, m.partition_key, m.bucket_key \
+                 LIMIT ?4"
+            ))?;
+            let mut rows = stmt.query(params![cutoff, bound, now, to_i64(limit), delay])?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
                 let table_id: String = r.get(0)?;
@@ -454,20 +476,36 @@ impl Lifecycle for SqliteStore {
         .await
     }
 
-    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
-        self.run("backlog", Mode::Read, move |tx, _| {
-            let mut stmt = tx.prepare_cached(
-                "SELECT (SELECT count(*) FROM pulpitum_v4_bucket_metadata \
-                           WHERE state = 'hot' AND bucket_end <= ?1), \
-                        (SELECT count(*) FROM pulpitum_v4_bucket_metadata \
-                           WHERE state = 'archiving')",
-            )?;
-            let (eligible, archiving): (i64, i64) =
-                stmt.query_row(params![cutoff.as_micros()], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            Ok(Backlog {
-                eligible: u64::try_from(eligible).unwrap_or(0),
-                archiving: u64::try_from(archiving).unwrap_or(0),
-            })
+    async fn backlog(&self, rule: &Eligibility) -> StoreResult<Backlog> {
+        let (cutoff, bound) = (rule.cutoff.as_micros(), rule.policy_bound().as_micros());
+        self.run("backlog", Mode::Read, move |tx, now| {
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT m.table_id, count(*), min(m.bucket_end) FROM pulpitum_v4_bucket_metadata m \
+                 LEFT JOIN pulpitum_v4_policies p ON p.table_id = m.table_id \
+                 WHERE m.state = 'hot' AND {ELIGIBLE_BY_TIME} \
+                 GROUP BY m.table_id ORDER BY m.table_id"
+            ))?;
+            let mut backlog = Backlog::default();
+            let mut rows = stmt.query(params![cutoff, bound, now])?;
+            while let Some(r) = rows.next()? {
+                let table: String = r.get(0)?;
+                let n: i64 = r.get(1)?;
+                let oldest: i64 = r.get(2)?;
+                let n = u64::try_from(n).unwrap_or(0);
+                backlog.eligible += n;
+                backlog.tables.push(TableLag {
+                    table_id: TableId::new(table).map_err(|e| corrupt(e.to_string()))?,
+                    eligible: n,
+                    oldest_eligible_end: Some(time(oldest, "bucket_end")?),
+                });
+            }
+            let archiving: i64 = tx
+                .prepare_cached(
+                    "SELECT count(*) FROM pulpitum_v4_bucket_metadata WHERE state = 'archiving'",
+                )?
+                .query_row([], |r| r.get(0))?;
+            backlog.archiving = u64::try_from(archiving).unwrap_or(0);
+            Ok(backlog)
         })
         .await
     }

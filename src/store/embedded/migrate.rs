@@ -51,6 +51,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0003_records.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 4,
+        name: "control",
+        sql: include_str!("../../../sql/sqlite/0004_control.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

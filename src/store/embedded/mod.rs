@@ -40,6 +40,8 @@
 //! - `reads.rs`: [`RoutedReads`] (bucket listings and pages; the head read is the trait's
 //!   default);
 //! - `lifecycle.rs`: [`Lifecycle`] (claims, snapshots, publication, cleanup, discovery);
+//! - `control.rs`: [`Control`](crate::store::Control) (policies, the store-wide pause, job
+//!   history);
 //! - `decode.rs`: bucket metadata rows and their conversion, shared by all roles;
 //! - `migrate.rs`: the numbered migrations and their runner.
 //!
@@ -51,6 +53,7 @@
 
 mod append;
 mod catalog;
+mod control;
 mod decode;
 mod lifecycle;
 mod migrate;

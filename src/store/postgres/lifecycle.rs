@@ -14,12 +14,17 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
 use super::decode::{corrupt, decode_record, event_time};
-use super::sql::{limit_param, param_refs, push, Params, META, RECORDS};
+use super::sql::{
+    eligible_by_time, limit_param, param_refs, push, Params, META, POLICIES, RECORDS,
+    STORE_NOT_PAUSED,
+};
 use super::{PgStore, TxError};
 use crate::model::{
-    BucketId, BucketKey, BucketStrategy, ClusteringKey, EventTime, PartitionKey, Record, TableId,
+    BucketId, BucketKey, BucketStrategy, ClusteringKey, PartitionKey, Record, TableId,
 };
-use crate::store::{Backlog, Claim, Lifecycle, StoreResult, WorkItem, WorkKind};
+use crate::store::{
+    Backlog, Claim, Eligibility, Lifecycle, StoreResult, TableLag, WorkItem, WorkKind,
+};
 
 /// A duration in whole microseconds, the unit the statements' intervals are built from
 /// (`$n::INT8 * INTERVAL '1 microsecond'`); saturates rather than wrapping.
@@ -38,6 +43,8 @@ impl Lifecycle for PgStore {
              WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
                AND ((state = 'hot' AND (retry_at IS NULL OR retry_at <= now())) \
                  OR (state = 'archiving' AND (lease_expires_at IS NULL OR lease_expires_at <= now()))) \
+               AND NOT EXISTS (SELECT 1 FROM {POLICIES} p WHERE p.table_id = $1 AND p.paused) \
+               AND {STORE_NOT_PAUSED} \
              RETURNING generation, lease_expires_at"
         );
         self.claim_with(bucket, "claim", &sql, &key, lease).await
@@ -311,32 +318,39 @@ impl Lifecycle for PgStore {
         .await
     }
 
-    async fn discover(&self, cutoff: EventTime, limit: usize) -> StoreResult<Vec<WorkItem>> {
-        self.discover_ready(cutoff, limit, Duration::ZERO).await
+    async fn discover(&self, rule: &Eligibility, limit: usize) -> StoreResult<Vec<WorkItem>> {
+        self.discover_ready(rule, limit, Duration::ZERO).await
     }
 
     async fn discover_ready(
         &self,
-        cutoff: EventTime,
+        rule: &Eligibility,
         limit: usize,
         cleanup_delay: Duration,
     ) -> StoreResult<Vec<WorkItem>> {
-        let cols = "table_id, partition_key, bucket_key, bucket_strategy, bucket_start, bucket_end";
+        let cols = "m.table_id, m.partition_key, m.bucket_key, m.bucket_strategy, m.bucket_start, m.bucket_end";
+        let eligible = eligible_by_time("$1", "$2");
+        // Archive work (kinds 0 and 1) skips paused tables and a paused store; cleanup
+        // (kind 2) never does, so a pause never keeps published buckets' hot rows.
         let sql = format!(
             "SELECT * FROM ( \
-               SELECT {cols}, 0::INT4 AS kind FROM {META} \
-                 WHERE state = 'hot' AND bucket_end <= $1 AND (retry_at IS NULL OR retry_at <= now()) \
+               SELECT {cols}, 0::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
+                 WHERE m.state = 'hot' AND {eligible} \
+                   AND (m.retry_at IS NULL OR m.retry_at <= now()) \
+                   AND NOT COALESCE(p.paused, false) AND {STORE_NOT_PAUSED} \
                UNION ALL \
-               SELECT {cols}, 1::INT4 AS kind FROM {META} \
-                 WHERE state = 'archiving' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
+               SELECT {cols}, 1::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
+                 WHERE m.state = 'archiving' AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= now()) \
+                   AND NOT COALESCE(p.paused, false) AND {STORE_NOT_PAUSED} \
                UNION ALL \
-               SELECT {cols}, 2::INT4 AS kind FROM {META} \
-                 WHERE state = 'archived' AND NOT hot_deleted \
-                   AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
-                   AND published_at + $3::INT8 * INTERVAL '1 microsecond' <= now() \
-             ) w ORDER BY bucket_end, table_id, partition_key, bucket_key LIMIT $2"
+               SELECT {cols}, 2::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
+                 WHERE m.state = 'archived' AND NOT m.hot_deleted \
+                   AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= now()) \
+                   AND m.published_at + GREATEST($3::INT8, COALESCE(p.cleanup_delay_us, 0)) * INTERVAL '1 microsecond' <= now() \
+             ) w ORDER BY bucket_end, table_id, partition_key, bucket_key LIMIT $4"
         );
-        let cutoff = cutoff.to_datetime();
+        let cutoff = rule.cutoff.to_datetime();
+        let bound = rule.policy_bound().to_datetime();
         let n = limit_param(limit);
         let delay = micros(cleanup_delay);
         if limit == 0 {
@@ -344,7 +358,7 @@ impl Lifecycle for PgStore {
         }
         self.run("discover", || async {
             let client = self.pooled().await?;
-            let rows = client.query(&sql, &[&cutoff, &n, &delay]).await?;
+            let rows = client.query(&sql, &[&cutoff, &bound, &delay, &n]).await?;
             let mut out = Vec::with_capacity(rows.len());
             for row in &rows {
                 let get = |e: tokio_postgres::Error| corrupt("bucket metadata row", e);
@@ -375,25 +389,46 @@ impl Lifecycle for PgStore {
         .await
     }
 
-    async fn backlog(&self, cutoff: EventTime) -> StoreResult<Backlog> {
-        // Two scalar subqueries so each one is an index range on (state, bucket_end); count()
-        // is INT8 on both dialects (sum() would be DECIMAL on CockroachDB).
+    async fn backlog(&self, rule: &Eligibility) -> StoreResult<Backlog> {
+        // One statement: the eligible Hot buckets grouped by table, then one row (table
+        // NULL) counting the Archiving ones; count() is INT8 on both dialects (sum() would
+        // be DECIMAL on CockroachDB).
+        let eligible = eligible_by_time("$1", "$2");
         let sql = format!(
-            "SELECT (SELECT count(*) FROM {META} WHERE state = 'hot' AND bucket_end <= $1), \
-                    (SELECT count(*) FROM {META} WHERE state = 'archiving')"
+            "SELECT m.table_id, count(*), min(m.bucket_end) FROM {META} m \
+               LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
+               WHERE m.state = 'hot' AND {eligible} GROUP BY m.table_id \
+             UNION ALL \
+             SELECT NULL::TEXT, count(*), NULL::TIMESTAMPTZ FROM {META} WHERE state = 'archiving'"
         );
-        let cutoff = cutoff.to_datetime();
+        let cutoff = rule.cutoff.to_datetime();
+        let bound = rule.policy_bound().to_datetime();
         self.run("backlog", || async {
             let client = self.pooled().await?;
-            let row = client.query_one(&sql, &[&cutoff]).await?;
-            let count = |i: usize| -> StoreResult<u64> {
-                let n: i64 = row.try_get(i).map_err(|e| corrupt("backlog count", e))?;
-                u64::try_from(n).map_err(|e| corrupt("backlog count", e))
-            };
-            Ok(Backlog {
-                eligible: count(0)?,
-                archiving: count(1)?,
-            })
+            let rows = client.query(&sql, &[&cutoff, &bound]).await?;
+            let mut backlog = Backlog::default();
+            for row in &rows {
+                let bad = |e: tokio_postgres::Error| corrupt("backlog row", e);
+                let table: Option<String> = row.try_get(0).map_err(bad)?;
+                let n: i64 = row.try_get(1).map_err(bad)?;
+                let n = u64::try_from(n).map_err(|e| corrupt("backlog count", e))?;
+                match table {
+                    None => backlog.archiving = n,
+                    Some(table) => {
+                        let oldest: Option<DateTime<Utc>> = row.try_get(2).map_err(bad)?;
+                        backlog.eligible += n;
+                        backlog.tables.push(TableLag {
+                            table_id: TableId::new(table).map_err(|e| corrupt("table id", e))?,
+                            eligible: n,
+                            oldest_eligible_end: oldest
+                                .map(|t| event_time(t, "bucket_end"))
+                                .transpose()?,
+                        });
+                    }
+                }
+            }
+            backlog.tables.sort_by(|a, b| a.table_id.cmp(&b.table_id));
+            Ok(backlog)
         })
         .await
     }

@@ -87,6 +87,30 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0005_bucket_metadata_by_start_idx.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 6,
+        name: "policies",
+        sql: include_str!("../../../sql/0006_policies.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 7,
+        name: "store_control",
+        sql: include_str!("../../../sql/0007_store_control.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 8,
+        name: "jobs",
+        sql: include_str!("../../../sql/0008_jobs.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 9,
+        name: "jobs_by_start_idx",
+        sql: include_str!("../../../sql/0009_jobs_by_start_idx.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a

@@ -1,7 +1,7 @@
 //! The hot store on CockroachDB or PostgreSQL, over tokio-postgres with a deadpool pool.
 //!
-//! [`PgStore`] implements the four roles of the hot store's contract ([`Catalog`],
-//! [`Appends`], [`RoutedReads`], [`Lifecycle`]; together [`HotStore`]) with the same SQL on
+//! [`PgStore`] implements the five roles of the hot store's contract ([`Catalog`],
+//! [`Appends`], [`RoutedReads`], [`Lifecycle`], [`Control`](crate::store::Control); together [`HotStore`]) with the same SQL on
 //! both databases. This module owns what every role shares: the connection settings
 //! ([`PgStoreConfig`]), the pool and the session check of every new connection, the retry
 //! loop each operation runs in, and the cache of table definitions.
@@ -66,6 +66,7 @@ use crate::model::{EventTime, TableId};
 mod append;
 mod catalog;
 mod claims;
+mod control;
 mod decode;
 mod lifecycle;
 pub mod migrate;

@@ -12,6 +12,27 @@ use tokio_postgres::types::ToSql;
 pub(super) const META: &str = "pulpitum_v4_bucket_metadata";
 /// The hot records table.
 pub(super) const RECORDS: &str = "pulpitum_v4_records";
+/// Per-table tiering policies.
+pub(super) const POLICIES: &str = "pulpitum_v4_policies";
+/// The store-wide switches (one row).
+pub(super) const STORE_CONTROL: &str = "pulpitum_v4_store_control";
+/// Job history.
+pub(super) const JOBS: &str = "pulpitum_v4_jobs";
+
+/// The predicate "the store is not paused", for statements that hand out or take archive
+/// work; read in the same statement, so a committed pause is seen by the next claim.
+pub(super) const STORE_NOT_PAUSED: &str =
+    "NOT EXISTS (SELECT 1 FROM pulpitum_v4_store_control c WHERE c.paused)";
+
+/// The time condition of eligibility for a Hot bucket `m` joined to its table's policy `p`
+/// (`LEFT JOIN`), with the cutoff for tables without a policy and the bound for tables with
+/// one as the placeholders `{cutoff}` and `{bound}` (see [`crate::store::Eligibility`]).
+pub(super) fn eligible_by_time(cutoff: &str, bound: &str) -> String {
+    format!(
+        "m.bucket_end <= CASE WHEN p.archive_after_us IS NULL THEN {cutoff}::TIMESTAMPTZ \
+           ELSE LEAST({bound}::TIMESTAMPTZ, now() - p.archive_after_us * INTERVAL '1 microsecond') END"
+    )
+}
 
 /// Every column of [`META`], in the order [`meta_col`] numbers them.
 pub(super) const META_COLS: &str =
