@@ -627,3 +627,74 @@ fn postgres_notices_are_logged_only_at_debug() {
         );
     }
 }
+
+/// `policy` changes what the store holds and what `policy show` prints; bad options, values
+/// and tables fail with exit code 2 and a line naming what was wrong, and change nothing;
+/// the archive URL is never needed.
+#[test]
+fn policy_commands_set_show_pause_and_refuse_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = seeded_store(&dir.path().join("p.db"));
+    let policy = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+            .args(["--database-url", &url, "policy"])
+            .args(args)
+            .env_remove("PULPITUM_ARCHIVE_URL")
+            .env("PULPITUM_LOG", "error")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = policy(&["set", "chat", "archive_after=90 days", "format=json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("| chat     | 90 days       | json   |"),
+        "{out}"
+    );
+    let (code, _, err) = policy(&["pause", "chat"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = policy(&["pause"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = policy(&["show"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("store: paused\n"), "{out}");
+    assert!(
+        out.contains("| chat     | 90 days       | json   |               | true   |"),
+        "{out}"
+    );
+    for (args, needle) in [
+        (
+            &["set", "chat", "archive_after=3 months"][..],
+            "archive_after: \"3 months\"",
+        ),
+        (&["set", "chat", "archive_after"][..], "is not OPTION=VALUE"),
+        (
+            &["set", "chat", "keep=1 day"][..],
+            "unknown table option \"keep\"",
+        ),
+        (
+            &["reset", "nope", "format"][..],
+            "table nope is not registered",
+        ),
+        (&["pause", "Bad-Name"][..], "is not a table name"),
+    ] {
+        let (code, _, err) = policy(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let (code, _, _) = policy(&["resume"]);
+    assert_eq!(code, 0);
+    let (code, _, _) = policy(&["reset", "chat", "archive_after", "paused"]);
+    assert_eq!(code, 0);
+    let (_, out, _) = policy(&["show"]);
+    assert!(out.starts_with("store: archiving\n"), "{out}");
+    assert!(
+        out.contains("| chat     |               | json   |               | false  |"),
+        "{out}"
+    );
+}

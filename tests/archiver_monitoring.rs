@@ -107,6 +107,9 @@ async fn metrics_follow_the_backlog_and_health_is_ok_while_buckets_publish() {
     let deadline = Instant::now() + Duration::from_secs(60);
     // The backlog gauge after each finished cycle (it is counted at the end of a cycle).
     let mut backlog: Vec<i64> = Vec::new();
+    // The per-table lag beside each backlog value: the age of the oldest eligible end.
+    let mut lags: BTreeMap<i64, Option<i64>> = BTreeMap::new();
+    let lag_name = "pulpitum_archiver_table_lag_seconds{table=\"chat\"}";
     let last = loop {
         assert!(Instant::now() < deadline, "never drained: {backlog:?}");
         let Some((status, text)) = get(port, "/metrics").await else {
@@ -120,6 +123,7 @@ async fn metrics_follow_the_backlog_and_health_is_ok_while_buckets_publish() {
         let b = s["pulpitum_archiver_backlog_buckets"];
         if s["pulpitum_archiver_cycles_total"] >= 1 && backlog.last() != Some(&b) {
             backlog.push(b);
+            lags.insert(b, s.get(lag_name).copied());
         }
         if b == 0
             && s["pulpitum_archiver_buckets_archived_total"] == 3
@@ -135,6 +139,16 @@ async fn metrics_follow_the_backlog_and_health_is_ok_while_buckets_publish() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
+    // With two left, the oldest eligible bucket ends 2021-03-03; with one, 2021-03-04; with
+    // none, the table has no lag series at all.
+    for (left, end) in [(2, 1_614_729_600), (1, 1_614_816_000)] {
+        let lag = lags[&left].unwrap_or_else(|| panic!("no lag with {left} left: {lags:?}"));
+        assert!(
+            (now - end - 120..=now - end).contains(&lag),
+            "lag {lag} with {left} left"
+        );
+    }
+    assert_eq!(lags[&0], None, "{lags:?}");
     for gauge in [
         "pulpitum_archiver_last_publish_timestamp_seconds",
         "pulpitum_archiver_last_success_timestamp_seconds",

@@ -161,6 +161,127 @@ struct Args {
     /// Log line format on standard error: text or json (one JSON object per line). The filter is PULPITUM_LOG (default info).
     #[arg(long, env = "PULPITUM_LOG_FORMAT", default_value = "text")]
     log_format: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Shows or changes the tables' tiering policies and pauses; every running archiver
+    /// applies a change at its next discovery cycle.
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum PolicyAction {
+    /// Every table's policy, and whether the whole store is paused.
+    Show,
+    /// Sets options of a table: TABLE OPTION=VALUE... (archive_after='90 days', format=json, cleanup_delay='2 hours', paused=true).
+    Set {
+        /// The table.
+        table: String,
+        /// OPTION=VALUE pairs.
+        #[arg(required = true)]
+        options: Vec<String>,
+    },
+    /// Resets options of a table to the archiver's settings: TABLE OPTION...
+    Reset {
+        /// The table.
+        table: String,
+        /// Option names.
+        #[arg(required = true)]
+        options: Vec<String>,
+    },
+    /// Stops new archive claims on TABLE, or on every table when none is named (cleanup goes on).
+    Pause {
+        /// The table; none for the whole store.
+        table: Option<String>,
+    },
+    /// Resumes archiving of TABLE, or of the whole store when none is named.
+    Resume {
+        /// The table; none for the whole store.
+        table: Option<String>,
+    },
+}
+
+/// `policy ...`: one control statement against the store, and its answer on stdout.
+async fn policy(args: &Args, action: &PolicyAction) -> Result<(), Box<dyn std::error::Error>> {
+    use pulpitum::control::{self, ControlStatement};
+    use pulpitum::model::TableId;
+
+    // Policies live in the hot store alone: no archive URL is needed.
+    let db_url = match &args.database_url {
+        Some(u) => u.clone(),
+        None => defaults::resolve_urls(None, None)?.0,
+    };
+    let table =
+        |name: &str| TableId::new(name).map_err(|e| format!("{name:?} is not a table name: {e}"));
+    let stmt = match action {
+        PolicyAction::Show => None,
+        PolicyAction::Set { table: t, options } => {
+            let mut pairs = Vec::new();
+            for o in options {
+                let (k, v) = o.split_once('=').ok_or_else(|| {
+                    format!("{o:?} is not OPTION=VALUE (for example archive_after='90 days')")
+                })?;
+                pairs.push((k.trim().to_string(), v.trim().to_string()));
+            }
+            Some(ControlStatement::Set {
+                table: table(t)?,
+                options: pairs,
+            })
+        }
+        PolicyAction::Reset { table: t, options } => Some(ControlStatement::Reset {
+            table: table(t)?,
+            options: options.clone(),
+        }),
+        PolicyAction::Pause { table: t } | PolicyAction::Resume { table: t } => {
+            Some(ControlStatement::Moves {
+                table: t.as_deref().map(table).transpose()?,
+                paused: matches!(action, PolicyAction::Pause { .. }),
+            })
+        }
+    };
+    let store = pulpitum::store::open(&db_url).await?;
+    store.migrate().await?;
+    let batches = match stmt {
+        Some(stmt) => vec![control::run(&*store, &stmt).await?],
+        None => {
+            let set: std::collections::HashMap<_, _> = store
+                .policies()
+                .await?
+                .into_iter()
+                .map(|p| (p.table_id.clone(), p))
+                .collect();
+            let mut out = Vec::new();
+            for def in store.tables().await? {
+                let p = set
+                    .get(&def.table_id)
+                    .cloned()
+                    .unwrap_or_else(|| pulpitum::store::TablePolicy::none(def.table_id.clone()));
+                out.push(control::policy_batch(&p)?);
+            }
+            println!(
+                "store: {}",
+                if store.store_paused().await? {
+                    "paused"
+                } else {
+                    "archiving"
+                }
+            );
+            out
+        }
+    };
+    if !batches.is_empty() {
+        println!(
+            "{}",
+            datafusion::arrow::util::pretty::pretty_format_batches(&batches)?
+        );
+    }
+    Ok(())
 }
 
 fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
@@ -223,6 +344,10 @@ async fn metrics_addr(raw: &str) -> Result<SocketAddr, ArchiverError> {
 }
 
 async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
+    if let Some(Command::Policy { action }) = &args.command {
+        policy(&args, action).await?;
+        return Ok(true);
+    }
     let config = build_config(&args)?;
     let health_max_age = health_max_age(&args, &config)?;
     let metrics_addr = match &args.metrics_addr {

@@ -197,11 +197,81 @@ impl Shell {
                 self.run_statement(&format!("DESCRIBE {name}")).await?;
                 Ok(Meta::Handled)
             }
+            (Some("\\buckets"), name) => {
+                self.buckets(name).await?;
+                Ok(Meta::Handled)
+            }
             (Some(other), _) => Err(format!(
-                "unknown command {other} (try \\d, \\d NAME, \\timing, \\q)"
+                "unknown command {other} (try \\d, \\d NAME, \\buckets [NAME], \\timing, \\q)"
             )),
             (None, _) => Ok(Meta::Handled),
         }
+    }
+
+    /// `\buckets [NAME]`: the tiering queue, every bucket not yet archived and cleaned up (of
+    /// one table, or all), oldest first, with whether it is eligible and why; then a count
+    /// per state. Built with DataFrame filters, so the name is a value, never SQL text.
+    async fn buckets(&mut self, table: Option<&str>) -> Result<(), String> {
+        use datafusion::prelude::{col, lit};
+        let start = Instant::now();
+        let mut df = self
+            .ctx
+            .table("pulpitum_buckets")
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(name) = table {
+            df = df
+                .filter(col("table_id").eq(lit(name)))
+                .map_err(|e| e.to_string())?;
+        }
+        let counts = df
+            .clone()
+            .aggregate(
+                vec![col("table_id"), col("state"), col("eligible")],
+                vec![datafusion::functions_aggregate::count::count(lit(1)).alias("buckets")],
+            )
+            .and_then(|d| {
+                d.sort(vec![
+                    col("table_id").sort(true, false),
+                    col("state").sort(true, false),
+                    col("eligible").sort(false, false),
+                ])
+            })
+            .map_err(|e| e.to_string())?;
+        let queue = df
+            .filter(
+                col("state")
+                    .not_eq(lit("archived"))
+                    .or(col("hot_rows_deleted").eq(lit(false))),
+            )
+            .and_then(|d| {
+                d.sort(vec![
+                    col("bucket_end").sort(true, false),
+                    col("table_id").sort(true, false),
+                    col("partition_key").sort(true, false),
+                ])
+            })
+            .and_then(|d| d.limit(0, Some(100)))
+            .and_then(|d| {
+                d.select_columns(&[
+                    "table_id",
+                    "partition",
+                    "bucket_key",
+                    "state",
+                    "eligible",
+                    "reason",
+                ])
+            })
+            .map_err(|e| e.to_string())?;
+        for df in [queue, counts] {
+            let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.collect().await.map_err(|e| e.to_string())?;
+            self.print(&schema, &batches)?;
+        }
+        if self.timing {
+            eprintln!("Time: {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(())
     }
 
     /// Runs a script: statements and meta-commands; stops at the first error.

@@ -14,3 +14,4 @@ mod plans;
 mod prepared;
 mod repl;
 mod routes;
+mod system;

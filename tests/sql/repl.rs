@@ -149,3 +149,44 @@ async fn empty_results_and_table_statements() {
     assert!(ok && out == "n\n0\n", "{out} {err}");
     env.cleanup().await;
 }
+
+/// `\buckets [NAME]` lists the tiering queue (not fully archived buckets) with the reason,
+/// then counts per state; a name is a value, so a quote in it finds nothing and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_shortcut_shows_the_queue() {
+    let env = Env::new("replbuckets").await;
+    let schema = env.store.schema().unwrap().to_string();
+    let url = url_for(&schema);
+    let (ok, out, err) = pulpitum(
+        &url,
+        &[
+            "-c",
+            "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc');",
+            "-c",
+            "INSERT INTO chat VALUES (7, TIMESTAMP '2024-01-01T00:00:00Z', 1, 'a'), (7, TIMESTAMP '2024-01-02T00:00:01Z', 2, 'c');",
+            "-c",
+            "ALTER TABLE chat SET (paused = true)",
+            "--format",
+            "csv",
+            "-c",
+            "\\buckets chat",
+            "-c",
+            "\\buckets chat'; DROP TABLE chat",
+            "-c",
+            "SELECT count(*) AS n FROM chat",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "table_id,partition,bucket_key,state,eligible,reason\n\
+             chat,7,day:2024-01-01,hot,false,paused: this table (SYSTEM START MOVES <table> resumes)\n\
+             chat,7,day:2024-01-02,hot,false,paused: this table (SYSTEM START MOVES <table> resumes)\n\
+             table_id,state,eligible,buckets\nchat,hot,false,2\n"
+        ),
+        "{out}"
+    );
+    assert!(out.ends_with("n\n2\n"), "{out}");
+    env.cleanup().await;
+}

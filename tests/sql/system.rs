@@ -1,0 +1,222 @@
+//! The system tables and control statements through SQL: plans that show the filters pushed
+//! into the store's query, answers that equal a full scan's whatever the pushed bounds (at and
+//! around bucket boundaries), and control statements whose bad input names what was wrong.
+
+use datafusion::arrow::record_batch::RecordBatch;
+use pulpitum::session::SessionOptions;
+
+use crate::common::*;
+
+async fn control(env: &Env, sql: &str) -> Result<Vec<RecordBatch>, String> {
+    let df = pulpitum::control::sql(&env.ctx, sql)
+        .await
+        .map_err(|e| e.to_string())?;
+    df.collect().await.map_err(|e| e.to_string())
+}
+
+async fn env(name: &str) -> Env {
+    let env = Env::with_options(
+        name,
+        SessionOptions {
+            target_partitions: Some(4),
+            ..SessionOptions::default()
+        },
+    )
+    .await;
+    env.sql(
+        "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+         OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
+    )
+    .await;
+    env.sql(
+        "INSERT INTO chat VALUES \
+         (1, TIMESTAMP '2024-03-01T12:00:00Z', 1, 'a'), (1, TIMESTAMP '2024-03-02T12:00:00Z', 2, 'b'), \
+         (2, TIMESTAMP '2024-03-02T23:59:59Z', 3, 'c'), (2, TIMESTAMP '2024-03-04T00:00:00Z', 4, 'd'), \
+         (-5, TIMESTAMP '2024-03-03T00:00:00Z', 5, 'e')",
+    )
+    .await;
+    env
+}
+
+const PLANS: [(&str, &str); 4] = [
+    (
+        "system_buckets_table_and_state",
+        "SELECT partition, bucket_key, reason FROM pulpitum_buckets WHERE table_id = 'chat' AND state = 'hot'",
+    ),
+    (
+        "system_buckets_time_range",
+        "SELECT bucket_key FROM pulpitum_buckets WHERE bucket_end > TIMESTAMP '2024-03-02T00:00:00Z' AND bucket_start <= TIMESTAMP '2024-03-03T00:00:00Z'",
+    ),
+    (
+        "system_tables_join_buckets",
+        "SELECT t.table_id, t.archive_after, count(*) FROM pulpitum_tables t JOIN pulpitum_buckets b ON b.table_id = t.table_id GROUP BY t.table_id, t.archive_after",
+    ),
+    (
+        "system_jobs_since",
+        "SELECT outcome, count(*) FROM pulpitum_jobs WHERE table_id = 'chat' AND started_at >= TIMESTAMP '2026-01-01T00:00:00Z' GROUP BY outcome",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn system_table_plans() {
+    let env = env("sysplans").await;
+    for (name, sql) in PLANS {
+        let batches = env.sql(&format!("EXPLAIN {sql}")).await;
+        let text = pretty(&batches);
+        insta::assert_snapshot!(name, text, sql);
+    }
+    env.cleanup().await;
+}
+
+/// A pushed bound only narrows the store's query; DataFusion re-applies the predicate, so the
+/// answer equals the one over an unfiltered scan (a subquery with a LIMIT is never pushed
+/// into), at bucket boundaries and between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushed_filters_never_change_answers() {
+    let env = env("syspush").await;
+    let cols = "table_id, partition, bucket_key, state, eligible";
+    for filter in [
+        "table_id = 'chat'",
+        "table_id = 'none'",
+        "state = 'hot'",
+        "state = 'archived'",
+        "bucket_end > TIMESTAMP '2024-03-03T00:00:00Z'",
+        "bucket_end >= TIMESTAMP '2024-03-03T00:00:00Z'",
+        "bucket_end < TIMESTAMP '2024-03-03T00:00:00Z'",
+        "bucket_end <= TIMESTAMP '2024-03-03T00:00:00Z'",
+        "bucket_start > TIMESTAMP '2024-03-02T00:00:00Z'",
+        "bucket_start >= TIMESTAMP '2024-03-02T00:00:00Z'",
+        "bucket_start < TIMESTAMP '2024-03-02T00:00:00Z'",
+        "bucket_start <= TIMESTAMP '2024-03-02T00:00:00Z'",
+        "TIMESTAMP '2024-03-02T12:00:00Z' < bucket_end",
+        "bucket_start >= TIMESTAMP '2024-03-02T00:00:00Z' AND bucket_end <= TIMESTAMP '2024-03-04T00:00:00Z'",
+        "bucket_end > TIMESTAMP '2024-03-02T06:00:00Z' AND bucket_start <= TIMESTAMP '2024-03-02T06:00:00Z'",
+    ] {
+        let pushed = env
+            .sql(&format!(
+                "SELECT {cols} FROM pulpitum_buckets WHERE {filter} ORDER BY bucket_key, partition"
+            ))
+            .await;
+        let full = env
+            .sql(&format!(
+                "SELECT {cols} FROM (SELECT * FROM pulpitum_buckets LIMIT 1000000) \
+                 WHERE {filter} ORDER BY bucket_key, partition"
+            ))
+            .await;
+        assert_eq!(pretty(&pushed), pretty(&full), "{filter}");
+    }
+    // Five buckets: (1, 03-01), (1, 03-02), (2, 03-02), (2, 03-04), (-5, 03-03).
+    let all = env
+        .sql("SELECT count(*) AS n FROM pulpitum_buckets WHERE table_id = 'chat'")
+        .await;
+    assert!(pretty(&all).contains("| 5 "), "{}", pretty(&all));
+    // The partition column is the surface's channel id.
+    let parts = env
+        .sql("SELECT DISTINCT partition FROM pulpitum_buckets ORDER BY partition")
+        .await;
+    assert_eq!(
+        pretty(&parts),
+        "+-----------+\n| partition |\n+-----------+\n| -5        |\n| 1         |\n| 2         |\n+-----------+"
+    );
+    env.cleanup().await;
+}
+
+/// Policies through SQL: the answer and `pulpitum_tables` show what was set; bad statements,
+/// options, values and tables are refused with what was wrong, and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_statements_and_their_errors() {
+    let env = env("syspolicy").await;
+    let set = control(
+        &env,
+        "ALTER TABLE chat SET (archive_after = '90 days', cleanup_delay = '2 hours', format = 'json')",
+    )
+    .await
+    .unwrap();
+    let text = pretty(&set);
+    assert!(
+        text.contains("| chat     | 90 days       | json   | 2 hours       | false  |"),
+        "{text}"
+    );
+    for (sql, needle) in [
+        (
+            "ALTER TABLE chat SET (archive_after = '3 months')",
+            "archive_after: \"3 months\" \"months\" has no fixed length",
+        ),
+        ("ALTER TABLE chat SET (archive_after = 90)", "needs a unit"),
+        (
+            "ALTER TABLE chat SET (retention = '1 day')",
+            "unknown table option \"retention\"",
+        ),
+        (
+            "ALTER TABLE chat SET (format = 'csv')",
+            "table option format: \"csv\" is not a payload format",
+        ),
+        (
+            "ALTER TABLE chat SET (paused = 'sometimes')",
+            "table option paused",
+        ),
+        (
+            "ALTER TABLE chat SET (paused = true, paused = false)",
+            "more than once",
+        ),
+        (
+            "ALTER TABLE nope SET (paused = true)",
+            "table nope is not registered",
+        ),
+        (
+            "ALTER TABLE chat SET archive_after = '1 day'",
+            "expected '(' after SET or RESET",
+        ),
+        ("SYSTEM STOP MERGES", "expected MOVES"),
+    ] {
+        let e = control(&env, sql).await.unwrap_err();
+        assert!(e.contains(needle), "{sql}: {e}");
+    }
+    let t = env
+        .sql("SELECT table_id, archive_after, format, cleanup_delay, paused, store_paused FROM pulpitum_tables")
+        .await;
+    assert_eq!(
+        pretty(&t),
+        "+----------+---------------+--------+---------------+--------+--------------+\n\
+         | table_id | archive_after | format | cleanup_delay | paused | store_paused |\n\
+         +----------+---------------+--------+---------------+--------+--------------+\n\
+         | chat     | 90 days       | json   | 2 hours       | false  | false        |\n\
+         +----------+---------------+--------+---------------+--------+--------------+"
+    );
+    control(&env, "SYSTEM STOP MOVES").await.unwrap();
+    control(&env, "ALTER TABLE chat RESET (format, cleanup_delay)")
+        .await
+        .unwrap();
+    let t = env
+        .sql("SELECT archive_after, format, cleanup_delay, store_paused FROM pulpitum_tables")
+        .await;
+    assert!(
+        pretty(&t).contains("| 90 days       |        |               | true         |"),
+        "{}",
+        pretty(&t)
+    );
+    // Every bucket of 2024 is held by the 90-day policy? No: they are long past 90 days, so
+    // the store-wide pause is what holds them.
+    let reasons = env
+        .sql("SELECT DISTINCT eligible, reason FROM pulpitum_buckets")
+        .await;
+    assert!(
+        pretty(&reasons)
+            .contains("| false    | paused: the whole store (SYSTEM START MOVES resumes) |"),
+        "{}",
+        pretty(&reasons)
+    );
+    control(&env, "SYSTEM START MOVES").await.unwrap();
+    let reasons = env
+        .sql("SELECT DISTINCT eligible, reason FROM pulpitum_buckets")
+        .await;
+    assert!(
+        pretty(&reasons).contains("| true     | eligible by archive_after 90 days |"),
+        "{}",
+        pretty(&reasons)
+    );
+    // Plain DataFusion refuses what only control::sql runs, rather than doing anything else.
+    let e = env.sql_err("ALTER TABLE chat SET (paused = true)").await;
+    assert!(!e.is_empty());
+    env.cleanup().await;
+}
