@@ -53,7 +53,7 @@ use crate::store::{
 };
 
 /// The system tables' names, as registered in every session.
-pub const SYSTEM_TABLES: [&str; 3] = ["pulpitum_tables", "pulpitum_buckets", "pulpitum_jobs"];
+pub const SYSTEM_TABLES: [&str; 3] = crate::provider::factory::RESERVED_TABLE_NAMES;
 
 /// Registers the system tables in `ctx` over `store`.
 pub fn register(ctx: &SessionContext, store: Arc<dyn HotStore>) -> DFResult<()> {

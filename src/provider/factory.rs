@@ -56,6 +56,11 @@ impl std::fmt::Debug for PulpitumTableFactory {
     }
 }
 
+/// Names every session gives its system tables (see `crate::control::system`); a table may
+/// not take one.
+pub const RESERVED_TABLE_NAMES: [&str; 3] =
+    ["pulpitum_tables", "pulpitum_buckets", "pulpitum_jobs"];
+
 impl PulpitumTableFactory {
     /// A factory over one store and archive.
     pub fn new(
@@ -83,6 +88,11 @@ impl PulpitumTableFactory {
     pub fn definition(cmd: &CreateExternalTable) -> Result<TableDefinition, ProviderError> {
         let bad = |m: String| ProviderError::InvalidDefinition(m);
         let table_id = TableId::new(cmd.name.table())?;
+        if RESERVED_TABLE_NAMES.contains(&table_id.as_str()) {
+            return Err(bad(format!(
+                "{table_id} is the name of a system table; choose another name"
+            )));
+        }
         let mut surface = Surface::Chat;
         let mut strategy = BucketStrategy::default();
         let mut writable = None;

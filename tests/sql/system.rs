@@ -218,5 +218,47 @@ async fn policy_statements_and_their_errors() {
     // Plain DataFusion refuses what only control::sql runs, rather than doing anything else.
     let e = env.sql_err("ALTER TABLE chat SET (paused = true)").await;
     assert!(!e.is_empty());
+    // A system table's name cannot be taken.
+    let e = env
+        .sql_err(
+            "CREATE EXTERNAL TABLE pulpitum_jobs STORED AS PULPITUM LOCATION '' \
+             OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
+        )
+        .await;
+    assert!(
+        e.contains("pulpitum_jobs is the name of a system table"),
+        "{e}"
+    );
     env.cleanup().await;
 }
+
+/// Every query of the runbook in docs/archiver.md runs (the docs quote these texts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runbook_queries_run() {
+    let env = env("sysrunbook").await;
+    for sql in RUNBOOK {
+        env.sql(sql).await;
+    }
+    env.cleanup().await;
+}
+
+const RUNBOOK: [&str; 7] = [
+    "SELECT table_id, partition, bucket_key, state, eligible, reason
+FROM pulpitum_buckets
+WHERE NOT (state = 'archived' AND hot_rows_deleted)
+ORDER BY bucket_end LIMIT 50",
+    "SELECT table_id, state, eligible, count(*) AS buckets, min(bucket_end) AS oldest_end
+FROM pulpitum_buckets GROUP BY table_id, state, eligible ORDER BY table_id, state",
+    "SELECT table_id, partition, bucket_key, generation, outcome, error, started_at
+FROM pulpitum_jobs
+WHERE outcome IN ('deferred', 'failed', 'lease_lost')
+  AND started_at >= now() - INTERVAL '1 day'
+ORDER BY started_at DESC LIMIT 20",
+    "SELECT table_id, partition, bucket_key, generation, lease_expires_at
+FROM pulpitum_buckets WHERE state = 'archiving' AND lease_expires_at < now()",
+    "SELECT * FROM pulpitum_jobs WHERE outcome = 'abandoned' ORDER BY started_at DESC LIMIT 20",
+    "SELECT table_id, kind, outcome, count(*), sum(rows), sum(bytes)
+FROM pulpitum_jobs WHERE started_at >= now() - INTERVAL '1 hour'
+GROUP BY table_id, kind, outcome",
+    "SELECT table_id, archive_after, format, cleanup_delay, paused, store_paused FROM pulpitum_tables",
+];
