@@ -20,6 +20,7 @@ mod lru;
 pub mod model;
 pub mod prepared;
 pub mod provider;
+pub mod server;
 pub mod session;
 pub mod store;
 pub mod table;

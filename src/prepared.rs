@@ -203,6 +203,16 @@ impl PreparedQuery {
         &self.params
     }
 
+    /// The result's columns.
+    pub fn schema(&self) -> datafusion::arrow::datatypes::SchemaRef {
+        Arc::new(self.plan.schema().as_arrow().clone())
+    }
+
+    /// Whether this is a query (rows out), not an `INSERT` (a count out).
+    pub fn is_query(&self) -> bool {
+        !matches!(self.plan, LogicalPlan::Dml(_))
+    }
+
     /// The physical plan for these values (for `EXPLAIN`-like inspection and tests).
     ///
     /// A value finer than its parameter's type (a nanosecond instant for a microsecond

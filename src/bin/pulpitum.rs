@@ -90,6 +90,47 @@ enum Command {
         #[arg(long)]
         no_shell: bool,
     },
+    /// Serve the tables over the PostgreSQL wire protocol (psql, drivers, BI tools).
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Address to listen on (HOST:PORT).
+    #[arg(long, env = "PULPITUM_SERVER_LISTEN", default_value = pulpitum::server::DEFAULT_LISTEN)]
+    listen: String,
+    /// File of users allowed to connect, one name:password per line (mode 0600).
+    #[arg(long, env = "PULPITUM_SERVER_USERS_FILE")]
+    users_file: Option<std::path::PathBuf>,
+    /// One user allowed to connect (with PULPITUM_SERVER_PASSWORD).
+    #[arg(long, env = "PULPITUM_SERVER_USER")]
+    user: Option<String>,
+    /// Accept connections without a password; refused unless the address is loopback.
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// PEM certificate chain; with --tls-key, every client must use TLS.
+    #[arg(long, env = "PULPITUM_SERVER_TLS_CERT")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of the certificate.
+    #[arg(long, env = "PULPITUM_SERVER_TLS_KEY")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Connections served at once; more are refused with SQLSTATE 53300.
+    #[arg(long, env = "PULPITUM_SERVER_MAX_CONNECTIONS", default_value = "100")]
+    max_connections: usize,
+    /// Longest a statement may run, in milliseconds (0: no limit); past it, SQLSTATE 57014.
+    #[arg(
+        long,
+        env = "PULPITUM_SERVER_STATEMENT_TIMEOUT_MS",
+        default_value = "300000"
+    )]
+    statement_timeout_ms: u64,
+    /// Seconds running statements get to finish after SIGTERM before connections are closed.
+    #[arg(
+        long,
+        env = "PULPITUM_SERVER_SHUTDOWN_GRACE_SECONDS",
+        default_value = "10"
+    )]
+    shutdown_grace_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -191,10 +232,7 @@ impl Shell {
                 Ok(Meta::Handled)
             }
             (Some("\\d"), Some(name)) => {
-                if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                    return Err(format!("invalid table name {name:?}"));
-                }
-                self.run_statement(&format!("DESCRIBE {name}")).await?;
+                self.describe(name).await?;
                 Ok(Meta::Handled)
             }
             (Some("\\buckets"), name) => {
@@ -206,6 +244,32 @@ impl Shell {
             )),
             (None, _) => Ok(Meta::Handled),
         }
+    }
+
+    /// `\d NAME`: the table's columns with their SQL types (as psql shows them through
+    /// `pulpitum serve`) and whether they may be null.
+    async fn describe(&mut self, name: &str) -> Result<(), String> {
+        use datafusion::arrow::array::{ArrayRef, StringArray};
+        let table = self.ctx.table(name).await.map_err(|e| e.to_string())?;
+        let fields = table.schema().fields().clone();
+        let column = |f: &dyn Fn(&datafusion::arrow::datatypes::Field) -> String| -> ArrayRef {
+            Arc::new(StringArray::from(
+                fields.iter().map(|x| f(x)).collect::<Vec<String>>(),
+            ))
+        };
+        let batch = RecordBatch::try_from_iter([
+            ("column_name", column(&|f| f.name().clone())),
+            (
+                "type",
+                column(&|f| pulpitum::provider::surface::sql_type_name(f.data_type())),
+            ),
+            (
+                "nullable",
+                column(&|f| if f.is_nullable() { "yes" } else { "no" }.to_string()),
+            ),
+        ])
+        .map_err(|e| e.to_string())?;
+        self.print(&batch.schema(), &[batch])
     }
 
     /// `\buckets [NAME]`: the tiering queue, every bucket not yet archived and cleaned up (of
@@ -544,6 +608,73 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
     shell.interactive_or_stdin().await
 }
 
+/// `pulpitum serve`: the session of the shell, over the PostgreSQL wire protocol, until
+/// SIGTERM or SIGINT.
+async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
+    use pulpitum::server::{Server, ServerConfig, Users};
+    let mut users: Option<Users> = None;
+    if let Some(path) = &args.users_file {
+        users = Some(Users::from_file(path).map_err(|e| e.to_string())?);
+    }
+    if let Some(name) = &args.user {
+        // The password only from the environment: a flag would show in `ps`.
+        let password = std::env::var("PULPITUM_SERVER_PASSWORD").map_err(|_| {
+            "--user (PULPITUM_SERVER_USER) needs PULPITUM_SERVER_PASSWORD in the environment"
+                .to_string()
+        })?;
+        let set = users.get_or_insert_with(Users::default);
+        set.add(name, &password, "PULPITUM_SERVER_USER")
+            .map_err(|e| e.to_string())?;
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    };
+    let config = ServerConfig {
+        listen: args.listen.clone(),
+        users,
+        insecure_no_auth: args.insecure_no_auth,
+        tls,
+        max_connections: args.max_connections,
+        statement_timeout: (args.statement_timeout_ms > 0)
+            .then(|| std::time::Duration::from_millis(args.statement_timeout_ms)),
+        shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_seconds),
+    };
+    let (database_url, archive_url) = urls(cli)?;
+    let ctx = pulpitum::session::connect_with(&database_url, &archive_url, session_options(cli))
+        .await
+        .map_err(|e| e.to_string())?;
+    let server = Server::bind(ctx, config).await.map_err(|e| e.to_string())?;
+    let addr = server.local_addr().map_err(|e| e.to_string())?;
+    eprintln!("pulpitum: serving PostgreSQL clients on {addr}");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_stop_signal().await;
+            eprintln!("pulpitum: stopping (running statements get the grace period)");
+            shutdown.cancel();
+        });
+    }
+    server.run(shutdown).await;
+    Ok(())
+}
+
+async fn wait_for_stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
 async fn run(cli: Cli) -> Result<(), String> {
     let (database_url, archive_url) = urls(&cli)?;
     let opts = session_options(&cli);
@@ -603,6 +734,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None | Some(Command::Shell) => rt.block_on(run(cli)),
         Some(Command::Demo { small, no_shell }) => rt.block_on(demo(cli, small, no_shell)),
+        Some(Command::Serve(ref args)) => rt.block_on(serve(&cli, args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

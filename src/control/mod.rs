@@ -105,14 +105,25 @@ fn handle(ctx: &SessionContext) -> Option<Arc<ControlHandle>> {
 /// DataFusion (planned, checked by [`crate::provider::factory::check_statement`], then
 /// executed). The answer is a `DataFrame` either way.
 pub async fn sql(ctx: &SessionContext, text: &str) -> Result<DataFrame, DataFusionError> {
-    if let Some(stmt) = recognize(text)? {
-        let store = handle(ctx).ok_or(ControlError::NoStore)?.store.clone();
-        let batch = run(&*store, &stmt).await?;
+    if let Some(batch) = run_text(ctx, text).await? {
         return ctx.read_batch(batch);
     }
     let plan = ctx.state().create_logical_plan(text).await?;
     crate::provider::factory::check_statement(ctx, &plan).await?;
     ctx.execute_logical_plan(plan).await
+}
+
+/// Runs `text` if it is a control statement (against the session's store) and returns its
+/// answer; `Ok(None)` when it is not one.
+pub async fn run_text(
+    ctx: &SessionContext,
+    text: &str,
+) -> Result<Option<RecordBatch>, ControlError> {
+    let Some(stmt) = recognize(text)? else {
+        return Ok(None);
+    };
+    let store = handle(ctx).ok_or(ControlError::NoStore)?.store.clone();
+    Ok(Some(run(&*store, &stmt).await?))
 }
 
 /// Applies a control statement; answers with the table's policy after it (or, for the whole

@@ -173,11 +173,20 @@ async fn buckets_shortcut_shows_the_queue() {
             "-c",
             "\\buckets chat'; DROP TABLE chat",
             "-c",
+            "\\d chat",
+            "-c",
             "SELECT count(*) AS n FROM chat",
         ],
         None,
     );
     assert!(ok, "{err}");
+    // \d NAME names SQL types, as psql does through the wire server.
+    assert!(
+        out.contains(
+            "column_name,type,nullable\nchannel_id,bigint,no\ntimestamp,timestamp with time zone,no\nid,bigint,no\ncontent,text,no\n"
+        ),
+        "{out}"
+    );
     assert!(
         out.contains(
             "table_id,partition,bucket_key,state,eligible,reason\n\

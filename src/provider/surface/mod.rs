@@ -306,3 +306,52 @@ mod tests {
         ));
     }
 }
+
+/// A column type as PostgreSQL names it (`bigint`, `timestamp with time zone`, `text`), the
+/// form psql's `\d` shows through the wire server, for the shell's `\d NAME`; a type with
+/// no PostgreSQL counterpart keeps Arrow's name.
+pub fn sql_type_name(t: &datafusion::arrow::datatypes::DataType) -> String {
+    use datafusion::arrow::datatypes::DataType as D;
+    match t {
+        D::Boolean => "boolean".into(),
+        D::Int8 | D::Int16 | D::UInt8 => "smallint".into(),
+        D::Int32 | D::UInt16 => "integer".into(),
+        D::Int64 | D::UInt32 => "bigint".into(),
+        D::UInt64 => "numeric".into(),
+        D::Float16 | D::Float32 => "real".into(),
+        D::Float64 => "double precision".into(),
+        D::Utf8 | D::LargeUtf8 | D::Utf8View => "text".into(),
+        D::Binary | D::LargeBinary | D::BinaryView | D::FixedSizeBinary(_) => "bytea".into(),
+        D::Timestamp(_, Some(_)) => "timestamp with time zone".into(),
+        D::Timestamp(_, None) => "timestamp without time zone".into(),
+        D::Date32 | D::Date64 => "date".into(),
+        D::Time32(_) | D::Time64(_) => "time without time zone".into(),
+        D::Interval(_) | D::Duration(_) => "interval".into(),
+        D::Decimal128(p, s) | D::Decimal256(p, s) => format!("numeric({p},{s})"),
+        D::List(f) | D::LargeList(f) | D::FixedSizeList(f, _) => {
+            format!("{}[]", sql_type_name(f.data_type()))
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod sql_type_tests {
+    use super::sql_type_name;
+    use datafusion::arrow::datatypes::{DataType, TimeUnit};
+
+    #[test]
+    fn the_chat_columns_read_as_postgresql_types() {
+        assert_eq!(sql_type_name(&DataType::Int64), "bigint");
+        assert_eq!(
+            sql_type_name(&DataType::Timestamp(
+                TimeUnit::Microsecond,
+                Some("UTC".into())
+            )),
+            "timestamp with time zone"
+        );
+        assert_eq!(sql_type_name(&DataType::Utf8), "text");
+        assert_eq!(sql_type_name(&DataType::Binary), "bytea");
+        assert_eq!(sql_type_name(&DataType::Boolean), "boolean");
+    }
+}

@@ -1,0 +1,551 @@
+//! `pulpitum serve` with real clients: psql (scripted), tokio-postgres over the extended
+//! protocol with binary results and SCRAM, TLS with a self-signed certificate; and the
+//! server's refusals: wrong password, plaintext when TLS is required, too many connections,
+//! a statement past its timeout, a cancelled query, a client gone mid-result, DDL and file
+//! access. Each refusal leaves the server serving others. The tables live in the embedded
+//! store and a local archive, seeded by the shell and archived by the real archiver.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio_postgres::{Client, NoTls};
+
+const PASSWORD: &str = "correct horse";
+
+struct Served {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+fn urls(dir: &Path) -> (String, String) {
+    (
+        format!("sqlite:{}", dir.join("hot.sqlite3").display()),
+        format!("file://{}", dir.join("archive").display()),
+    )
+}
+
+/// A data folder with `chat`: channels 1 and 2, one message a day through 2024-01 (all of it
+/// archived to Parquet except the last five days), plus extreme ids and a UTF-8 message.
+async fn seeded() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, archive) = urls(dir.path());
+    let mut values = Vec::new();
+    for day in 1..=31 {
+        for ch in [1, 2] {
+            values.push(format!(
+                "({ch}, TIMESTAMP '2024-01-{day:02}T12:00:00.123456Z', {day}, 'day {day}')"
+            ));
+        }
+    }
+    values.push(format!(
+        "(3, TIMESTAMP '2024-01-31T23:59:59.999999Z', {}, 'größte ✓')",
+        i64::MAX
+    ));
+    values.push(format!(
+        "(3, TIMESTAMP '2024-01-31T00:00:00.000001Z', {}, 'kleinste')",
+        i64::MIN
+    ));
+    let status = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["--database-url", &db, "--archive-url", &archive])
+        .args([
+            "-c",
+            "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+             OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
+            "-c",
+            &format!("INSERT INTO chat VALUES {}", values.join(", ")),
+        ])
+        .env("PULPITUM_LOG", "error")
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    let status = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+        .args(["--database-url", &db, "--archive-url", &archive])
+        .args([
+            "--once",
+            "--no-gc",
+            "--eligible-before",
+            "2024-01-27T00:00:00Z",
+        ])
+        .args(["--cleanup-delay-seconds", "0"])
+        .env("PULPITUM_LOG", "error")
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    dir
+}
+
+/// Starts `pulpitum serve` on a free port with `extra` flags and environment.
+async fn serve(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Served {
+    let (db, archive) = urls(dir.path());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pulpitum"));
+    cmd.args(["--database-url", &db, "--archive-url", &archive, "serve"])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env_remove("PULPITUM_SERVER_USERS_FILE")
+        .env_remove("PULPITUM_SERVER_USER")
+        .env("PULPITUM_LOG", "warn")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("server started in time")
+            .unwrap()
+            .unwrap_or_else(|| panic!("server exited before listening"));
+        if let Some(addr) = line.strip_prefix("pulpitum: serving PostgreSQL clients on ") {
+            break addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
+    };
+    // Keep draining its log so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Served {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+async fn with_user(extra: &[&str]) -> Served {
+    serve(
+        seeded().await,
+        &[&["--user", "alice"], extra].concat(),
+        &[("PULPITUM_SERVER_PASSWORD", PASSWORD)],
+    )
+    .await
+}
+
+fn conninfo(s: &Served, user: &str, password: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user={user} password='{password}' dbname=pulpitum sslmode=disable",
+        s.port
+    )
+}
+
+async fn connect(s: &Served) -> Client {
+    let (client, conn) = tokio_postgres::connect(&conninfo(s, "alice", PASSWORD), NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    client
+}
+
+fn code(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| format!("{}: {}", d.code().code(), d.message()))
+        .unwrap_or_else(|| format!("{e:?}"))
+}
+
+fn psql(s: &Served, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new("psql")
+        .arg(format!(
+            "host=127.0.0.1 port={} user=alice dbname=pulpitum sslmode=disable",
+            s.port
+        ))
+        .args(["-X", "-v", "VERBOSITY=verbose", "-v", "ON_ERROR_STOP=0"])
+        .args(args)
+        .env("PGPASSWORD", PASSWORD)
+        .output()
+        .expect("psql (the postgresql-client package) is installed");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// psql as a person uses it: the meta-commands list and describe with SQL types, queries
+/// read hot and archived buckets, INSERT, EXPLAIN, the control plane, errors with SQLSTATEs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_meta_commands_queries_and_errors() {
+    let s = with_user(&[]).await;
+    let (ok, out, err) = psql(
+        &s,
+        &[
+            "-c", "\\dt",
+            "-c", "\\d chat",
+            "-c", "SELECT channel_id, count(*) AS n, min(id), max(id) FROM chat GROUP BY channel_id ORDER BY channel_id",
+            "-c", "SELECT state, count(*) FROM pulpitum_buckets GROUP BY state ORDER BY state",
+            "-c", "INSERT INTO chat VALUES (1, TIMESTAMP '2024-02-01T00:00:00Z', 99, 'new')",
+            "-c", "SELECT id, content FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC, id DESC LIMIT 2",
+            "-c", "EXPLAIN SELECT * FROM chat WHERE channel_id = 1",
+            "-c", "ALTER TABLE chat SET (archive_after = '30 days')",
+            "-c", "SELECT * FROM nope",
+            "-c", "SELEC 1",
+            "-c", "COPY chat TO '/tmp/pulpitum-copy.csv'",
+            "-c", "ALTER TABLE chat SET (archive_after = '3 months')",
+        ],
+    );
+    // psql's status reflects the last command only (an error here, on purpose).
+    let _ = ok;
+    for needle in [
+        " public | chat | table |",
+        "channel_id | bigint                   |           | not null |",
+        "timestamp  | timestamp with time zone |           | not null |",
+        "content    | text                     |           | not null |",
+        "          1 | 31 |                    1 |                  31",
+        "          3 |  2 | -9223372036854775808 | 9223372036854775807",
+        " archived |       52",
+        " hot      |       11",
+        "INSERT 0 1",
+        " 99 | new",
+        " 31 | day 31",
+        "PulpitumScanExec: table=chat",
+        "archived=26",
+        " chat     | 30 days       |",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+    for needle in [
+        "ERROR:  42P01: Error during planning: table 'datafusion.public.nope' not found",
+        "ERROR:  42601: sql parser error",
+        "ERROR:  42501: COPY chat TO",
+        "ERROR:  22023: table option archive_after: \"3 months\"",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
+    }
+    assert!(!Path::new("/tmp/pulpitum-copy.csv").exists());
+}
+
+/// The extended protocol with binary results: a prepared latest-N page pages across the
+/// hot/archive seam by keyset, parameters of every column type bind, BIGINT extremes,
+/// microsecond TIMESTAMPTZ and UTF-8 text round-trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_pages_cross_the_seam_and_types_round_trip() {
+    let s = with_user(&[]).await;
+    let c = connect(&s).await;
+    let page = c
+        .prepare(
+            "SELECT timestamp, id, content FROM chat WHERE channel_id = $1 \
+             AND (timestamp < $2 OR (timestamp = $2 AND id < $3)) \
+             ORDER BY timestamp DESC, id DESC LIMIT 4",
+        )
+        .await
+        .unwrap();
+    let mut cursor: (DateTime<Utc>, i64) = ("2100-01-01T00:00:00Z".parse().unwrap(), 0);
+    let mut seen = Vec::new();
+    loop {
+        let rows = c
+            .query(&page, &[&1i64, &cursor.0, &cursor.1])
+            .await
+            .unwrap();
+        if rows.is_empty() {
+            break;
+        }
+        for r in &rows {
+            let t: DateTime<Utc> = r.get(0);
+            let id: i64 = r.get(1);
+            let content: String = r.get(2);
+            assert_eq!(content, format!("day {id}"));
+            assert_eq!(t.timestamp_subsec_micros(), 123_456);
+            seen.push(id);
+            cursor = (t, id);
+        }
+    }
+    assert_eq!(
+        seen,
+        (1..=31).rev().collect::<Vec<i64>>(),
+        "every day once, newest first"
+    );
+
+    let extremes = c
+        .query(
+            "SELECT id, timestamp, content FROM chat WHERE channel_id = $1 ORDER BY id",
+            &[&3i64],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(i64, String, String)> = extremes
+        .iter()
+        .map(|r| {
+            let t: DateTime<Utc> = r.get(1);
+            (r.get(0), t.to_rfc3339(), r.get(2))
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                i64::MIN,
+                "2024-01-31T00:00:00.000001+00:00".into(),
+                "kleinste".into()
+            ),
+            (
+                i64::MAX,
+                "2024-01-31T23:59:59.999999+00:00".into(),
+                "größte ✓".into()
+            ),
+        ]
+    );
+    // Text and id as parameters too.
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM chat WHERE content = $1 AND id = $2",
+            &[&"größte ✓", &i64::MAX],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    // A prepared INSERT goes through the general path and reports its count.
+    let t: DateTime<Utc> = "2024-02-02T00:00:00.5Z".parse().unwrap();
+    let inserted = c
+        .execute(
+            "INSERT INTO chat VALUES ($1, $2, $3, $4)",
+            &[&4i64, &t, &7i64, &"via the wire"],
+        )
+        .await
+        .unwrap();
+    assert_eq!(inserted, 1);
+    let back: String = c
+        .query_one("SELECT content FROM chat WHERE channel_id = $1", &[&4i64])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(back, "via the wire");
+}
+
+/// Refusals: a wrong password or unknown user, no configured user, too many connections, a
+/// statement past its timeout, a cancelled query, a client gone mid-result. After each the
+/// server still serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_clean_and_the_server_keeps_serving() {
+    let s = with_user(&["--max-connections", "2", "--statement-timeout-ms", "1500"]).await;
+    for (user, password) in [("alice", "wrong"), ("mallory", PASSWORD)] {
+        let e = tokio_postgres::connect(&conninfo(&s, user, password), NoTls)
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            code(&e)
+                .to_lowercase()
+                .starts_with("28p01: password authentication failed"),
+            "{}",
+            code(&e)
+        );
+    }
+    let a = connect(&s).await;
+    let b = connect(&s).await;
+    let e = tokio_postgres::connect(&conninfo(&s, "alice", PASSWORD), NoTls)
+        .await
+        .err()
+        .expect("over the limit");
+    assert!(code(&e).starts_with("53300"), "{}", code(&e));
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Long enough to outlast the timeout on any machine.
+    let slow = "SELECT count(*) FROM generate_series(1, 20000000000)";
+    let e = a.simple_query(slow).await.expect_err("timed out");
+    assert!(code(&e).starts_with("57014"), "{}", code(&e));
+    let e = a.query(slow, &[]).await.expect_err("timed out");
+    assert!(code(&e).starts_with("57014"), "{}", code(&e));
+
+    // Cancel from another task while the query runs.
+    let token = a.cancel_token();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        token.cancel_query(NoTls).await.unwrap();
+    });
+    let started = std::time::Instant::now();
+    let e = a.simple_query(slow).await.expect_err("cancelled");
+    canceller.await.unwrap();
+    assert!(code(&e).starts_with("57014"), "{}", code(&e));
+    assert!(
+        started.elapsed() < Duration::from_millis(1_400),
+        "cancelled, not timed out"
+    );
+
+    // A client that disconnects mid-statement.
+    let c = connect(&s).await;
+    let gone = tokio::spawn(async move { c.simple_query(slow).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gone.abort();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let n: i64 = a
+        .query_one("SELECT count(*) FROM chat", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 64);
+    // The abandoned statement holds its connection slot until its timeout ends it.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let fresh = connect(&s).await;
+    fresh.simple_query("SELECT 1").await.unwrap();
+}
+
+/// Misconfigurations stop the start with a message, and never fall back to something
+/// weaker: no users, no-auth on a public address, TLS files that do not load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_or_broken_configurations_refuse_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, archive) = urls(dir.path());
+    let start = |extra: Vec<String>| {
+        let db = db.clone();
+        let archive = archive.clone();
+        async move {
+            let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+                .args(["--database-url", &db, "--archive-url", &archive, "serve"])
+                .args(&extra)
+                .env_remove("PULPITUM_SERVER_USERS_FILE")
+                .env_remove("PULPITUM_SERVER_USER")
+                .env("PULPITUM_SERVER_PASSWORD", "hunter2-secret")
+                .output()
+                .await
+                .unwrap();
+            assert!(!out.status.success(), "{extra:?} started");
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        }
+    };
+    let bogus = dir.path().join("bogus.pem");
+    std::fs::write(&bogus, "not a certificate").unwrap();
+    let bogus = bogus.display().to_string();
+    let local = || vec!["--listen".to_string(), "127.0.0.1:0".to_string()];
+    for (extra, needle) in [
+        (local(), "no user is configured"),
+        (
+            vec![
+                "--insecure-no-auth".into(),
+                "--listen".into(),
+                "0.0.0.0:0".into(),
+            ],
+            "is not a loopback address",
+        ),
+        (
+            [
+                local(),
+                vec![
+                    "--user".into(),
+                    "alice".into(),
+                    "--tls-cert".into(),
+                    bogus.clone(),
+                    "--tls-key".into(),
+                    bogus.clone(),
+                ],
+            ]
+            .concat(),
+            "--tls-cert / --tls-key",
+        ),
+        (
+            [
+                local(),
+                vec!["--user".into(), "alice".into(), "--tls-cert".into(), bogus],
+            ]
+            .concat(),
+            "--tls-cert and --tls-key go together",
+        ),
+    ] {
+        let err = start(extra).await;
+        assert!(err.contains(needle), "{err}");
+        assert!(!err.contains("hunter2-secret"), "{err}");
+    }
+}
+
+fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl made a certificate");
+    (cert, key)
+}
+
+/// With TLS configured, psql over TLS works and a plaintext client is refused (28000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_required_once_configured() {
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(certs.path());
+    let s = with_user(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ])
+    .await;
+    let run = |sslmode: &str| {
+        std::process::Command::new("psql")
+            .arg(format!(
+                "host=127.0.0.1 port={} user=alice dbname=pulpitum sslmode={sslmode}",
+                s.port
+            ))
+            .args(["-X", "-At", "-c", "SELECT count(*) FROM chat"])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .unwrap()
+    };
+    let secure = run("require");
+    assert!(
+        secure.status.success(),
+        "{}",
+        String::from_utf8_lossy(&secure.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&secure.stdout).trim(), "64");
+    let plain = run("disable");
+    assert!(!plain.status.success());
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert!(err.contains("this server requires TLS"), "{err}");
+}
+
+/// SIGTERM: the listener closes, a running statement finishes within the grace period, and
+/// the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_running_statements_finish() {
+    let mut s = with_user(&["--shutdown-grace-seconds", "20"]).await;
+    let c = connect(&s).await;
+    let running = tokio::spawn(async move {
+        c.query_one("SELECT count(*) FROM generate_series(1, 30000000)", &[])
+            .await
+            .map(|r| r.get::<_, i64>(0))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = s.child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let n = running
+        .await
+        .unwrap()
+        .expect("the running statement finished");
+    assert_eq!(n, 30_000_000);
+    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
+        .await
+        .expect("exited within the grace period")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        tokio_postgres::connect(&conninfo(&s, "alice", PASSWORD), NoTls)
+            .await
+            .is_err(),
+        "the listener is closed"
+    );
+}
