@@ -41,6 +41,8 @@ sweep_test_schemas
 # A half-started cluster (a daemon of an earlier run still exiting) is torn down and started
 # again once; s3-up.sh stops leftovers under its state folder before it starts.
 bash scripts/s3-up.sh || { echo "test.sh: S3 did not start; retrying once"; sleep 3; bash scripts/s3-up.sh; }
+# The PostgreSQL clients the wire-server tests drive (psql, psycopg, node-postgres).
+bash scripts/clients-up.sh
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --features failpoints -- -D warnings

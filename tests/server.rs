@@ -182,6 +182,7 @@ async fn psql_meta_commands_queries_and_errors() {
         &s,
         &[
             "-c", "\\dt",
+            "-c", "\\dv",
             "-c", "\\d chat",
             "-c", "SELECT channel_id, count(*) AS n, min(id), max(id) FROM chat GROUP BY channel_id ORDER BY channel_id",
             "-c", "SELECT state, count(*) FROM pulpitum_buckets GROUP BY state ORDER BY state",
@@ -192,6 +193,9 @@ async fn psql_meta_commands_queries_and_errors() {
             "-c", "SELECT * FROM nope",
             "-c", "SELEC 1",
             "-c", "COPY chat TO '/tmp/pulpitum-copy.csv'",
+            "-c", "SET datafusion.execution.target_partitions = 1",
+            "-c", "SET statement_timeout = '5s'",
+            "-c", "SHOW statement_timeout",
             "-c", "ALTER TABLE chat SET (archive_after = '3 months')",
         ],
     );
@@ -199,6 +203,7 @@ async fn psql_meta_commands_queries_and_errors() {
     let _ = ok;
     for needle in [
         " public | chat | table |",
+        " public | pulpitum_buckets | view |",
         "channel_id | bigint                   |           | not null |",
         "timestamp  | timestamp with time zone |           | not null |",
         "content    | text                     |           | not null |",
@@ -220,6 +225,7 @@ async fn psql_meta_commands_queries_and_errors() {
         "ERROR:  42601: sql parser error",
         "ERROR:  42501: COPY chat TO",
         "ERROR:  22023: table option archive_after: \"3 months\"",
+        "ERROR:  42501: datafusion.execution.target_partitions is a setting of the server's shared session",
     ] {
         assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
     }
@@ -359,6 +365,20 @@ async fn refusals_are_clean_and_the_server_keeps_serving() {
     assert!(code(&e).starts_with("57014"), "{}", code(&e));
     let e = a.query(slow, &[]).await.expect_err("timed out");
     assert!(code(&e).starts_with("57014"), "{}", code(&e));
+
+    // A client's own, shorter statement_timeout applies to its connection only.
+    a.simple_query("SET statement_timeout = '200ms'")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let e = a.simple_query(slow).await.expect_err("timed out");
+    assert!(code(&e).starts_with("57014"), "{}", code(&e));
+    assert!(
+        started.elapsed() < Duration::from_millis(1_200),
+        "{:?}",
+        started.elapsed()
+    );
+    a.simple_query("SET statement_timeout = 0").await.unwrap();
 
     // Cancel from another task while the query runs.
     let token = a.cancel_token();
@@ -548,4 +568,35 @@ async fn sigterm_lets_running_statements_finish() {
             .is_err(),
         "the listener is closed"
     );
+}
+
+/// Runs a driver script against the server; the drivers are installed by
+/// scripts/clients-up.sh (which scripts/test.sh runs), so a missing one fails the test.
+async fn driver(s: &Served, program: &str, script: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(script);
+    let out = Command::new(program)
+        .arg(&path)
+        .arg(s.port.to_string())
+        .env("PGPASSWORD", PASSWORD)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients"))
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{program}: {e} (run scripts/clients-up.sh)"));
+    assert!(
+        out.status.success(),
+        "{script} failed (run scripts/clients-up.sh if a module is missing):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// psycopg 3 (server-side prepared statements, binary results) and node-postgres (named
+/// prepared statements) page, round-trip types and see SQLSTATEs as with PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psycopg_and_node_postgres_drivers() {
+    let s = with_user(&[]).await;
+    driver(&s, "python3", "psycopg_client.py").await;
+    driver(&s, "node", "node_client.js").await;
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use datafusion::arrow::array::{
     ArrayRef, BinaryArray, BooleanArray, Int32Array, Int64Array, StringArray,
-    TimestampMicrosecondArray, UInt32Array, UInt64Array,
+    TimestampMicrosecondArray, UInt32Array,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -137,8 +137,9 @@ impl Kind {
                 ts("started_at", false),
                 ts("finished_at", true),
                 text("outcome", false),
-                Field::new("rows", DataType::UInt64, true),
-                Field::new("bytes", DataType::UInt64, true),
+                // Signed, so PostgreSQL clients see bigint rather than numeric.
+                Field::new("rows", DataType::Int64, true),
+                Field::new("bytes", DataType::Int64, true),
                 text("error", true),
             ],
         };
@@ -428,6 +429,10 @@ impl ExecutionPlan for SystemScanExec {
     }
 }
 
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 fn micros(t: Option<EventTime>) -> Option<i64> {
     t.map(|t| t.as_micros())
 }
@@ -548,11 +553,11 @@ async fn read(kind: Kind, store: &dyn HotStore, p: &Pushed) -> Result<RecordBatc
                 ),
                 time_array(jobs.iter().map(|j| micros(j.finished_at)).collect()),
                 text_array(jobs.iter().map(|j| Some(j.outcome.name())).collect()),
-                Arc::new(UInt64Array::from(
-                    jobs.iter().map(|j| j.rows).collect::<Vec<_>>(),
+                Arc::new(Int64Array::from(
+                    jobs.iter().map(|j| j.rows.map(signed)).collect::<Vec<_>>(),
                 )),
-                Arc::new(UInt64Array::from(
-                    jobs.iter().map(|j| j.bytes).collect::<Vec<_>>(),
+                Arc::new(Int64Array::from(
+                    jobs.iter().map(|j| j.bytes.map(signed)).collect::<Vec<_>>(),
                 )),
                 text_array(jobs.iter().map(|j| j.error.clone()).collect()),
             ]

@@ -194,6 +194,64 @@ impl QueryHook for Guard {
     }
 }
 
+/// Refuses `SET datafusion.*` and `RESET datafusion.*`: DataFusion's settings belong to the
+/// session every connection shares, so one client could change how everyone's queries run.
+/// PostgreSQL's own per-connection settings (`statement_timeout`, `TimeZone`, ...) pass on to
+/// the `SET`/`SHOW` hook.
+#[derive(Debug)]
+pub(super) struct SharedSettings;
+
+fn shared_setting(s: &Statement) -> Option<PgWireError> {
+    let text = s.to_string().to_ascii_lowercase();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let target = match words.as_slice() {
+        ["set", "session" | "local", name, ..] | ["set", name, ..] | ["reset", name, ..] => *name,
+        _ => return None,
+    };
+    target.starts_with("datafusion.").then(|| {
+        error(
+            "ERROR",
+            "42501",
+            format!(
+                "{target} is a setting of the server's shared session and cannot be changed over \
+                 the wire"
+            ),
+        )
+    })
+}
+
+#[async_trait]
+impl QueryHook for SharedSettings {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        _ctx: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        shared_setting(statement).map(Err)
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        _ctx: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        shared_setting(statement).map(Err)
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _plan: &LogicalPlan,
+        _params: &ParamValues,
+        _ctx: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        shared_setting(statement).map(Err)
+    }
+}
+
 /// Lets a control statement through the extended protocol's Parse: its plan is an empty
 /// relation with the answer's columns (the policy row); the statement runs at Execute.
 #[derive(Debug)]
@@ -264,6 +322,25 @@ async fn guarded<T>(
     }
 }
 
+/// Where datafusion-postgres's `SET statement_timeout` keeps the connection's value (its
+/// metadata key, in milliseconds).
+const CLIENT_TIMEOUT_KEY: &str = "statement_timeout_ms";
+
+/// The timeout of this connection's next statement: the server's, or the client's own
+/// `SET statement_timeout` when that is shorter (a client may tighten, never loosen it).
+fn effective_timeout(server: Option<Duration>, client: &impl ClientInfo) -> Option<Duration> {
+    let own = client
+        .metadata()
+        .get(CLIENT_TIMEOUT_KEY)
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis);
+    match (server, own) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Collects a query response's rows, so errors and the timeout apply to the whole result.
 async fn collect_rows(r: &mut Response) -> PgWireResult<()> {
     if let Response::Query(q) = r {
@@ -309,7 +386,8 @@ impl SimpleQueryHandler for Simple {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        guarded(self.timeout, async {
+        let timeout = effective_timeout(self.timeout, &*client);
+        guarded(timeout, async {
             if let Some(batch) = crate::control::run_text(&self.ctx, query)
                 .await
                 .map_err(api)?
@@ -396,7 +474,8 @@ impl ExtendedQueryHandler for Extended {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        guarded(self.timeout, async {
+        let timeout = effective_timeout(self.timeout, &*client);
+        guarded(timeout, async {
             let sql = portal.statement.statement.0.clone();
             if let Some(batch) = crate::control::run_text(&self.ctx, &sql)
                 .await

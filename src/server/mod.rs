@@ -180,6 +180,7 @@ impl Server {
         // and cursors are answered, and whatever is left must be a query, INSERT or EXPLAIN.
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(handlers::ControlParse),
+            Arc::new(handlers::SharedSettings),
             Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),

@@ -1,6 +1,7 @@
 //! Correctness against a reference: the generated dataset spread over every tier, and
 //! hundreds of generated queries compared row for row with the same SQL run on a plain
-//! PostgreSQL table holding the same rows.
+//! PostgreSQL table holding the same rows: in process, as prepared statements, and through
+//! the PostgreSQL wire server with a driver.
 
 use datafusion::arrow::array::{
     Array, Float64Array, Int32Array, Int64Array, StringArray, StringViewArray,
@@ -214,6 +215,29 @@ async fn generated_queries_match_postgresql() {
     let client = env.store.raw_client().await.unwrap();
     client.batch_execute("SET TIME ZONE 'UTC'").await.unwrap();
 
+    // The same session's tables over the PostgreSQL wire, in process: every query also runs
+    // through a driver (extended protocol, binary results).
+    let server = pulpitum::server::Server::bind(
+        env.reopen().await,
+        pulpitum::server::ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            insecure_no_auth: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let port = server.local_addr().unwrap().port();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let serving = tokio::spawn(server.run(stop.clone()));
+    let (wire, conn) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user=any dbname=pulpitum"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+
     let qs = queries(&loaded.msgs, &loaded.channels, 240, 11);
     let mut nonempty = 0;
     for q in &qs {
@@ -245,6 +269,13 @@ async fn generated_queries_match_postgresql() {
                 .unwrap_or_else(|e| panic!("prepared {q}: {e}")),
         );
         assert_eq!(again, reference, "prepared statement differs for {q}");
+        let through_wire = pg_rows(
+            &wire
+                .query(q.as_str(), &[])
+                .await
+                .unwrap_or_else(|e| panic!("wire {q}: {e}")),
+        );
+        assert_eq!(through_wire, reference, "the wire answer differs for {q}");
         if !ours.is_empty() && ours[0] != vec![V::I(0)] {
             nonempty += 1;
         }
@@ -255,6 +286,9 @@ async fn generated_queries_match_postgresql() {
         "only {nonempty} of {} queries returned rows",
         qs.len()
     );
+    drop(wire);
+    stop.cancel();
+    serving.await.unwrap();
     env.cleanup().await;
 }
 
