@@ -1,0 +1,249 @@
+//! The PostgreSQL wire server against PostgreSQL itself, same client, same run.
+//!
+//! A chat table in the hot store (127.0.0.1:5432, database `test`) whose channel 1 has 2,000
+//! messages in a hot day and a year of older daily buckets; the same rows in a plain
+//! PostgreSQL table with a primary key on `(channel_id, ts, id)`. One tokio-postgres client
+//! asks each for the latest 50 messages of channel 1:
+//!
+//! 1. `wire prepared`: `pulpitum serve` (in process, loopback), a prepared statement
+//!    (extended protocol, binary results): the driver's usual path;
+//! 2. `direct`: PostgreSQL, the same prepared shape on the plain table: the baseline;
+//! 3. `wire ad hoc`: the page as a simple-protocol query with a literal (parsed and planned
+//!    per call), reported.
+//!
+//! The variants run once per round, in a fresh random order each round. Then 32 clients at
+//! once run the prepared page against each server: throughput and p99.
+//!
+//! Targets (issue 18): wire prepared p50 at most 2.0x direct, p99 at most 15 ms.
+//! Run: `cargo bench --bench wire` (release: DataFusion optimised; about 25 minutes cold);
+//! `WIRE_BENCH_ROUNDS` (default 500), `WIRE_BENCH_CLIENTS` (32), `WIRE_BENCH_PAGES` (pages
+//! per client, 100).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use rand::seq::SliceRandom;
+use tokio_postgres::{Client, NoTls};
+
+use pulpitum::archive::ArchiveStore;
+use pulpitum::model::{encode_i64, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::server::{Server, ServerConfig};
+use pulpitum::session::{session, SessionOptions};
+use pulpitum::store::postgres::PgStore;
+use pulpitum::store::{Appends, HotStore};
+
+/// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const DAY: i64 = 86_400_000_000;
+const PAGE: &str =
+    "SELECT timestamp, id, content FROM chat WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT 50";
+const DIRECT: &str =
+    "SELECT ts, id, content FROM wire_ref WHERE channel_id = $1 ORDER BY ts DESC, id DESC LIMIT 50";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn client(conninfo: &str) -> Client {
+    let (c, conn) = tokio_postgres::connect(conninfo, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    c
+}
+
+/// `clients` connections each running `pages` prepared pages at once: (pages per second,
+/// p99 of one page).
+async fn concurrent(conninfo: &str, sql: &'static str, clients: usize, pages: usize) -> (f64, Duration) {
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for _ in 0..clients {
+        let conninfo = conninfo.to_string();
+        tasks.push(tokio::spawn(async move {
+            let c = client(&conninfo).await;
+            let stmt = c.prepare(sql).await.unwrap();
+            let mut times = Vec::with_capacity(pages);
+            for _ in 0..pages {
+                let t = Instant::now();
+                let rows = c.query(&stmt, &[&1i64]).await.unwrap();
+                assert_eq!(rows.len(), 50);
+                times.push(t.elapsed());
+            }
+            times
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    let n = all.len();
+    (n as f64 / elapsed.as_secs_f64(), percentiles(all).1)
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let schema = format!("bench_wire_{}", rand::random::<u32>());
+    let store = Arc::new(PgStore::connect_with_schema(PG_URL, &schema).await.unwrap());
+    let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
+    let ctx = session(
+        store.clone() as Arc<dyn HotStore>,
+        archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
+    ctx.sql(
+        "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+         OPTIONS ('bucket_strategy' 'calendar_day_utc')",
+    )
+    .await
+    .unwrap();
+    let table = TableId::new("chat").unwrap();
+    let day0 = EventTime::parse_rfc3339("2025-03-01T00:00:00Z")
+        .unwrap()
+        .as_micros();
+    let mut rows: Vec<(i64, i64, String)> = (0..2000)
+        .map(|i| (day0 + i * 30_000_000, i, format!("message {i} of an ordinary length")))
+        .collect();
+    rows.extend((1..=365).map(|d| (day0 - d * DAY, -d, format!("quiet day {d}"))));
+    let records: Vec<Record> = rows
+        .iter()
+        .map(|(t, id, content)| Record {
+            partition_key: PartitionKey::new(encode_i64(1).to_vec()).unwrap(),
+            event_time: EventTime::from_micros(*t).unwrap(),
+            sort_key: SortKey::new(encode_i64(*id).to_vec()).unwrap(),
+            value: content.clone().into_bytes(),
+        })
+        .collect();
+    for c in records.chunks(500) {
+        store.append_batch(&table, c).await.unwrap();
+    }
+    // The reference: the same rows in a plain table, in the same database and schema.
+    let raw = store.raw_client().await.unwrap();
+    raw.batch_execute(
+        "CREATE TABLE wire_ref (channel_id INT8, ts TIMESTAMPTZ, id INT8, content TEXT, \
+         PRIMARY KEY (channel_id, ts, id))",
+    )
+    .await
+    .unwrap();
+    let insert = raw
+        .prepare("INSERT INTO wire_ref VALUES (1, $1, $2, $3)")
+        .await
+        .unwrap();
+    for (t, id, content) in &rows {
+        let ts: DateTime<Utc> = DateTime::from_timestamp_micros(*t).unwrap();
+        raw.execute(&insert, &[&ts, id, content]).await.unwrap();
+    }
+    raw.batch_execute("ANALYZE wire_ref").await.unwrap();
+
+    let server = Server::bind(
+        ctx,
+        ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            insecure_no_auth: true,
+            statement_timeout: None,
+            ..ServerConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let port = server.local_addr().unwrap().port();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let serving = tokio::spawn(server.run(stop.clone()));
+    let wire_info = format!("host=127.0.0.1 port={port} user=bench dbname=pulpitum");
+    let direct_info = format!(
+        "host=127.0.0.1 port=5432 user=postgres dbname=test options='-c search_path={schema}'"
+    );
+    let wire = client(&wire_info).await;
+    let direct = client(&direct_info).await;
+    let wire_page = wire.prepare(PAGE).await.unwrap();
+    let direct_page = direct.prepare(DIRECT).await.unwrap();
+    let adhoc = "SELECT timestamp, id, content FROM chat WHERE channel_id = 1 \
+                 ORDER BY timestamp DESC, id DESC LIMIT 50";
+    // The answers agree before anything is timed.
+    let a: Vec<i64> = wire
+        .query(&wire_page, &[&1i64])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(1))
+        .collect();
+    let b: Vec<i64> = direct
+        .query(&direct_page, &[&1i64])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(1))
+        .collect();
+    assert_eq!(a, b);
+    assert_eq!(a.len(), 50);
+
+    let rounds = env_usize("WIRE_BENCH_ROUNDS", 500);
+    let mut times: [Vec<Duration>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let mut order = [0usize, 1, 2];
+    for round in 0..rounds + rounds / 10 {
+        order.shuffle(&mut rand::rng());
+        for v in order {
+            let t = Instant::now();
+            match v {
+                0 => assert_eq!(wire.query(&wire_page, &[&1i64]).await.unwrap().len(), 50),
+                1 => assert_eq!(direct.query(&direct_page, &[&1i64]).await.unwrap().len(), 50),
+                _ => {
+                    let msgs = wire.simple_query(adhoc).await.unwrap();
+                    assert!(msgs.len() >= 50);
+                }
+            }
+            // The first tenth warms caches and is not counted.
+            if round >= rounds / 10 {
+                times[v].push(t.elapsed());
+            }
+        }
+    }
+    let [w, d, s] = times.map(percentiles);
+    println!("wire bench: latest 50 of a hot channel with a year of daily buckets, {rounds} rounds");
+    println!(
+        "  wire prepared   p50 {:.3} ms  p99 {:.3} ms  = {:.2}x direct (target <= 2.0x, p99 <= 15 ms)",
+        ms(w.0),
+        ms(w.1),
+        w.0.as_secs_f64() / d.0.as_secs_f64()
+    );
+    println!("  direct          p50 {:.3} ms  p99 {:.3} ms", ms(d.0), ms(d.1));
+    println!(
+        "  wire ad hoc     p50 {:.3} ms  p99 {:.3} ms  = {:.2}x direct",
+        ms(s.0),
+        ms(s.1),
+        s.0.as_secs_f64() / d.0.as_secs_f64()
+    );
+    let clients = env_usize("WIRE_BENCH_CLIENTS", 32);
+    let pages = env_usize("WIRE_BENCH_PAGES", 100);
+    let (wt, wp99) = concurrent(&wire_info, PAGE, clients, pages).await;
+    let (dt, dp99) = concurrent(&direct_info, DIRECT, clients, pages).await;
+    println!("  {clients} clients x {pages} pages:");
+    println!(
+        "    wire    {:.0} pages/s  p99 {:.2} ms  = {:.2}x direct throughput",
+        wt,
+        ms(wp99),
+        wt / dt
+    );
+    println!("    direct  {:.0} pages/s  p99 {:.2} ms", dt, ms(dp99));
+    drop(wire);
+    stop.cancel();
+    serving.await.unwrap();
+    store.drop_schema().await.unwrap();
+}
