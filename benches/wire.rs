@@ -69,7 +69,12 @@ async fn client(conninfo: &str) -> Client {
 
 /// `clients` connections each running `pages` prepared pages at once: (pages per second,
 /// p99 of one page).
-async fn concurrent(conninfo: &str, sql: &'static str, clients: usize, pages: usize) -> (f64, Duration) {
+async fn concurrent(
+    conninfo: &str,
+    sql: &'static str,
+    clients: usize,
+    pages: usize,
+) -> (f64, Duration) {
     let mut tasks = Vec::new();
     let started = Instant::now();
     for _ in 0..clients {
@@ -119,7 +124,13 @@ async fn main() {
         .unwrap()
         .as_micros();
     let mut rows: Vec<(i64, i64, String)> = (0..2000)
-        .map(|i| (day0 + i * 30_000_000, i, format!("message {i} of an ordinary length")))
+        .map(|i| {
+            (
+                day0 + i * 30_000_000,
+                i,
+                format!("message {i} of an ordinary length"),
+            )
+        })
         .collect();
     rows.extend((1..=365).map(|d| (day0 - d * DAY, -d, format!("quiet day {d}"))));
     let records: Vec<Record> = rows
@@ -203,7 +214,10 @@ async fn main() {
             let t = Instant::now();
             match v {
                 0 => assert_eq!(wire.query(&wire_page, &[&1i64]).await.unwrap().len(), 50),
-                1 => assert_eq!(direct.query(&direct_page, &[&1i64]).await.unwrap().len(), 50),
+                1 => assert_eq!(
+                    direct.query(&direct_page, &[&1i64]).await.unwrap().len(),
+                    50
+                ),
                 _ => {
                     let msgs = wire.simple_query(adhoc).await.unwrap();
                     assert!(msgs.len() >= 50);
@@ -216,14 +230,20 @@ async fn main() {
         }
     }
     let [w, d, s] = times.map(percentiles);
-    println!("wire bench: latest 50 of a hot channel with a year of daily buckets, {rounds} rounds");
+    println!(
+        "wire bench: latest 50 of a hot channel with a year of daily buckets, {rounds} rounds"
+    );
     println!(
         "  wire prepared   p50 {:.3} ms  p99 {:.3} ms  = {:.2}x direct (target <= 2.0x, p99 <= 15 ms)",
         ms(w.0),
         ms(w.1),
         w.0.as_secs_f64() / d.0.as_secs_f64()
     );
-    println!("  direct          p50 {:.3} ms  p99 {:.3} ms", ms(d.0), ms(d.1));
+    println!(
+        "  direct          p50 {:.3} ms  p99 {:.3} ms",
+        ms(d.0),
+        ms(d.1)
+    );
     println!(
         "  wire ad hoc     p50 {:.3} ms  p99 {:.3} ms  = {:.2}x direct",
         ms(s.0),

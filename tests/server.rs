@@ -178,6 +178,8 @@ fn psql(s: &Served, args: &[&str]) -> (bool, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_meta_commands_queries_and_errors() {
     let s = with_user(&[]).await;
+    let target = s._dir.path().join("copied.csv");
+    let copy = format!("COPY chat TO '{}'", target.display());
     let (ok, out, err) = psql(
         &s,
         &[
@@ -192,7 +194,7 @@ async fn psql_meta_commands_queries_and_errors() {
             "-c", "ALTER TABLE chat SET (archive_after = '30 days')",
             "-c", "SELECT * FROM nope",
             "-c", "SELEC 1",
-            "-c", "COPY chat TO '/tmp/pulpitum-copy.csv'",
+            "-c", &copy,
             "-c", "SET datafusion.execution.target_partitions = 1",
             "-c", "SET statement_timeout = '5s'",
             "-c", "SHOW statement_timeout",
@@ -229,7 +231,7 @@ async fn psql_meta_commands_queries_and_errors() {
     ] {
         assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
     }
-    assert!(!Path::new("/tmp/pulpitum-copy.csv").exists());
+    assert!(!target.exists(), "COPY wrote a file for a remote client");
 }
 
 /// The extended protocol with binary results: a prepared latest-N page pages across the
@@ -424,14 +426,18 @@ async fn unsafe_or_broken_configurations_refuse_to_start() {
         let db = db.clone();
         let archive = archive.clone();
         async move {
-            let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+            let run = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
                 .args(["--database-url", &db, "--archive-url", &archive, "serve"])
                 .args(&extra)
                 .env_remove("PULPITUM_SERVER_USERS_FILE")
                 .env_remove("PULPITUM_SERVER_USER")
                 .env("PULPITUM_SERVER_PASSWORD", "hunter2-secret")
-                .output()
+                .kill_on_drop(true)
+                .output();
+            // A server that starts would serve forever: that is the failure.
+            let out = tokio::time::timeout(Duration::from_secs(30), run)
                 .await
+                .unwrap_or_else(|_| panic!("{extra:?} started and kept serving"))
                 .unwrap();
             assert!(!out.status.success(), "{extra:?} started");
             String::from_utf8_lossy(&out.stderr).into_owned()
