@@ -130,7 +130,7 @@ pub async fn session(
     // After DataFusion's type coercion: comparisons with literals finer than a column
     // must not be truncated by its optimizer (see `provider::literals`).
     ctx.add_analyzer_rule(Arc::new(ExactTimeLiterals));
-    PulpitumSchema::install(&ctx)?;
+    PulpitumSchema::install(&ctx, Some(factory.clone()))?;
     crate::control::system::register(&ctx, store.clone())?;
     for def in store.tables().await? {
         let name = def.table_id.to_string();

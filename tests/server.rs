@@ -606,3 +606,40 @@ async fn psycopg_and_node_postgres_drivers() {
     driver(&s, "python3", "psycopg_client.py").await;
     driver(&s, "node", "node_client.js").await;
 }
+
+/// A table another process registers while the server runs is served at its first use,
+/// with no restart; an unknown name is still 42P01.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_created_after_start_is_served() {
+    let s = with_user(&[]).await;
+    let c = connect(&s).await;
+    let e = c
+        .simple_query("SELECT count(*) FROM later")
+        .await
+        .expect_err("not yet");
+    assert!(code(&e).starts_with("42P01"), "{}", code(&e));
+    let (db, archive) = urls(s._dir.path());
+    let status = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["--database-url", &db, "--archive-url", &archive])
+        .args([
+            "-c",
+            "CREATE EXTERNAL TABLE later STORED AS PULPITUM LOCATION '' \
+             OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_month_utc')",
+            "-c",
+            "INSERT INTO later VALUES (5, TIMESTAMP '2024-06-01T00:00:00Z', 1, 'late')",
+        ])
+        .env("PULPITUM_LOG", "error")
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    let row = c
+        .query_one("SELECT channel_id, content FROM later", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, String>(1)),
+        (5, "late".to_string())
+    );
+}

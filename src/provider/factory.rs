@@ -77,6 +77,21 @@ impl PulpitumTableFactory {
         }
     }
 
+    /// The provider of the table registered under `name`, if any: how a session finds a
+    /// table that another process registered after the session was built.
+    pub async fn resolve(&self, name: &str) -> Result<Option<PulpitumTable>, ProviderError> {
+        // A name that cannot be a table id is no table (and costs no store round trip).
+        let Ok(id) = TableId::new(name) else {
+            return Ok(None);
+        };
+        let def = self
+            .store
+            .table(&id)
+            .await
+            .map_err(|e| ProviderError::Table(TableError::Store(e)))?;
+        def.map(|d| self.provider(d)).transpose()
+    }
+
     /// The provider of an already registered table.
     pub fn provider(&self, def: TableDefinition) -> Result<PulpitumTable, ProviderError> {
         let table =
@@ -307,6 +322,9 @@ pub const DROP_REFUSED: &str = "DROP TABLE is not supported for Pulpitum tables:
 #[derive(Debug, Default)]
 pub struct PulpitumSchema {
     tables: RwLock<HashMap<String, Arc<dyn TableProvider>>>,
+    /// Finds tables registered after the session was built (by another process), on their
+    /// first use; `None` keeps the schema to what was registered in it.
+    resolver: Option<PulpitumTableFactory>,
 }
 
 fn is_pulpitum(t: &Arc<dyn TableProvider>) -> bool {
@@ -315,14 +333,21 @@ fn is_pulpitum(t: &Arc<dyn TableProvider>) -> bool {
 
 impl PulpitumSchema {
     /// Makes this the default schema of `ctx`'s default catalog (before any table is
-    /// registered: tables already there are not carried over).
-    pub fn install(ctx: &SessionContext) -> DFResult<()> {
+    /// registered: tables already there are not carried over). With a `resolver`, a table
+    /// registered in the store later (by the shell, another service) is found on its first
+    /// use, so a long-running session (the wire server) needs no restart to see it; it is
+    /// listed (`information_schema`, psql's `\dt`) from then on.
+    pub fn install(ctx: &SessionContext, resolver: Option<PulpitumTableFactory>) -> DFResult<()> {
         let state = ctx.state();
         let names = &state.config_options().catalog;
         let catalog = ctx.catalog(&names.default_catalog).ok_or_else(|| {
             DataFusionError::Internal(format!("no catalog {}", names.default_catalog))
         })?;
-        catalog.register_schema(&names.default_schema, Arc::new(Self::default()))?;
+        let schema = Self {
+            tables: RwLock::default(),
+            resolver,
+        };
+        catalog.register_schema(&names.default_schema, Arc::new(schema))?;
         Ok(())
     }
 
@@ -344,7 +369,24 @@ impl SchemaProvider for PulpitumSchema {
     }
 
     async fn table(&self, name: &str) -> DFResult<Option<Arc<dyn TableProvider>>> {
-        Ok(self.read().get(name).cloned())
+        if let Some(t) = self.read().get(name).cloned() {
+            return Ok(Some(t));
+        }
+        let Some(resolver) = &self.resolver else {
+            return Ok(None);
+        };
+        let Some(found) = resolver.resolve(name).await? else {
+            return Ok(None);
+        };
+        let found: Arc<dyn TableProvider> = Arc::new(found);
+        // Another task may have found it meanwhile: keep the first, so every query of this
+        // session shares one provider (and its route cache).
+        Ok(Some(
+            self.write()
+                .entry(name.to_string())
+                .or_insert(found)
+                .clone(),
+        ))
     }
 
     fn register_table(
