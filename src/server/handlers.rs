@@ -31,7 +31,7 @@ use datafusion_postgres::pgwire::api::auth::{DefaultServerParameterProvider, Sta
 use datafusion_postgres::pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
 use datafusion_postgres::pgwire::api::portal::{Format, Portal};
 use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use datafusion_postgres::pgwire::api::results::{QueryResponse, Response};
+use datafusion_postgres::pgwire::api::results::{FieldInfo, QueryResponse, Response};
 use datafusion_postgres::pgwire::api::store::PortalStore;
 use datafusion_postgres::pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionManager, ErrorHandler, PgWireServerHandlers,
@@ -359,14 +359,16 @@ fn batches_response(
     format: &Format,
 ) -> PgWireResult<Response> {
     let fields = Arc::new(arrow_schema_to_pg_fields(schema, format, None)?);
+    Ok(rows_response(fields, batches))
+}
+
+/// Rows encoded for the client, with their fields.
+fn rows_response(fields: Arc<Vec<FieldInfo>>, batches: Vec<RecordBatch>) -> Response {
     let mut rows = Vec::new();
     for b in batches {
         rows.extend(encode_recordbatch(fields.clone(), b));
     }
-    Ok(Response::Query(QueryResponse::new(
-        fields,
-        futures::stream::iter(rows),
-    )))
+    Response::Query(QueryResponse::new(fields, futures::stream::iter(rows)))
 }
 
 /// The simple protocol: control statements first, then datafusion-postgres (hooks, then
@@ -409,13 +411,45 @@ impl SimpleQueryHandler for Simple {
     }
 }
 
+/// A prepared query with its result columns as PostgreSQL fields, per result format (text
+/// or binary: computed once, not per execution).
+struct Prepared {
+    query: Arc<PreparedQuery>,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    /// Text (0) and binary (1) results; per-column formats are computed each time.
+    fields: Mutex<[Option<Arc<Vec<FieldInfo>>>; 2]>,
+}
+
+impl Prepared {
+    fn fields(&self, format: &Format) -> PgWireResult<Arc<Vec<FieldInfo>>> {
+        let slot = match format {
+            Format::UnifiedText => 0,
+            Format::UnifiedBinary => 1,
+            Format::Individual(_) => {
+                return Ok(Arc::new(arrow_schema_to_pg_fields(
+                    &self.schema,
+                    format,
+                    None,
+                )?))
+            }
+        };
+        let mut known = self.fields.lock().expect("fields lock");
+        if let Some(f) = &known[slot] {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(arrow_schema_to_pg_fields(&self.schema, format, None)?);
+        known[slot] = Some(f.clone());
+        Ok(f)
+    }
+}
+
 /// The extended protocol, one per connection: a query parsed once runs as a prepared query
 /// (cached by its text), anything else through datafusion-postgres.
 pub(super) struct Extended {
     inner: Arc<DfSessionService>,
     ctx: Arc<SessionContext>,
     timeout: Option<Duration>,
-    cache: Mutex<Lru<String, Option<Arc<PreparedQuery>>>>,
+    cache: Mutex<Lru<String, Option<Arc<Prepared>>>>,
 }
 
 impl Extended {
@@ -434,12 +468,16 @@ impl Extended {
 
     /// The prepared query for `sql`, or `None` when it is not a query (an INSERT, a
     /// statement a hook answers): those go to datafusion-postgres every time.
-    async fn prepared(&self, sql: &str) -> PgWireResult<Option<Arc<PreparedQuery>>> {
-        if let Some(hit) = self.cache.lock().expect("cache lock").get(&sql.to_string()) {
-            return Ok(hit);
+    async fn prepared(&self, sql: &str) -> Option<Arc<Prepared>> {
+        if let Some(hit) = self.cache.lock().expect("cache lock").get(sql) {
+            return hit;
         }
         let p = match prepare(&self.ctx, sql).await {
-            Ok(p) if p.is_query() => Some(Arc::new(p)),
+            Ok(p) if p.is_query() => Some(Arc::new(Prepared {
+                schema: p.schema(),
+                query: Arc::new(p),
+                fields: Mutex::new([None, None]),
+            })),
             Ok(_) | Err(PreparedError::NotAQuery(_)) => None,
             // Anything else (a parse error of this planner, say) is left to the general path,
             // which reports it the way every other statement's error is reported.
@@ -449,7 +487,7 @@ impl Extended {
             .lock()
             .expect("cache lock")
             .insert(sql.to_string(), p.clone());
-        Ok(p)
+        p
     }
 }
 
@@ -476,23 +514,24 @@ impl ExtendedQueryHandler for Extended {
     {
         let timeout = effective_timeout(self.timeout, &*client);
         guarded(timeout, async {
-            let sql = portal.statement.statement.0.clone();
-            if let Some(batch) = crate::control::run_text(&self.ctx, &sql)
+            let sql = portal.statement.statement.0.as_str();
+            if let Some(batch) = crate::control::run_text(&self.ctx, sql)
                 .await
                 .map_err(api)?
             {
                 let schema = batch.schema();
                 return batches_response(vec![batch], &schema, &portal.result_column_format);
             }
-            if let Some(p) = self.prepared(&sql).await? {
-                let types: Vec<Option<&DataType>> = p.parameter_types().iter().map(Some).collect();
+            if let Some(p) = self.prepared(sql).await {
+                let types: Vec<Option<&DataType>> =
+                    p.query.parameter_types().iter().map(Some).collect();
                 let values: Vec<ScalarValue> = match deserialize_parameters(portal, &types)? {
                     ParamValues::List(v) => v.into_iter().map(|s| s.value).collect(),
                     ParamValues::Map(_) => Vec::new(),
                 };
-                let batches = p.execute(&values).await.map_err(api)?;
-                let schema = p.schema();
-                return batches_response(batches, &schema, &portal.result_column_format);
+                let batches = p.query.execute(&values).await.map_err(api)?;
+                let fields = p.fields(&portal.result_column_format)?;
+                return Ok(rows_response(fields, batches));
             }
             let mut r =
                 ExtendedQueryHandler::do_query(&*self.inner, client, portal, max_rows).await?;
