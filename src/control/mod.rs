@@ -165,10 +165,9 @@ pub async fn run(
     }
 }
 
-/// One policy as a one-row answer: the table and each option as it now stands.
-pub fn policy_batch(p: &TablePolicy) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
-    let text = |v: Option<String>| Arc::new(StringArray::from(vec![v])) as ArrayRef;
-    let schema = Schema::new(vec![
+/// The columns of a policy answer (what `ALTER TABLE ... SET` returns).
+pub fn policy_schema() -> datafusion::arrow::datatypes::SchemaRef {
+    Arc::new(Schema::new(vec![
         Field::new("table_id", DataType::Utf8, false),
         Field::new("archive_after", DataType::Utf8, true),
         Field::new("format", DataType::Utf8, true),
@@ -179,9 +178,14 @@ pub fn policy_batch(p: &TablePolicy) -> Result<RecordBatch, datafusion::arrow::e
             DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             true,
         ),
-    ]);
+    ]))
+}
+
+/// One policy as a one-row answer: the table and each option as it now stands.
+pub fn policy_batch(p: &TablePolicy) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    let text = |v: Option<String>| Arc::new(StringArray::from(vec![v])) as ArrayRef;
     RecordBatch::try_new(
-        Arc::new(schema),
+        policy_schema(),
         vec![
             text(Some(p.table_id.to_string())),
             text(p.archive_after.map(options::format_duration)),

@@ -131,14 +131,48 @@ fn api(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
     PgWireError::ApiError(Box::new(e))
 }
 
+/// A hook that refuses the statements its rule names, on every path (simple query, the
+/// extended protocol's Parse and Execute), and lets every other statement pass on.
+#[derive(Debug)]
+pub(super) struct Refuse(pub(super) fn(&Statement) -> Option<PgWireError>);
+
+#[async_trait]
+impl QueryHook for Refuse {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        _ctx: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        (self.0)(statement).map(Err)
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        _ctx: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        (self.0)(statement).map(Err)
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _plan: &LogicalPlan,
+        _params: &ParamValues,
+        _ctx: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        (self.0)(statement).map(Err)
+    }
+}
+
 /// Refuses what may not run over the wire: everything but queries, INSERT and EXPLAIN of
-/// them reaches this hook (SET/SHOW, transactions and cursors are answered by earlier hooks),
+/// them reaches this rule (SET/SHOW, transactions and cursors are answered by earlier hooks),
 /// so DDL, COPY and file-backed tables (`CREATE EXTERNAL TABLE ... LOCATION '/etc/...'`) never
 /// run for a remote client.
-#[derive(Debug)]
-pub(super) struct Guard;
-
-fn refusal(s: &Statement) -> Option<PgWireError> {
+pub(super) fn refusal(s: &Statement) -> Option<PgWireError> {
     match s {
         Statement::Query(_) | Statement::Insert(_) => None,
         Statement::Explain { statement, .. } => refusal(statement),
@@ -162,46 +196,11 @@ fn refusal(s: &Statement) -> Option<PgWireError> {
     }
 }
 
-#[async_trait]
-impl QueryHook for Guard {
-    async fn handle_simple_query(
-        &self,
-        statement: &Statement,
-        _ctx: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        refusal(statement).map(Err)
-    }
-
-    async fn handle_extended_parse_query(
-        &self,
-        statement: &Statement,
-        _ctx: &SessionContext,
-        _client: &(dyn ClientInfo + Send + Sync),
-    ) -> Option<PgWireResult<LogicalPlan>> {
-        refusal(statement).map(Err)
-    }
-
-    async fn handle_extended_query(
-        &self,
-        statement: &Statement,
-        _plan: &LogicalPlan,
-        _params: &ParamValues,
-        _ctx: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        refusal(statement).map(Err)
-    }
-}
-
 /// Refuses `SET datafusion.*` and `RESET datafusion.*`: DataFusion's settings belong to the
 /// session every connection shares, so one client could change how everyone's queries run.
 /// PostgreSQL's own per-connection settings (`statement_timeout`, `TimeZone`, ...) pass on to
 /// the `SET`/`SHOW` hook.
-#[derive(Debug)]
-pub(super) struct SharedSettings;
-
-fn shared_setting(s: &Statement) -> Option<PgWireError> {
+pub(super) fn shared_setting(s: &Statement) -> Option<PgWireError> {
     let text = s.to_string().to_ascii_lowercase();
     let words: Vec<&str> = text.split_whitespace().collect();
     let target = match words.as_slice() {
@@ -218,38 +217,6 @@ fn shared_setting(s: &Statement) -> Option<PgWireError> {
             ),
         )
     })
-}
-
-#[async_trait]
-impl QueryHook for SharedSettings {
-    async fn handle_simple_query(
-        &self,
-        statement: &Statement,
-        _ctx: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        shared_setting(statement).map(Err)
-    }
-
-    async fn handle_extended_parse_query(
-        &self,
-        statement: &Statement,
-        _ctx: &SessionContext,
-        _client: &(dyn ClientInfo + Send + Sync),
-    ) -> Option<PgWireResult<LogicalPlan>> {
-        shared_setting(statement).map(Err)
-    }
-
-    async fn handle_extended_query(
-        &self,
-        statement: &Statement,
-        _plan: &LogicalPlan,
-        _params: &ParamValues,
-        _ctx: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        shared_setting(statement).map(Err)
-    }
 }
 
 /// Lets a control statement through the extended protocol's Parse: its plan is an empty
@@ -277,11 +244,7 @@ impl QueryHook for ControlParse {
         if !matches!(statement, Statement::AlterTable { .. }) {
             return None;
         }
-        let sample = crate::control::policy_batch(&crate::store::TablePolicy::none(
-            crate::model::TableId::new("t").expect("valid"),
-        ))
-        .ok()?;
-        let schema = DFSchema::try_from(sample.schema().as_ref().clone()).ok()?;
+        let schema = DFSchema::try_from(crate::control::policy_schema().as_ref().clone()).ok()?;
         Some(Ok(LogicalPlan::EmptyRelation(EmptyRelation {
             produce_one_row: false,
             schema: Arc::new(schema),

@@ -180,11 +180,11 @@ impl Server {
         // and cursors are answered, and whatever is left must be a query, INSERT or EXPLAIN.
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(handlers::ControlParse),
-            Arc::new(handlers::SharedSettings),
+            Arc::new(handlers::Refuse(handlers::shared_setting)),
             Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),
-            Arc::new(handlers::Guard),
+            Arc::new(handlers::Refuse(handlers::refusal)),
         ];
         let inner = Arc::new(DfSessionService::new_with_hooks(ctx.clone(), hooks));
         let factory = Arc::new(handlers::Factory {

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::{IsolationLevel, Row};
 
 use super::decode::{corrupt, event_time};
-use super::sql::{limit_param, param_refs, push, Params, JOBS, POLICIES, STORE_CONTROL};
+use super::sql::{limit_param, micros, param_refs, push, Params, JOBS, POLICIES, STORE_CONTROL};
 use super::{PgStore, TxError};
 use crate::model::{BucketId, BucketKey, EventTime, PartitionKey, TableId};
 use crate::store::{
@@ -22,10 +22,6 @@ use crate::store::{
 
 const POLICY_COLS: &str =
     "table_id, archive_after_us, payload_format, cleanup_delay_us, paused, updated_at";
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
 
 fn duration(v: Option<i64>, what: &str) -> StoreResult<Option<Duration>> {
     v.map(|us| {

@@ -15,7 +15,7 @@ use tokio_postgres::IsolationLevel;
 
 use super::decode::{corrupt, decode_record, event_time};
 use super::sql::{
-    eligible_by_time, limit_param, param_refs, push, Params, META, POLICIES, RECORDS,
+    eligible_by_time, limit_param, micros, param_refs, push, Params, META, POLICIES, RECORDS,
     STORE_NOT_PAUSED,
 };
 use super::{PgStore, TxError};
@@ -25,12 +25,6 @@ use crate::model::{
 use crate::store::{
     Backlog, Claim, Eligibility, Lifecycle, StoreResult, TableLag, WorkItem, WorkKind,
 };
-
-/// A duration in whole microseconds, the unit the statements' intervals are built from
-/// (`$n::INT8 * INTERVAL '1 microsecond'`); saturates rather than wrapping.
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
 
 #[async_trait]
 impl Lifecycle for PgStore {

@@ -77,6 +77,12 @@ pub(super) fn push(params: &mut Params, v: impl ToSql + Sync + Send + 'static) -
     format!("${}", params.len())
 }
 
+/// A duration in whole microseconds, the unit the statements' intervals are built from
+/// (`$n::INT8 * INTERVAL '1 microsecond'`); saturates rather than wrapping.
+pub(super) fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
 /// A page size as a `LIMIT` parameter: at least 1, so a page always makes progress.
 pub(super) fn limit_param(limit: usize) -> i64 {
     i64::try_from(limit.max(1)).unwrap_or(i64::MAX)
