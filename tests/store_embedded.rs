@@ -963,7 +963,7 @@ async fn concurrent_migrations_apply_each_version_once() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(versions, vec![1, 2, 3, 4]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
 }
 
 /// A store call waiting on SQLite's lock does not stall the async runtime: on a
@@ -1070,4 +1070,82 @@ async fn an_older_build_runs_after_additive_migrations_and_stops_at_a_breaking_o
     .unwrap();
     let s = SqliteStore::open(&path).unwrap();
     assert!(matches!(s.migrate().await, Err(StoreError::Migration(_))));
+}
+
+/// A switch of thousands of buckets commits as one transaction, and a refusal naming a
+/// bucket deep in the list writes nothing (the PostgreSQL store's test of the same name
+/// covers its statement chunks). The buckets are written with SQL, archived and cleaned as
+/// the lifecycle would leave them, which is what lets the test afford thousands.
+#[tokio::test]
+async fn a_switch_of_thousands_of_buckets_is_one_transaction() {
+    use pulpitum::store::{Compaction, RouteSwitch};
+
+    const MANY: usize = 12_000;
+    let (dir, s) = fresh().await;
+    let raw = rusqlite::Connection::open(dir.path().join("hot.sqlite")).unwrap();
+    raw.busy_timeout(Duration::from_secs(5)).unwrap();
+    let start = EventTime::parse_rfc3339("2024-03-01T00:00:00Z").unwrap();
+    let end = EventTime::parse_rfc3339("2024-04-01T00:00:00Z").unwrap();
+    raw.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+         INSERT INTO pulpitum_v4_bucket_metadata (table_id, partition_key, bucket_key, \
+           bucket_strategy, bucket_start, bucket_end, state, generation, object_key, \
+           hot_deleted, published_at, created_at, updated_at) \
+         SELECT 't', CAST(printf('p%06d', i) AS BLOB), 'day:2024-03-01', 'calendar_day_utc', \
+           ?2, ?2 + ?3, 'archived', 2, 'src/' || i || '/manifest.json', 1, ?2, ?2, ?2 \
+         FROM n",
+        rusqlite::params![MANY as i64, start.as_micros(), DAY],
+    )
+    .unwrap();
+    let key = BucketKey::parse(BucketStrategy::CalendarDayUtc, "day:2024-03-01").unwrap();
+    let mut switches: Vec<RouteSwitch> = (1..=MANY)
+        .map(|i| RouteSwitch {
+            bucket: BucketId {
+                table_id: tid("t"),
+                partition_key: PartitionKey::new(format!("p{i:06}").into_bytes()).unwrap(),
+                bucket_key: key,
+            },
+            from_object_key: format!("src/{i}/manifest.json"),
+            to_object_key: format!("t/segments/month:2024-03/{}-1/manifest.json", i / 1000),
+        })
+        .collect();
+    let claim = s
+        .claim_compaction(&tid("t"), "month:2024-03", start, end, LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let counts = || -> (i64, i64) {
+        raw.query_row(
+            "SELECT (SELECT count(*) FROM pulpitum_v4_bucket_metadata \
+               WHERE object_key LIKE '%/segments/%'), \
+             (SELECT count(*) FROM pulpitum_v4_retired_objects)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    };
+
+    let deep = 11_000;
+    let good = std::mem::replace(
+        &mut switches[deep].from_object_key,
+        "src/elsewhere".to_string(),
+    );
+    match s.switch_routes(&claim, &switches).await {
+        Err(StoreError::RouteChanged { bucket, .. }) => {
+            assert_eq!(
+                bucket, switches[deep].bucket,
+                "the first bucket that differs"
+            )
+        }
+        other => panic!("expected RouteChanged, got {other:?}"),
+    }
+    assert_eq!(counts(), (0, 0), "a refused switch writes nothing");
+    switches[deep].from_object_key = good;
+
+    let started = std::time::Instant::now();
+    let n = s.switch_routes(&claim, &switches).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(n, MANY as u64);
+    assert_eq!(counts(), (MANY as i64, MANY as i64));
+    eprintln!("switched {MANY} buckets in one transaction in {took:?}");
 }

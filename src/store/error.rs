@@ -68,6 +68,31 @@ pub enum StoreError {
         /// What the store found instead.
         reason: String,
     },
+    /// The caller's compaction claim on a window is not current: another token or
+    /// generation holds the window, the lease expired, or the claim was released. Nothing was
+    /// written.
+    #[error("compaction claim on {table_id} window {window_key} (generation {generation}) is stale: {reason}")]
+    StaleCompaction {
+        /// The table.
+        table_id: TableId,
+        /// The window.
+        window_key: String,
+        /// The generation the caller held.
+        generation: i64,
+        /// What the store found instead.
+        reason: String,
+    },
+    /// A route switch cannot be applied as asked: this bucket (the first such of the switch)
+    /// no longer routes to the object the compaction read (a re-archive or another
+    /// compaction moved it), is not archived with its hot rows deleted, or lies outside the
+    /// claimed window. Nothing was switched; the attempt's objects are orphans.
+    #[error("route of bucket {bucket} cannot be switched: {reason}; nothing was switched")]
+    RouteChanged {
+        /// The bucket.
+        bucket: BucketId,
+        /// What the store found.
+        reason: String,
+    },
     /// A transition that the bucket's current state does not allow (for example cleanup
     /// before publication, or publishing twice).
     #[error("bucket {bucket}: cannot {operation} in state {state}")]
@@ -130,7 +155,9 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Whether retrying the same operation later may succeed.
+    /// Whether retrying the same operation later may succeed. A stale claim (a bucket's or a
+    /// window's) and a changed route are final for the attempt that met them: retrying the
+    /// same call can only meet them again.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,

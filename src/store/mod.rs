@@ -1,13 +1,14 @@
 //! The hot tier: the durable authority for mutable records and for routing state.
 //!
 //! The contract is split by role ([`Catalog`], [`Appends`], [`RoutedReads`], [`Lifecycle`],
-//! [`Control`]; [`HotStore`] is all five, see [`roles`]); [`postgres::PgStore`] implements it on
-//! CockroachDB or PostgreSQL and [`embedded::SqliteStore`] on an embedded SQLite file. Both run one
-//! conformance suite (`tests/conformance/`). The fencing rules live in the store itself: an
+//! [`Control`], [`Compaction`]; [`HotStore`] is all six, see [`roles`]);
+//! [`postgres::PgStore`] implements it on CockroachDB or PostgreSQL and
+//! [`embedded::SqliteStore`] on an embedded SQLite file. Both run one conformance suite (`tests/conformance/`). The fencing rules live in the store itself: an
 //! append commits only into a Hot bucket, and every archiver step that writes checks owner
 //! token, fencing generation and lease expiry in the same statement, against the store's own
 //! clock, so a paused or stale worker is rejected whatever its own clock says.
 
+mod compaction;
 mod control;
 pub mod embedded;
 mod error;
@@ -18,11 +19,12 @@ mod retry;
 pub mod roles;
 mod types;
 
+pub use compaction::{CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, WindowState};
 pub use control::*;
 pub use error::{StoreError, StoreResult};
 pub use guard::{bucket_for_append, writable_range, WRITABLE_CLOCK_ALLOWANCE};
 pub use retry::RetryPolicy;
-pub use roles::{Appends, Catalog, Control, HotStore, Lifecycle, RoutedReads};
+pub use roles::{Appends, Catalog, Compaction, Control, HotStore, Lifecycle, RoutedReads};
 pub use types::*;
 
 /// Opens the hot store a locator names (see [`crate::locator`]): a `postgres://` /

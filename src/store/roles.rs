@@ -9,8 +9,10 @@
 //!   the queries garbage collection relies on.
 //! - [`Control`]: the control plane: per-table policies, the store-wide pause and the
 //!   archiver's job history.
+//! - [`Compaction`]: the registry side of segment compaction: window claims, a window's
+//!   sources, the one-transaction route switch and the retired objects GC waits on.
 //!
-//! [`HotStore`] is all five together, implemented for every type that implements them; it is
+//! [`HotStore`] is all six together, implemented for every type that implements them; it is
 //! what a session or an archiver holds. Every method is one serializable transaction or one
 //! statement.
 
@@ -19,9 +21,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, Eligibility, HeadPage,
-    HotPage, JobEnd, JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, RoutedBucket,
-    StoreResult, TableDefinition, TablePolicy, WorkItem,
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, CompactionClaim,
+    Eligibility, HeadPage, HotPage, JobEnd, JobFilter, JobRecord, JobStart, PageRequest,
+    PolicyUpdate, RetiredObject, RouteSwitch, RoutedBucket, StoreResult, TableDefinition,
+    TablePolicy, WindowState, WorkItem,
 };
 use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
@@ -226,7 +229,111 @@ pub trait Control: Send + Sync + 'static {
     async fn prune_jobs(&self, before: EventTime, limit: usize) -> StoreResult<u64>;
 }
 
-/// Every role together: what a session, the archiver and the conformance suite hold.
-pub trait HotStore: Catalog + Appends + RoutedReads + Lifecycle + Control {}
+/// The registry side of segment compaction (docs/segments.md, sections 5 to 7): a window of
+/// one table is claimed like a bucket (fresh token, generation + 1, a lease on the store's
+/// clock), its archived buckets are read as sources, and their routes are moved to segments
+/// in one serializable transaction that checks the claim and every bucket's route, and
+/// records the replaced objects for garbage collection.
+///
+/// A window claim never fences a bucket: compaction reads objects that are already
+/// immutable, and the switch's route check (each bucket still routes to the object the
+/// compaction read) is what keeps a re-archived or otherwise moved bucket from being
+/// switched to stale rows.
+#[async_trait]
+pub trait Compaction: Send + Sync + 'static {
+    /// Distinct `bucket_start` values of buckets of `table_id` that are archived with
+    /// `hot_deleted = true`, end at or before `before`, and whose `object_key` does NOT match
+    /// the SQL `LIKE` pattern `exclude_like` (as on PostgreSQL: case-sensitive, a backslash
+    /// escapes the next character; the compactor passes `'%/segments/%'`), ascending, at
+    /// most `limit`. The caller groups them into windows.
+    async fn compaction_candidates(
+        &self,
+        table_id: &TableId,
+        before: EventTime,
+        exclude_like: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<EventTime>>;
 
-impl<T: Catalog + Appends + RoutedReads + Lifecycle + Control + ?Sized> HotStore for T {}
+    /// The sources and the not-ready count of the buckets of `table_id` with `bucket_start`
+    /// in `[start, end)`, read in one snapshot (see [`WindowState`]).
+    async fn window_state(
+        &self,
+        table_id: &TableId,
+        start: EventTime,
+        end: EventTime,
+    ) -> StoreResult<WindowState>;
+
+    /// Claims a window: succeeds when the window has no row yet, or its lease expired, or
+    /// it was released; sets a fresh owner token, `generation + 1` (1 for a new window) and
+    /// `lease_expires_at = now + lease` on the store's clock, and records `start` and `end`.
+    /// `Ok(None)` while another claim's lease is live.
+    async fn claim_compaction(
+        &self,
+        table_id: &TableId,
+        window_key: &str,
+        start: EventTime,
+        end: EventTime,
+        lease: Duration,
+    ) -> StoreResult<Option<CompactionClaim>>;
+
+    /// Extends a current claim (token and generation match and the lease has not expired,
+    /// checked in the statement that writes); [`StoreError::StaleCompaction`] otherwise.
+    ///
+    /// [`StoreError::StaleCompaction`]: super::StoreError::StaleCompaction
+    async fn renew_compaction(
+        &self,
+        claim: &CompactionClaim,
+        lease: Duration,
+    ) -> StoreResult<CompactionClaim>;
+
+    /// Releases a claim whose token and generation still hold the window, so the window is
+    /// claimable at once. A claim that no longer holds it is not an error: there is nothing
+    /// to release, and the claim that holds it now is left alone.
+    async fn release_compaction(&self, claim: &CompactionClaim) -> StoreResult<()>;
+
+    /// Every window claim not released, whether its lease is live or expired, ordered by
+    /// table and window: garbage collection protects their generations' objects.
+    async fn compaction_claims(&self) -> StoreResult<Vec<CompactionClaim>>;
+
+    /// The switch, one serializable transaction:
+    ///
+    /// 1. the claim is current (token, generation, lease unexpired on the store's clock),
+    ///    else [`StoreError::StaleCompaction`];
+    /// 2. every switch's bucket is of the claim's table and window, listed once, `archived`
+    ///    with `hot_deleted = true` and `object_key = from_object_key`, else
+    ///    [`StoreError::RouteChanged`] naming the first switch (in the given order) that
+    ///    fails;
+    /// 3. each bucket's `object_key` becomes `to_object_key`; the rows updated must number
+    ///    `switches.len()`, or the transaction rolls back;
+    /// 4. every distinct `from_object_key` is recorded as retired at the store's `now`
+    ///    (a key retired before takes the later time: readers may hold a route to it until
+    ///    the last switch that replaced it, plus their cache bound).
+    ///
+    /// On any error nothing is written. Returns the number of buckets switched. A switch
+    /// whose commit had an unknown outcome is not retried blindly: if it committed, the
+    /// retry meets [`StoreError::RouteChanged`] (the routes are already the segments'), so
+    /// the caller re-reads the routes ([`window_state`](Self::window_state)) to tell.
+    ///
+    /// [`StoreError::StaleCompaction`]: super::StoreError::StaleCompaction
+    /// [`StoreError::RouteChanged`]: super::StoreError::RouteChanged
+    async fn switch_routes(
+        &self,
+        claim: &CompactionClaim,
+        switches: &[RouteSwitch],
+    ) -> StoreResult<u64>;
+
+    /// Every retired object with the time it was (last) retired, ordered by key.
+    async fn retired_objects(&self) -> StoreResult<Vec<RetiredObject>>;
+
+    /// Deletes the retired rows of these keys (after GC deleted the objects); returns how
+    /// many rows were deleted. Unknown keys are ignored.
+    async fn forget_retired(&self, keys: &[String]) -> StoreResult<u64>;
+}
+
+/// Every role together: what a session, the archiver and the conformance suite hold.
+pub trait HotStore: Catalog + Appends + RoutedReads + Lifecycle + Control + Compaction {}
+
+impl<T: Catalog + Appends + RoutedReads + Lifecycle + Control + Compaction + ?Sized> HotStore
+    for T
+{
+}

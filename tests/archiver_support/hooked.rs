@@ -13,9 +13,10 @@ use async_trait::async_trait;
 use pulpitum::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 use pulpitum::store::{
     AppendOutcome, Appends, Backlog, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim,
-    Control, Eligibility, HeadPage, HotPage, HotStore, JobEnd, JobFilter, JobRecord, JobStart,
-    Lifecycle, PageRequest, PolicyUpdate, RoutedReads, StoreError, StoreResult, TableDefinition,
-    TablePolicy, WorkItem,
+    Compaction, CompactionClaim, Control, Eligibility, HeadPage, HotPage, HotStore, JobEnd,
+    JobFilter, JobRecord, JobStart, Lifecycle, PageRequest, PolicyUpdate, RetiredObject,
+    RouteSwitch, RoutedReads, StoreError, StoreResult, TableDefinition, TablePolicy, WindowState,
+    WorkItem,
 };
 
 /// What [`Hooked::renew`] does.
@@ -282,5 +283,70 @@ impl Control for Hooked {
 
     async fn prune_jobs(&self, before: EventTime, limit: usize) -> StoreResult<u64> {
         self.inner.prune_jobs(before, limit).await
+    }
+}
+
+#[async_trait]
+impl Compaction for Hooked {
+    async fn compaction_candidates(
+        &self,
+        t: &TableId,
+        before: EventTime,
+        exclude_like: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<EventTime>> {
+        self.inner
+            .compaction_candidates(t, before, exclude_like, limit)
+            .await
+    }
+
+    async fn window_state(
+        &self,
+        t: &TableId,
+        start: EventTime,
+        end: EventTime,
+    ) -> StoreResult<WindowState> {
+        self.inner.window_state(t, start, end).await
+    }
+
+    async fn claim_compaction(
+        &self,
+        t: &TableId,
+        window_key: &str,
+        start: EventTime,
+        end: EventTime,
+        lease: Duration,
+    ) -> StoreResult<Option<CompactionClaim>> {
+        self.inner
+            .claim_compaction(t, window_key, start, end, lease)
+            .await
+    }
+
+    async fn renew_compaction(
+        &self,
+        c: &CompactionClaim,
+        lease: Duration,
+    ) -> StoreResult<CompactionClaim> {
+        self.inner.renew_compaction(c, lease).await
+    }
+
+    async fn release_compaction(&self, c: &CompactionClaim) -> StoreResult<()> {
+        self.inner.release_compaction(c).await
+    }
+
+    async fn compaction_claims(&self) -> StoreResult<Vec<CompactionClaim>> {
+        self.inner.compaction_claims().await
+    }
+
+    async fn switch_routes(&self, c: &CompactionClaim, s: &[RouteSwitch]) -> StoreResult<u64> {
+        self.inner.switch_routes(c, s).await
+    }
+
+    async fn retired_objects(&self) -> StoreResult<Vec<RetiredObject>> {
+        self.inner.retired_objects().await
+    }
+
+    async fn forget_retired(&self, keys: &[String]) -> StoreResult<u64> {
+        self.inner.forget_retired(keys).await
     }
 }

@@ -19,6 +19,8 @@
 //! - `lifecycle.rs`: claim, renew, snapshot, defer, publish, cleanup, discovery, backlog
 //!   and the garbage-collection queries (`Lifecycle`).
 //! - `control.rs`: policies, pauses, eligibility by policy and job history (`Control`).
+//! - `compaction.rs`: window claims, candidates and window state, the route switch and
+//!   retired objects (`Compaction`).
 //!
 //! This file holds the one case list, [`every_case!`], and the helpers the cases share.
 //! The cases are re-exported here, so a runner names each one `conformance::<case>`
@@ -28,12 +30,14 @@
 
 mod appends;
 mod catalog;
+mod compaction;
 mod control;
 mod lifecycle;
 mod reads;
 
 pub use appends::*;
 pub use catalog::*;
+pub use compaction::*;
 pub use control::*;
 pub use lifecycle::*;
 pub use reads::*;
@@ -79,6 +83,11 @@ macro_rules! every_case {
             archive_after_and_the_ceiling_decide_eligibility,
             cleanup_waits_for_the_longer_delay,
             job_history_records_abandons_and_prunes,
+            // compaction.rs
+            compaction_claims_are_fenced_by_token_generation_and_lease,
+            candidates_and_window_state,
+            switch_moves_every_route_and_retires_the_sources,
+            refused_switches_write_nothing,
         );
     };
 }

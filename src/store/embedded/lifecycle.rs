@@ -27,7 +27,7 @@ use super::decode::{
 use super::{Mode, SqliteStore, TxError, TxResult};
 
 /// `now + d`, capped at the last supported instant so the result is always an [`EventTime`].
-fn plus(now: i64, d: Duration) -> i64 {
+pub(super) fn plus(now: i64, d: Duration) -> i64 {
     let d = i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
     now.saturating_add(d)
         .min(EventTime::end_of_supported().as_micros() - 1)
@@ -113,7 +113,7 @@ fn verify_claim(
     Ok(row)
 }
 
-fn fresh_token() -> String {
+pub(super) fn fresh_token() -> String {
     let bytes: [u8; 16] = rand::rng().random();
     hex::encode(bytes)
 }

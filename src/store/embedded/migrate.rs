@@ -57,6 +57,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0004_control.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 5,
+        name: "compaction",
+        sql: include_str!("../../../sql/sqlite/0005_compaction.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

@@ -42,6 +42,8 @@
 //! - `lifecycle.rs`: [`Lifecycle`] (claims, snapshots, publication, cleanup, discovery);
 //! - `control.rs`: [`Control`](crate::store::Control) (policies, the store-wide pause, job
 //!   history);
+//! - `compaction.rs`: [`Compaction`](crate::store::Compaction) (window claims, a window's
+//!   sources, the route switch, retired objects);
 //! - `decode.rs`: bucket metadata rows and their conversion, shared by all roles;
 //! - `migrate.rs`: the numbered migrations and their runner.
 //!
@@ -53,6 +55,7 @@
 
 mod append;
 mod catalog;
+mod compaction;
 mod control;
 mod decode;
 mod lifecycle;

@@ -186,6 +186,6 @@ impl PgStore {
 }
 
 /// A fresh, opaque, unguessable owner token.
-fn new_token() -> String {
+pub(super) fn new_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }

@@ -111,6 +111,18 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0009_jobs_by_start_idx.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 10,
+        name: "compactions",
+        sql: include_str!("../../../sql/0010_compactions.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 11,
+        name: "retired_objects",
+        sql: include_str!("../../../sql/0011_retired_objects.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a

@@ -1,7 +1,8 @@
 //! The hot store on CockroachDB or PostgreSQL, over tokio-postgres with a deadpool pool.
 //!
-//! [`PgStore`] implements the five roles of the hot store's contract ([`Catalog`],
-//! [`Appends`], [`RoutedReads`], [`Lifecycle`], [`Control`](crate::store::Control); together [`HotStore`]) with the same SQL on
+//! [`PgStore`] implements the six roles of the hot store's contract ([`Catalog`],
+//! [`Appends`], [`RoutedReads`], [`Lifecycle`], [`Control`](crate::store::Control),
+//! [`Compaction`](crate::store::Compaction); together [`HotStore`]) with the same SQL on
 //! both databases. This module owns what every role shares: the connection settings
 //! ([`PgStoreConfig`]), the pool and the session check of every new connection, the retry
 //! loop each operation runs in, and the cache of table definitions.
@@ -42,6 +43,9 @@
 //! - `reads`: [`RoutedReads`], the page and head statements and their bound predicates.
 //! - `lifecycle`: [`Lifecycle`], the archiver's steps; `claims` holds the compare-and-set
 //!   plumbing they share (taking a claim, a conditional write, explaining a refusal).
+//! - `control`: [`Control`](crate::store::Control), policies, pauses and job history.
+//! - `compaction`: [`Compaction`](crate::store::Compaction), window claims, a window's
+//!   sources, the one-transaction route switch and the retired objects.
 //! - `decode`: turning rows into buckets, records and envelope batches; `sql`: the table
 //!   names, the metadata column list and the parameter builders every statement uses.
 //!
@@ -66,6 +70,7 @@ use crate::model::{EventTime, TableId};
 mod append;
 mod catalog;
 mod claims;
+mod compaction;
 mod control;
 mod decode;
 mod lifecycle;

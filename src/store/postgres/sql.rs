@@ -18,6 +18,10 @@ pub(super) const POLICIES: &str = "pulpitum_v4_policies";
 pub(super) const STORE_CONTROL: &str = "pulpitum_v4_store_control";
 /// Job history.
 pub(super) const JOBS: &str = "pulpitum_v4_jobs";
+/// Window claims of segment compaction.
+pub(super) const COMPACTIONS: &str = "pulpitum_v4_compactions";
+/// Object keys a compaction's route switch replaced, with when.
+pub(super) const RETIRED: &str = "pulpitum_v4_retired_objects";
 
 /// The predicate "the store is not paused", for statements that hand out or take archive
 /// work; read in the same statement, so a committed pause is seen by the next claim.

@@ -1,0 +1,494 @@
+//! [`Compaction`] for the embedded store: window claims, a window's sources, the route
+//! switch and the retired objects, with the same meaning as on PostgreSQL (see
+//! `store::postgres::compaction` and docs/segments.md, sections 5 to 7).
+//!
+//! Every write runs under SQLite's write lock (`BEGIN IMMEDIATE`), so the claim check, the
+//! route checks and the updates of a switch see one state that nobody else can change
+//! between them; the updates still repeat their conditions and are counted, so each
+//! statement is correct on its own. A failed switch returns an error from the transaction
+//! body, which rolls the whole transaction back: nothing of it is written.
+//!
+//! SQLite's `LIKE` ignores ASCII case, PostgreSQL's does not: the candidates' exclusion
+//! pattern is translated to a `GLOB` ([`like_to_glob`]), which matches case-sensitively,
+//! so both stores exclude exactly the same keys.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{params, OptionalExtension, Row, Transaction};
+
+use crate::model::{EventTime, TableId};
+use crate::store::compaction::{
+    check_switches, claim_mismatch, retired_keys, route_mismatch, StoredClaim,
+};
+use crate::store::{
+    Compaction, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, StoreError,
+    StoreResult, WindowState,
+};
+
+use super::decode::{bucket_id, corrupt, time, to_i64, BUCKET_PK};
+use super::lifecycle::{fresh_token, plus};
+use super::{Mode, SqliteStore, TxError, TxResult};
+
+/// The claim columns, in the order [`claim_from`] reads them.
+const CLAIM_COLS: &str =
+    "table_id, window_key, window_start, window_end, owner_token, generation, lease_expires_at";
+
+/// One claim row as stored, before conversion.
+type ClaimRow = (String, String, i64, i64, Option<String>, i64, Option<i64>);
+
+fn claim_row(r: &Row<'_>) -> rusqlite::Result<ClaimRow> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+    ))
+}
+
+fn claim_from(row: ClaimRow) -> TxResult<CompactionClaim> {
+    let (table, window_key, start, end, token, generation, lease) = row;
+    let (Some(owner_token), Some(lease)) = (token, lease) else {
+        return Err(corrupt(format!(
+            "held compaction claim on {table} {window_key} without an owner token or lease"
+        )));
+    };
+    Ok(CompactionClaim {
+        table_id: TableId::new(table).map_err(|e| corrupt(e.to_string()))?,
+        window_key,
+        window_start: time(start, "window start")?,
+        window_end: time(end, "window end")?,
+        owner_token,
+        generation,
+        lease_expires_at: time(lease, "compaction lease expiry")?,
+    })
+}
+
+/// `pattern`, an SQL `LIKE` pattern as PostgreSQL reads it (`%` any run of characters, `_`
+/// one character, a backslash makes the next character literal, case-sensitive), as an
+/// SQLite `GLOB` pattern: `*` and `?` for the wildcards, and every character `GLOB` treats
+/// specially (`*`, `?`, `[`) as a one-character class. A trailing lone backslash, an error
+/// on PostgreSQL, stands for itself.
+fn like_to_glob(pattern: &str) -> String {
+    fn literal(out: &mut String, c: char) {
+        if matches!(c, '*' | '?' | '[') {
+            out.push('[');
+            out.push(c);
+            out.push(']');
+        } else {
+            out.push(c);
+        }
+    }
+    let mut out = String::with_capacity(pattern.len() + 2);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '%' => out.push('*'),
+            '_' => out.push('?'),
+            '\\' => literal(&mut out, chars.next().unwrap_or('\\')),
+            c => literal(&mut out, c),
+        }
+    }
+    out
+}
+
+/// Checks in the caller's transaction that `claim` holds its window at `now`.
+fn verify_claim(tx: &Transaction<'_>, claim: &CompactionClaim, now: i64) -> TxResult<()> {
+    let row: Option<(Option<String>, i64, Option<i64>)> = tx
+        .prepare_cached(
+            "SELECT owner_token, generation, lease_expires_at FROM pulpitum_v4_compactions \
+             WHERE table_id = ?1 AND window_key = ?2",
+        )?
+        .query_row(params![claim.table_id.as_str(), claim.window_key], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()?;
+    let stored = match &row {
+        None => None,
+        Some((token, generation, lease)) => Some(StoredClaim {
+            owner_token: token.as_deref(),
+            generation: *generation,
+            lease_expires_at: lease
+                .map(|l| time(l, "compaction lease expiry"))
+                .transpose()?,
+        }),
+    };
+    match claim_mismatch(claim, stored, time(now, "store time")?) {
+        None => Ok(()),
+        Some(reason) => Err(StoreError::StaleCompaction {
+            table_id: claim.table_id.clone(),
+            window_key: claim.window_key.clone(),
+            generation: claim.generation,
+            reason,
+        }
+        .into()),
+    }
+}
+
+#[async_trait]
+impl Compaction for SqliteStore {
+    async fn compaction_candidates(
+        &self,
+        table_id: &TableId,
+        before: EventTime,
+        exclude_like: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<EventTime>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let table_id = table_id.clone();
+        let glob = like_to_glob(exclude_like);
+        self.run("compaction_candidates", Mode::Read, move |tx, _| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT DISTINCT bucket_start FROM pulpitum_v4_bucket_metadata \
+                 WHERE table_id = ?1 AND state = 'archived' AND hot_deleted = 1 \
+                   AND bucket_end <= ?2 AND NOT (object_key GLOB ?3) \
+                 ORDER BY bucket_start LIMIT ?4",
+            )?;
+            let starts = stmt
+                .query_map(
+                    params![table_id.as_str(), before.as_micros(), glob, to_i64(limit)],
+                    |r| r.get::<_, i64>(0),
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            starts
+                .into_iter()
+                .map(|s| time(s, "bucket start"))
+                .collect()
+        })
+        .await
+    }
+
+    async fn window_state(
+        &self,
+        table_id: &TableId,
+        start: EventTime,
+        end: EventTime,
+    ) -> StoreResult<WindowState> {
+        let table_id = table_id.clone();
+        let (from, to) = (start.as_micros(), end.as_micros());
+        // One read transaction: the sources and the count come from one snapshot.
+        self.run("window_state", Mode::Read, move |tx, _| {
+            let rows: Vec<(Vec<u8>, String, String, i64, Option<String>)> = tx
+                .prepare_cached(
+                    "SELECT partition_key, bucket_key, bucket_strategy, bucket_start, object_key \
+                     FROM pulpitum_v4_bucket_metadata \
+                     WHERE table_id = ?1 AND bucket_start >= ?2 AND bucket_start < ?3 \
+                       AND state = 'archived' AND hot_deleted = 1 \
+                     ORDER BY partition_key, bucket_start",
+                )?
+                .query_map(params![table_id.as_str(), from, to], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let not_ready: i64 = tx
+                .prepare_cached(
+                    "SELECT count(*) FROM pulpitum_v4_bucket_metadata \
+                     WHERE table_id = ?1 AND bucket_start >= ?2 AND bucket_start < ?3 \
+                       AND NOT (state = 'archived' AND hot_deleted = 1)",
+                )?
+                .query_row(params![table_id.as_str(), from, to], |r| r.get(0))?;
+            let mut sources = Vec::with_capacity(rows.len());
+            for (pk, key, strategy, stored_start, object_key) in rows {
+                let bucket = bucket_id(table_id.as_str(), &pk, &strategy, &key)?;
+                if bucket.bucket_key.start().as_micros() != stored_start {
+                    return Err(corrupt(format!(
+                        "bucket {bucket} is stored with a start that does not match its key"
+                    )));
+                }
+                let object_key = object_key.ok_or_else(|| {
+                    corrupt(format!("archived bucket {bucket} has no object key"))
+                })?;
+                sources.push(CompactionSource {
+                    bucket_start: bucket.bucket_key.start(),
+                    bucket_end: bucket.bucket_key.end(),
+                    bucket,
+                    object_key,
+                });
+            }
+            Ok(WindowState {
+                sources,
+                not_ready: u64::try_from(not_ready)
+                    .map_err(|_| corrupt(format!("not-ready count {not_ready}")))?,
+            })
+        })
+        .await
+    }
+
+    async fn claim_compaction(
+        &self,
+        table_id: &TableId,
+        window_key: &str,
+        start: EventTime,
+        end: EventTime,
+        lease: Duration,
+    ) -> StoreResult<Option<CompactionClaim>> {
+        let table_id = table_id.clone();
+        let window_key = window_key.to_string();
+        self.run("claim_compaction", Mode::Write, move |tx, now| {
+            let current: Option<(i64, Option<i64>)> = tx
+                .prepare_cached(
+                    "SELECT generation, lease_expires_at FROM pulpitum_v4_compactions \
+                     WHERE table_id = ?1 AND window_key = ?2",
+                )?
+                .query_row(params![table_id.as_str(), window_key], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            // A live lease holds the window; a released claim has none.
+            if current.is_some_and(|(_, lease)| lease.is_some_and(|l| l > now)) {
+                return Ok(None);
+            }
+            let claim = CompactionClaim {
+                table_id: table_id.clone(),
+                window_key: window_key.clone(),
+                window_start: start,
+                window_end: end,
+                owner_token: fresh_token(),
+                generation: current.map_or(1, |(g, _)| g + 1),
+                lease_expires_at: time(plus(now, lease), "compaction lease expiry")?,
+            };
+            let args = params![
+                table_id.as_str(),
+                window_key,
+                start.as_micros(),
+                end.as_micros(),
+                claim.owner_token,
+                claim.generation,
+                claim.lease_expires_at.as_micros(),
+                now,
+            ];
+            let n = match current {
+                None => tx.execute(
+                    "INSERT INTO pulpitum_v4_compactions (table_id, window_key, window_start, \
+                       window_end, owner_token, generation, lease_expires_at, updated_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    args,
+                )?,
+                // Compare-and-set on the generation read above; the write lock already
+                // excludes other writers, this keeps the statement correct on its own.
+                Some(_) => tx.execute(
+                    "UPDATE pulpitum_v4_compactions SET window_start = ?3, window_end = ?4, \
+                       owner_token = ?5, generation = ?6, lease_expires_at = ?7, updated_at = ?8 \
+                     WHERE table_id = ?1 AND window_key = ?2 AND generation = ?6 - 1",
+                    args,
+                )?,
+            };
+            Ok((n == 1).then_some(claim))
+        })
+        .await
+    }
+
+    async fn renew_compaction(
+        &self,
+        claim: &CompactionClaim,
+        lease: Duration,
+    ) -> StoreResult<CompactionClaim> {
+        let claim = claim.clone();
+        self.run("renew_compaction", Mode::Write, move |tx, now| {
+            verify_claim(tx, &claim, now)?;
+            let expires = plus(now, lease);
+            tx.execute(
+                "UPDATE pulpitum_v4_compactions SET lease_expires_at = ?5, updated_at = ?6 \
+                 WHERE table_id = ?1 AND window_key = ?2 AND owner_token = ?3 AND generation = ?4",
+                params![
+                    claim.table_id.as_str(),
+                    claim.window_key,
+                    claim.owner_token,
+                    claim.generation,
+                    expires,
+                    now,
+                ],
+            )?;
+            Ok(CompactionClaim {
+                lease_expires_at: time(expires, "compaction lease expiry")?,
+                ..claim.clone()
+            })
+        })
+        .await
+    }
+
+    async fn release_compaction(&self, claim: &CompactionClaim) -> StoreResult<()> {
+        let claim = claim.clone();
+        // Token and generation only, as on PostgreSQL: an expired claim nobody took over is
+        // still this worker's to end.
+        self.run("release_compaction", Mode::Write, move |tx, now| {
+            tx.execute(
+                "UPDATE pulpitum_v4_compactions SET owner_token = NULL, lease_expires_at = NULL, \
+                   updated_at = ?5 \
+                 WHERE table_id = ?1 AND window_key = ?2 AND owner_token = ?3 AND generation = ?4",
+                params![
+                    claim.table_id.as_str(),
+                    claim.window_key,
+                    claim.owner_token,
+                    claim.generation,
+                    now,
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn compaction_claims(&self) -> StoreResult<Vec<CompactionClaim>> {
+        self.run("compaction_claims", Mode::Read, |tx, _| {
+            let rows = tx
+                .prepare_cached(&format!(
+                    "SELECT {CLAIM_COLS} FROM pulpitum_v4_compactions \
+                     WHERE owner_token IS NOT NULL ORDER BY table_id, window_key"
+                ))?
+                .query_map([], claim_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter().map(claim_from).collect()
+        })
+        .await
+    }
+
+    async fn switch_routes(
+        &self,
+        claim: &CompactionClaim,
+        switches: &[RouteSwitch],
+    ) -> StoreResult<u64> {
+        check_switches(claim, switches)?;
+        let claim = claim.clone();
+        let switches = switches.to_vec();
+        let retired = retired_keys(&switches);
+        self.run("switch_routes", Mode::Write, move |tx, now| {
+            verify_claim(tx, &claim, now)?;
+            // Every route is checked before anything is written, so the first bucket that
+            // differs is named by what the compaction read.
+            {
+                let mut check = tx.prepare_cached(&format!(
+                    "SELECT state, hot_deleted, object_key FROM pulpitum_v4_bucket_metadata \
+                     WHERE {BUCKET_PK}"
+                ))?;
+                for s in &switches {
+                    let b = &s.bucket;
+                    let row: Option<(String, bool, Option<String>)> = check
+                        .query_row(
+                            params![
+                                b.table_id.as_str(),
+                                b.partition_key.as_bytes(),
+                                b.bucket_key.to_string()
+                            ],
+                            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                        )
+                        .optional()?;
+                    let reason = match &row {
+                        None => route_mismatch(&s.from_object_key, None, None, None),
+                        Some((state, hot_deleted, key)) => route_mismatch(
+                            &s.from_object_key,
+                            Some(state),
+                            Some(*hot_deleted),
+                            key.as_deref(),
+                        ),
+                    };
+                    if let Some(reason) = reason {
+                        return Err(StoreError::RouteChanged {
+                            bucket: b.clone(),
+                            reason,
+                        }
+                        .into());
+                    }
+                }
+            }
+            let mut switched = 0u64;
+            {
+                let mut update = tx.prepare_cached(&format!(
+                    "UPDATE pulpitum_v4_bucket_metadata SET object_key = ?5, updated_at = ?6 \
+                     WHERE {BUCKET_PK} AND state = 'archived' AND hot_deleted = 1 \
+                       AND object_key = ?4"
+                ))?;
+                for s in &switches {
+                    let b = &s.bucket;
+                    switched += update.execute(params![
+                        b.table_id.as_str(),
+                        b.partition_key.as_bytes(),
+                        b.bucket_key.to_string(),
+                        s.from_object_key,
+                        s.to_object_key,
+                        now,
+                    ])? as u64;
+                }
+            }
+            if switched != switches.len() as u64 {
+                // Impossible under the write lock after the checks above; refuse rather
+                // than commit a partial switch.
+                return Err(TxError::Store(StoreError::Backend {
+                    operation: "switch_routes",
+                    detail: format!("updated {switched} of {} buckets", switches.len()),
+                }));
+            }
+            // The latest retirement wins: readers may hold a route to the key until the
+            // last switch that replaced it, plus their cache bound.
+            let mut retire = tx.prepare_cached(
+                "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) VALUES (?1, ?2) \
+                 ON CONFLICT (object_key) DO UPDATE SET \
+                   retired_at = max(retired_at, excluded.retired_at)",
+            )?;
+            for key in &retired {
+                retire.execute(params![key, now])?;
+            }
+            Ok(switched)
+        })
+        .await
+    }
+
+    async fn retired_objects(&self) -> StoreResult<Vec<RetiredObject>> {
+        self.run("retired_objects", Mode::Read, |tx, _| {
+            let rows = tx
+                .prepare_cached(
+                    "SELECT object_key, retired_at FROM pulpitum_v4_retired_objects \
+                     ORDER BY object_key",
+                )?
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter()
+                .map(|(object_key, at)| {
+                    Ok(RetiredObject {
+                        object_key,
+                        retired_at: time(at, "retired_at")?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn forget_retired(&self, keys: &[String]) -> StoreResult<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let keys = keys.to_vec();
+        self.run("forget_retired", Mode::Write, move |tx, _| {
+            let mut delete =
+                tx.prepare_cached("DELETE FROM pulpitum_v4_retired_objects WHERE object_key = ?1")?;
+            let mut deleted = 0u64;
+            for key in &keys {
+                deleted += delete.execute([key])? as u64;
+            }
+            Ok(deleted)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::like_to_glob;
+
+    #[test]
+    fn like_patterns_become_case_sensitive_globs() {
+        assert_eq!(like_to_glob("%/segments/%"), "*/segments/*");
+        assert_eq!(like_to_glob("a_b"), "a?b");
+        assert_eq!(like_to_glob(r"100\%"), "100%");
+        assert_eq!(like_to_glob(r"a\_b"), "a_b");
+        assert_eq!(like_to_glob("x*y?[z]"), "x[*]y[?][[]z]");
+        assert_eq!(like_to_glob(r"\\"), r"\");
+        assert_eq!(like_to_glob("end\\"), "end\\");
+    }
+}

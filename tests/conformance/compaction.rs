@@ -1,0 +1,789 @@
+//! Conformance cases for segment compaction's registry (`Compaction` in
+//! `src/store/roles.rs`; docs/segments.md, sections 5 to 7): window claims fenced by token,
+//! generation and lease like bucket claims (ARCHITECTURE.md invariant 3), the candidates and
+//! a window's state, the route switch that moves every route of a window or none, and the
+//! retired objects garbage collection waits on.
+//!
+//! # Refusals write nothing
+//!
+//! Every refused switch is followed by a look at every route of the table and at the
+//! retired list: a refusal that wrote part of a switch (one bucket's route, one retired
+//! key) fails the case, whichever check refused it.
+
+use std::time::Duration;
+
+use pulpitum::model::{BucketId, BucketStrategy, TableId};
+use pulpitum::store::{
+    BucketFilter, BucketState, CompactionClaim, CompactionSource, HotPage, PageRequest,
+    RouteSwitch, StoreError,
+};
+
+use super::{bucket_of, rec, t, table, tid, Store, LONG, PAST_SHORT, SHORT};
+
+const DAY: BucketStrategy = BucketStrategy::CalendarDayUtc;
+const SEGMENTS: &str = "%/segments/%";
+
+/// A bucket of `tbl` holding one record of `partition` at `at`, archived to `object_key`
+/// and, when `clean`, with its hot rows deleted, through the lifecycle API.
+async fn archived(
+    store: &Store,
+    tbl: &TableId,
+    partition: &str,
+    at: &str,
+    object_key: &str,
+    clean: bool,
+) -> BucketId {
+    let r = rec(partition, t(at), b"k", b"v");
+    store.append(tbl, &r).await.unwrap();
+    let b = bucket_of(tbl, DAY, &r);
+    let claim = store.claim(&b, LONG).await.unwrap().expect("archive claim");
+    store.publish_archive(&claim, object_key).await.unwrap();
+    if clean {
+        let cleaner = store
+            .claim_cleanup(&b, LONG)
+            .await
+            .unwrap()
+            .expect("cleanup claim");
+        while !store
+            .cleanup_step(&cleaner, 100, Duration::ZERO)
+            .await
+            .unwrap()
+            .1
+        {}
+    }
+    b
+}
+
+/// A hot bucket of `tbl` holding one record of `partition` at `at`.
+async fn hot(store: &Store, tbl: &TableId, partition: &str, at: &str) -> BucketId {
+    let r = rec(partition, t(at), b"k", b"v");
+    store.append(tbl, &r).await.unwrap();
+    bucket_of(tbl, DAY, &r)
+}
+
+/// The window of March 2024 of `tbl`.
+async fn claim_march(store: &Store, tbl: &TableId, lease: Duration) -> Option<CompactionClaim> {
+    store
+        .claim_compaction(
+            tbl,
+            "month:2024-03",
+            t("2024-03-01T00:00:00Z"),
+            t("2024-04-01T00:00:00Z"),
+            lease,
+        )
+        .await
+        .unwrap()
+}
+
+fn switch(b: &BucketId, from: &str, to: &str) -> RouteSwitch {
+    RouteSwitch {
+        bucket: b.clone(),
+        from_object_key: from.into(),
+        to_object_key: to.into(),
+    }
+}
+
+/// Every bucket of `tbl` with its state (route included), for "nothing was written".
+async fn routes(store: &Store, tbl: &TableId) -> Vec<(BucketId, BucketState)> {
+    store
+        .list_buckets(tbl, &BucketFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.id, m.state))
+        .collect()
+}
+
+fn retired_keys(list: &[pulpitum::store::RetiredObject]) -> Vec<String> {
+    list.iter().map(|r| r.object_key.clone()).collect()
+}
+
+fn assert_stale_compaction<T: std::fmt::Debug>(
+    r: Result<T, StoreError>,
+    claim: &CompactionClaim,
+    what: &str,
+) -> String {
+    match r {
+        Err(e @ StoreError::StaleCompaction { .. }) => {
+            assert!(!e.is_retryable(), "{what}: a stale claim is final");
+            let StoreError::StaleCompaction {
+                table_id,
+                window_key,
+                generation,
+                reason,
+            } = e
+            else {
+                unreachable!()
+            };
+            assert_eq!(
+                (&table_id, &window_key, generation),
+                (&claim.table_id, &claim.window_key, claim.generation),
+                "{what}: the error names the caller's claim"
+            );
+            reason
+        }
+        other => panic!("{what}: expected StaleCompaction, got {other:?}"),
+    }
+}
+
+fn assert_route_changed<T: std::fmt::Debug>(
+    r: Result<T, StoreError>,
+    bucket: &BucketId,
+    what: &str,
+) -> String {
+    match r {
+        Err(e @ StoreError::RouteChanged { .. }) => {
+            assert!(!e.is_retryable(), "{what}: a changed route is final");
+            let StoreError::RouteChanged {
+                bucket: got,
+                reason,
+            } = e
+            else {
+                unreachable!()
+            };
+            assert_eq!(&got, bucket, "{what}: names the first bucket that differs");
+            reason
+        }
+        other => panic!("{what}: expected RouteChanged on {bucket}, got {other:?}"),
+    }
+}
+
+/// Claim, exclusivity while live, renewal, expiry and takeover with generation + 1, and the
+/// old claim refused everywhere after it (its release a no-op that leaves the new claim
+/// alone); forged tokens and generations; release makes a window claimable at once.
+pub async fn compaction_claims_are_fenced_by_token_generation_and_lease(store: Store) {
+    let tbl = table(&store, "events", DAY).await;
+    let before = store.now().await.unwrap();
+    let first = claim_march(&store, &tbl, SHORT).await.expect("first claim");
+    assert_eq!(first.table_id, tbl);
+    assert_eq!(first.window_key, "month:2024-03");
+    assert_eq!(first.window_start, t("2024-03-01T00:00:00Z"));
+    assert_eq!(first.window_end, t("2024-04-01T00:00:00Z"));
+    assert_eq!(first.generation, 1);
+    assert!(
+        first.lease_expires_at > before,
+        "the lease is on the store's clock"
+    );
+    assert!(
+        claim_march(&store, &tbl, LONG).await.is_none(),
+        "a live claim is exclusive"
+    );
+    assert_eq!(
+        store.compaction_claims().await.unwrap(),
+        vec![first.clone()]
+    );
+    let other = store
+        .claim_compaction(
+            &tbl,
+            "month:2024-04",
+            t("2024-04-01T00:00:00Z"),
+            t("2024-05-01T00:00:00Z"),
+            LONG,
+        )
+        .await
+        .unwrap()
+        .expect("another window is claimed on its own");
+    assert_eq!(other.generation, 1);
+
+    let renewed = store.renew_compaction(&first, SHORT).await.unwrap();
+    assert!(renewed.lease_expires_at >= first.lease_expires_at);
+    assert_eq!(
+        (&renewed.owner_token, renewed.generation),
+        (&first.owner_token, first.generation)
+    );
+
+    tokio::time::sleep(PAST_SHORT).await;
+    let reason = assert_stale_compaction(
+        store.renew_compaction(&renewed, LONG).await,
+        &renewed,
+        "renewing an expired claim",
+    );
+    assert!(reason.contains("expired"), "{reason}");
+    let second = claim_march(&store, &tbl, LONG)
+        .await
+        .expect("an expired claim is taken over");
+    assert_eq!(second.generation, 2);
+    assert_ne!(second.owner_token, first.owner_token);
+
+    let reason = assert_stale_compaction(
+        store.renew_compaction(&renewed, LONG).await,
+        &renewed,
+        "renewing a superseded claim",
+    );
+    assert!(reason.contains("generation"), "{reason}");
+    assert_stale_compaction(
+        store.switch_routes(&renewed, &[]).await,
+        &renewed,
+        "switching under a superseded claim",
+    );
+    store.release_compaction(&renewed).await.unwrap();
+    assert_eq!(
+        store.compaction_claims().await.unwrap(),
+        vec![second.clone(), other.clone()],
+        "releasing a stale claim leaves the current one alone"
+    );
+    assert!(claim_march(&store, &tbl, LONG).await.is_none());
+    assert_eq!(store.switch_routes(&second, &[]).await.unwrap(), 0);
+
+    let forged = CompactionClaim {
+        owner_token: "forged".into(),
+        ..second.clone()
+    };
+    assert_stale_compaction(
+        store.renew_compaction(&forged, LONG).await,
+        &forged,
+        "a forged token",
+    );
+    store.release_compaction(&forged).await.unwrap();
+    let newer = CompactionClaim {
+        generation: second.generation + 1,
+        ..second.clone()
+    };
+    assert_stale_compaction(
+        store.renew_compaction(&newer, LONG).await,
+        &newer,
+        "a generation the window never had",
+    );
+    assert_eq!(store.compaction_claims().await.unwrap().len(), 2);
+
+    store.release_compaction(&second).await.unwrap();
+    store.release_compaction(&second).await.unwrap();
+    assert_eq!(store.compaction_claims().await.unwrap(), vec![other]);
+    let reason = assert_stale_compaction(
+        store.renew_compaction(&second, LONG).await,
+        &second,
+        "renewing a released claim",
+    );
+    assert!(reason.contains("released"), "{reason}");
+    let third = claim_march(&store, &tbl, LONG)
+        .await
+        .expect("a released window is claimable at once");
+    assert_eq!(third.generation, 3);
+}
+
+/// Candidates are the starts of archived, cleaned, not-yet-segment buckets that ended by
+/// `before`, of this table only, distinct, ascending and limited; a window's state lists
+/// its sources (segment-keyed ones included) in partition order and counts the rest.
+pub async fn candidates_and_window_state(store: Store) {
+    let tbl = table(&store, "events", DAY).await;
+    let a1 = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-03-01T10:00:00Z",
+        "t/a/1/m.json",
+        true,
+    )
+    .await;
+    let b1 = archived(
+        &store,
+        &tbl,
+        "b",
+        "2024-03-01T11:00:00Z",
+        "t/b/1/m.json",
+        true,
+    )
+    .await;
+    archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-03-02T10:00:00Z",
+        "t/a/2/m.json",
+        false,
+    )
+    .await;
+    hot(&store, &tbl, "a", "2024-03-03T10:00:00Z").await;
+    let seg = "t/segments/month:2024-03/62-1/manifest.json";
+    let b4 = archived(&store, &tbl, "b", "2024-03-04T10:00:00Z", seg, true).await;
+    // LIKE is case-sensitive on both stores: this key is not a segment's.
+    let upper = "t/SEGMENTS/c/5/m.json";
+    let c5 = archived(&store, &tbl, "c", "2024-03-05T10:00:00Z", upper, true).await;
+    let a6 = hot(&store, &tbl, "a", "2024-03-06T10:00:00Z").await;
+    store.claim(&a6, LONG).await.unwrap().expect("archiving");
+    let a_apr = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-04-01T10:00:00Z",
+        "t/a/apr/m.json",
+        true,
+    )
+    .await;
+    let other = tid("other");
+    store
+        .register_table(&pulpitum::store::TableDefinition::new(
+            other.clone(),
+            DAY,
+            "raw",
+        ))
+        .await
+        .unwrap();
+    archived(
+        &store,
+        &other,
+        "a",
+        "2024-03-07T10:00:00Z",
+        "o/a/7/m.json",
+        true,
+    )
+    .await;
+
+    let cands = |before: &str, like: &'static str, limit: usize| {
+        let store = store.clone();
+        let tbl = tbl.clone();
+        let before = t(before);
+        async move {
+            store
+                .compaction_candidates(&tbl, before, like, limit)
+                .await
+                .unwrap()
+        }
+    };
+    let d = |s: &str| t(&format!("{s}T00:00:00Z"));
+    assert_eq!(
+        cands("2024-04-01T00:00:00Z", SEGMENTS, 100).await,
+        vec![d("2024-03-01"), d("2024-03-05")],
+        "not cleaned, hot, archiving, segment-keyed and April buckets are no candidates"
+    );
+    assert_eq!(
+        cands("2024-03-05T23:59:59Z", SEGMENTS, 100).await,
+        vec![d("2024-03-01")],
+        "a bucket is a candidate once it ended by `before`"
+    );
+    assert_eq!(
+        cands("2024-03-06T00:00:00Z", SEGMENTS, 100).await,
+        vec![d("2024-03-01"), d("2024-03-05")],
+        "bucket_end <= before"
+    );
+    assert_eq!(
+        cands("2024-05-01T00:00:00Z", SEGMENTS, 100).await,
+        vec![d("2024-03-01"), d("2024-03-05"), d("2024-04-01")]
+    );
+    assert_eq!(
+        cands("2024-05-01T00:00:00Z", SEGMENTS, 2).await,
+        vec![d("2024-03-01"), d("2024-03-05")]
+    );
+    assert!(cands("2024-05-01T00:00:00Z", SEGMENTS, 0).await.is_empty());
+    assert_eq!(
+        cands("2024-05-01T00:00:00Z", "nothing matches this", 100).await,
+        vec![
+            d("2024-03-01"),
+            d("2024-03-04"),
+            d("2024-03-05"),
+            d("2024-04-01")
+        ],
+        "the exclusion is the caller's pattern"
+    );
+    assert_eq!(
+        cands("2024-05-01T00:00:00Z", "t/_/%", 100).await,
+        vec![d("2024-03-04"), d("2024-03-05")],
+        "`_` is one character, `%` any run"
+    );
+
+    let state = store
+        .window_state(&tbl, d("2024-03-01"), d("2024-04-01"))
+        .await
+        .unwrap();
+    let source = |b: &BucketId, key: &str| CompactionSource {
+        bucket: b.clone(),
+        bucket_start: b.bucket_key.start(),
+        bucket_end: b.bucket_key.end(),
+        object_key: key.into(),
+    };
+    assert_eq!(
+        state.sources,
+        vec![
+            source(&a1, "t/a/1/m.json"),
+            source(&b1, "t/b/1/m.json"),
+            source(&b4, seg),
+            source(&c5, upper),
+        ],
+        "archived and cleaned buckets, by partition then start"
+    );
+    assert_eq!(
+        state.not_ready, 3,
+        "not cleaned (a/2), hot (a/3) and archiving (a/6)"
+    );
+    assert_eq!(state.sources[0].bucket_end, d("2024-03-02"));
+    let april = store
+        .window_state(&tbl, d("2024-04-01"), d("2024-05-01"))
+        .await
+        .unwrap();
+    assert_eq!(april.sources, vec![source(&a_apr, "t/a/apr/m.json")]);
+    assert_eq!(april.not_ready, 0);
+    let empty = store
+        .window_state(&tbl, d("2023-01-01"), d("2023-02-01"))
+        .await
+        .unwrap();
+    assert_eq!(empty, Default::default());
+}
+
+/// A switch moves every route to its segment, reads follow the new route, the replaced
+/// keys are retired at the store's time (a key replaced again takes the later time), and
+/// forgetting retired keys deletes exactly their rows.
+pub async fn switch_moves_every_route_and_retires_the_sources(store: Store) {
+    let tbl = table(&store, "events", DAY).await;
+    let a1 = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-03-01T10:00:00Z",
+        "t/a/1/m.json",
+        true,
+    )
+    .await;
+    let b1 = archived(
+        &store,
+        &tbl,
+        "b",
+        "2024-03-01T11:00:00Z",
+        "t/b/1/m.json",
+        true,
+    )
+    .await;
+    let a2 = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-03-02T10:00:00Z",
+        "t/a/2/m.json",
+        true,
+    )
+    .await;
+    let s1 = "t/segments/month:2024-03/61-1/manifest.json";
+    let s2 = "t/segments/month:2024-03/62-1/manifest.json";
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    let before = store.now().await.unwrap();
+    let n = store
+        .switch_routes(
+            &claim,
+            &[
+                switch(&a1, "t/a/1/m.json", s1),
+                switch(&a2, "t/a/2/m.json", s1),
+                switch(&b1, "t/b/1/m.json", s2),
+            ],
+        )
+        .await
+        .unwrap();
+    let after = store.now().await.unwrap();
+    assert_eq!(n, 3);
+    let archived_to = |k: &str| BucketState::Archived {
+        object_key: k.into(),
+        hot_deleted: true,
+    };
+    assert_eq!(
+        routes(&store, &tbl).await,
+        vec![
+            (a1.clone(), archived_to(s1)),
+            (a2.clone(), archived_to(s1)),
+            (b1.clone(), archived_to(s2)),
+        ]
+    );
+    let page = store
+        .read_page(
+            &a2,
+            &PageRequest {
+                bounds: pulpitum::model::ScanBounds::all(),
+                descending: false,
+                limit: 10,
+                include_value: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page,
+        HotPage::Archived {
+            object_key: s1.into()
+        }
+    );
+    assert_eq!(
+        store.referenced_object_keys().await.unwrap(),
+        vec![s1.to_string(), s2.to_string()]
+    );
+    let retired = store.retired_objects().await.unwrap();
+    assert_eq!(
+        retired_keys(&retired),
+        ["t/a/1/m.json", "t/a/2/m.json", "t/b/1/m.json"]
+    );
+    for r in &retired {
+        assert!(
+            before <= r.retired_at && r.retired_at <= after,
+            "retired at the store's time: {r:?} not in [{before}, {after}]"
+        );
+    }
+    assert!(
+        store
+            .compaction_candidates(&tbl, t("2024-05-01T00:00:00Z"), SEGMENTS, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "switched buckets are no candidates any more"
+    );
+    let state = store
+        .window_state(&tbl, t("2024-03-01T00:00:00Z"), t("2024-04-01T00:00:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(
+        state
+            .sources
+            .iter()
+            .map(|s| s.object_key.as_str())
+            .collect::<Vec<_>>(),
+        [s1, s1, s2]
+    );
+
+    // A later compaction of the window replaces s1 in two switches: its retirement is the
+    // later one, since readers may have held a route to s1 until then.
+    let s3 = "t/segments/month:2024-03/61-2/manifest.json";
+    assert_eq!(
+        store
+            .switch_routes(&claim, &[switch(&a1, s1, s3)])
+            .await
+            .unwrap(),
+        1
+    );
+    let first_retired = store.retired_objects().await.unwrap();
+    let at = |list: &[pulpitum::store::RetiredObject], k: &str| {
+        list.iter()
+            .find(|r| r.object_key == k)
+            .map(|r| r.retired_at)
+            .expect("retired")
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        store
+            .switch_routes(&claim, &[switch(&a2, s1, s3)])
+            .await
+            .unwrap(),
+        1
+    );
+    let again = store.retired_objects().await.unwrap();
+    assert!(
+        at(&again, s1) > at(&first_retired, s1),
+        "retired again later: {:?} then {:?}",
+        at(&first_retired, s1),
+        at(&again, s1)
+    );
+    assert_eq!(
+        at(&again, "t/a/1/m.json"),
+        at(&first_retired, "t/a/1/m.json")
+    );
+    assert_eq!(store.switch_routes(&claim, &[]).await.unwrap(), 0);
+    assert_eq!(store.retired_objects().await.unwrap(), again);
+
+    assert_eq!(store.forget_retired(&[]).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .forget_retired(&["t/a/1/m.json".into(), "never/retired".into(), s1.into()])
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        retired_keys(&store.retired_objects().await.unwrap()),
+        ["t/a/2/m.json", "t/b/1/m.json"]
+    );
+    store.release_compaction(&claim).await.unwrap();
+    assert!(store.compaction_claims().await.unwrap().is_empty());
+}
+
+/// A switch is refused, writing nothing, when any bucket's route is not the one the
+/// compaction read (another object, not cleaned, not archived, no bucket at all), when a
+/// bucket is outside the claimed window or listed twice, and when the claim is stale
+/// (forged, superseded, released or expired); the first bucket that differs is named.
+pub async fn refused_switches_write_nothing(store: Store) {
+    let tbl = table(&store, "events", DAY).await;
+    let a = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-03-01T10:00:00Z",
+        "t/a/1/m.json",
+        true,
+    )
+    .await;
+    let b = archived(
+        &store,
+        &tbl,
+        "b",
+        "2024-03-01T11:00:00Z",
+        "t/b/1/m.json",
+        true,
+    )
+    .await;
+    let c = archived(
+        &store,
+        &tbl,
+        "c",
+        "2024-03-01T12:00:00Z",
+        "t/c/1/m.json",
+        false,
+    )
+    .await;
+    let d = hot(&store, &tbl, "d", "2024-03-01T13:00:00Z").await;
+    let apr = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-04-01T10:00:00Z",
+        "t/a/apr/m.json",
+        true,
+    )
+    .await;
+    let missing = bucket_of(&tbl, DAY, &rec("e", t("2024-03-01T10:00:00Z"), b"k", b"v"));
+    let seg = "t/segments/month:2024-03/61-1/manifest.json";
+    let ok_a = switch(&a, "t/a/1/m.json", seg);
+    let ok_b = switch(&b, "t/b/1/m.json", seg);
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    let untouched = routes(&store, &tbl).await;
+    let nothing_written = |what: &'static str| {
+        let store = store.clone();
+        let tbl = tbl.clone();
+        let untouched = untouched.clone();
+        async move {
+            assert_eq!(
+                routes(&store, &tbl).await,
+                untouched,
+                "{what}: routes changed"
+            );
+            assert!(
+                store.retired_objects().await.unwrap().is_empty(),
+                "{what}: keys were retired"
+            );
+        }
+    };
+
+    let reason = assert_route_changed(
+        store
+            .switch_routes(&claim, &[ok_a.clone(), switch(&b, "t/b/OTHER/m.json", seg)])
+            .await,
+        &b,
+        "another object",
+    );
+    assert!(reason.contains("t/b/1/m.json"), "{reason}");
+    nothing_written("another object").await;
+    let reason = assert_route_changed(
+        store
+            .switch_routes(&claim, &[ok_a.clone(), switch(&c, "t/c/1/m.json", seg)])
+            .await,
+        &c,
+        "hot rows not deleted",
+    );
+    assert!(reason.contains("not deleted"), "{reason}");
+    nothing_written("hot rows not deleted").await;
+    let reason = assert_route_changed(
+        store
+            .switch_routes(&claim, &[ok_a.clone(), switch(&d, "t/d/1/m.json", seg)])
+            .await,
+        &d,
+        "a hot bucket",
+    );
+    assert!(reason.contains("hot"), "{reason}");
+    nothing_written("a hot bucket").await;
+    assert_route_changed(
+        store
+            .switch_routes(
+                &claim,
+                &[ok_a.clone(), switch(&missing, "t/e/1/m.json", seg)],
+            )
+            .await,
+        &missing,
+        "no bucket",
+    );
+    nothing_written("no bucket").await;
+    assert_route_changed(
+        store
+            .switch_routes(
+                &claim,
+                &[
+                    ok_a.clone(),
+                    switch(&b, "t/b/OTHER/m.json", seg),
+                    switch(&c, "t/c/1/m.json", seg),
+                ],
+            )
+            .await,
+        &b,
+        "two buckets differ",
+    );
+    nothing_written("two buckets differ").await;
+    assert_route_changed(
+        store
+            .switch_routes(&claim, &[ok_a.clone(), switch(&apr, "t/a/apr/m.json", seg)])
+            .await,
+        &apr,
+        "outside the window",
+    );
+    nothing_written("outside the window").await;
+    assert_route_changed(
+        store
+            .switch_routes(&claim, &[ok_a.clone(), ok_b.clone(), ok_a.clone()])
+            .await,
+        &a,
+        "listed twice",
+    );
+    nothing_written("listed twice").await;
+
+    let forged = CompactionClaim {
+        owner_token: "forged".into(),
+        ..claim.clone()
+    };
+    assert_stale_compaction(
+        store
+            .switch_routes(&forged, &[ok_a.clone(), ok_b.clone()])
+            .await,
+        &forged,
+        "a forged token",
+    );
+    nothing_written("a forged token").await;
+    let older = CompactionClaim {
+        generation: 0,
+        ..claim.clone()
+    };
+    assert_stale_compaction(
+        store
+            .switch_routes(&older, &[ok_a.clone(), ok_b.clone()])
+            .await,
+        &older,
+        "another generation",
+    );
+    nothing_written("another generation").await;
+    store.release_compaction(&claim).await.unwrap();
+    assert_stale_compaction(
+        store
+            .switch_routes(&claim, &[ok_a.clone(), ok_b.clone()])
+            .await,
+        &claim,
+        "a released claim",
+    );
+    nothing_written("a released claim").await;
+    let short = claim_march(&store, &tbl, SHORT).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let reason = assert_stale_compaction(
+        store
+            .switch_routes(&short, &[ok_a.clone(), ok_b.clone()])
+            .await,
+        &short,
+        "an expired lease",
+    );
+    assert!(reason.contains("expired"), "{reason}");
+    nothing_written("an expired lease").await;
+
+    // The same switch under a current claim goes through: the refusals above were theirs.
+    let current = claim_march(&store, &tbl, LONG).await.unwrap();
+    assert_eq!(current.generation, short.generation + 1);
+    assert_eq!(
+        store.switch_routes(&current, &[ok_a, ok_b]).await.unwrap(),
+        2
+    );
+    assert_eq!(
+        retired_keys(&store.retired_objects().await.unwrap()),
+        ["t/a/1/m.json", "t/b/1/m.json"]
+    );
+    assert!(store.bucket(&c).await.unwrap().is_some_and(|m| m.state
+        == BucketState::Archived {
+            object_key: "t/c/1/m.json".into(),
+            hot_deleted: false
+        }));
+}
