@@ -83,6 +83,10 @@ pub struct DemoReport {
     pub archived_buckets: u64,
     /// Rows moved to the archive by this run.
     pub archived_rows: u64,
+    /// Month windows whose archived day buckets this run rewrote into segments.
+    pub compacted_windows: u64,
+    /// Segments written by this run.
+    pub segments: u64,
     /// The archive cutoff: buckets ending at or before it are archived.
     pub cutoff: EventTime,
     /// First day of the generated history.
@@ -139,12 +143,25 @@ fn message(rng: &mut StdRng, user: u32) -> String {
     format!("user{user}: {}", words.join(" "))
 }
 
-/// Loads the history (unless the table already has buckets) and archives every bucket
-/// that ended more than [`ARCHIVE_AFTER_DAYS`] days ago through the real runner.
+/// Loads the history (unless the table already has buckets), archives every bucket that
+/// ended more than [`ARCHIVE_AFTER_DAYS`] days ago through the real runner, and compacts
+/// every month whose buckets are all archived into segments.
 pub async fn load_and_archive(
     store: Arc<dyn HotStore>,
     archive: Arc<ArchiveStore>,
     scale: DemoScale,
+    progress: Progress<'_>,
+) -> Result<DemoReport, DemoError> {
+    load_and_archive_with(store, archive, scale, true, progress).await
+}
+
+/// [`load_and_archive`], compacting or not (the segments benchmark measures both layouts
+/// of the same history).
+pub async fn load_and_archive_with(
+    store: Arc<dyn HotStore>,
+    archive: Arc<ArchiveStore>,
+    scale: DemoScale,
+    compact: bool,
     progress: Progress<'_>,
 ) -> Result<DemoReport, DemoError> {
     store.migrate().await?;
@@ -172,6 +189,8 @@ pub async fn load_and_archive(
         loaded: 0,
         archived_buckets: 0,
         archived_rows: 0,
+        compacted_windows: 0,
+        segments: 0,
         cutoff,
         first_day,
     };
@@ -208,6 +227,17 @@ pub async fn load_and_archive(
         }
     }
     report.archived_rows = runner.metrics().rows_archived.get();
+    // Every month fully archived becomes one segment: a few objects instead of one per
+    // channel and day.
+    if !compact {
+        return Ok(report);
+    }
+    let compacted = runner.compact_pass().await?;
+    if let Some(e) = compacted.errors.first() {
+        return Err(DemoError::Archiving(e.clone()));
+    }
+    report.compacted_windows = compacted.windows as u64;
+    report.segments = compacted.segments as u64;
     Ok(report)
 }
 

@@ -6,7 +6,8 @@
 //! SIGSTOP (once per process), so a test can freeze a worker past its lease and resume it. Without the feature
 //! `hit` compiles to nothing, so production builds carry no trap door.
 
-/// Every fail point the archiver defines, in protocol order.
+/// Every fail point the archiver defines, in protocol order: archival, cleanup, then the
+/// compaction of the archived window.
 pub const ALL: &[&str] = &[
     "after_claim",
     "mid_snapshot",
@@ -15,6 +16,11 @@ pub const ALL: &[&str] = &[
     "after_verify",
     "after_publish",
     "mid_cleanup",
+    "compact_after_claim",
+    "segment_after_payload",
+    "segment_after_manifest",
+    "compact_before_switch",
+    "compact_after_switch",
 ];
 
 /// Acts on the fail point `name` if it is armed.

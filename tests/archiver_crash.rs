@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use archiver_support::*;
 use pulpitum::archive::ArchiveStore;
-use pulpitum::archiver::{collect_garbage, ArchiverMetrics};
+use pulpitum::archiver::{collect_garbage_with, ArchiverMetrics, GcDelays};
 use pulpitum::failpoint;
 use pulpitum::model::{
     BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
@@ -105,15 +105,31 @@ async fn check_everything_archived(f: &Fixture) {
         let got = read_bucket(&*f.store, &f.archive, bucket).await;
         assert_eq!(&got, rows, "rows of {bucket} differ after recovery");
     }
-    // GC with no delay (every worker has exited): only referenced generations remain.
-    collect_garbage(
+    // GC with no delays (every worker has exited, no reader holds a route): only referenced
+    // generations remain, whether orphaned by a crash or retired by a compaction.
+    collect_garbage_with(
         &*f.store,
         &f.archive,
-        Duration::ZERO,
+        GcDelays {
+            orphans: Duration::ZERO,
+            retired: Duration::ZERO,
+        },
         &ArchiverMetrics::default(),
     )
     .await
     .unwrap();
+    // The window was compacted: every bucket now routes to a segment.
+    for bucket in f.expected.keys() {
+        let meta = f.store.bucket(bucket).await.unwrap().unwrap();
+        let BucketState::Archived { object_key, .. } = meta.state else {
+            unreachable!("checked above")
+        };
+        assert!(
+            object_key.contains("/segments/"),
+            "{bucket} routes to {object_key}"
+        );
+    }
+    assert!(f.store.retired_objects().await.unwrap().is_empty());
     let refs: Vec<String> = f.store.referenced_object_keys().await.unwrap();
     let dirs: Vec<&str> = refs.iter().map(|k| k.rsplit_once('/').unwrap().0).collect();
     for obj in f.archive.list_objects().await.unwrap() {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::BoxStream;
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 
 use crate::model::{BucketId, ModelError, Record, ScanBounds};
 
@@ -31,6 +31,7 @@ mod json;
 mod manifest;
 mod parquet;
 mod probe;
+pub mod segment;
 mod url;
 mod write;
 
@@ -38,6 +39,7 @@ pub use faults::{FaultLayer, FaultOp, FaultPlan, FaultStats, WriteFault};
 pub use integrity::BLOCK_SIZE;
 pub use manifest::{Manifest, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION};
 pub use parquet::{envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS};
+pub use segment::{SegmentManifest, SegmentSpec, WrittenSegment, SEGMENTS_DIR};
 pub use url::install_http_transport;
 pub use write::WriteError;
 
@@ -146,8 +148,9 @@ pub enum ArchiveError {
         /// What was missing.
         reason: String,
     },
-    /// A manifest version this reader does not understand (only 4 is accepted).
-    #[error("unsupported archive manifest version {0} (this reader accepts 4)")]
+    /// A manifest version this reader does not understand (4, per bucket, and 5, segments,
+    /// are accepted).
+    #[error("unsupported archive manifest version {0} (this reader accepts 4 and 5)")]
     UnsupportedManifestVersion(u32),
     /// A record schema version this reader does not understand (only 2 is accepted).
     #[error("unsupported record schema version {0} (this reader accepts 2)")]
@@ -368,6 +371,8 @@ pub struct ArchiveStore {
     block_size: u64,
     /// Verified Parquet footers of payloads already opened (shared by clones).
     footers: Arc<parquet::FooterCache>,
+    /// Segment manifests, footers and decoded partitions (shared by clones).
+    segments: Arc<segment::SegmentCache>,
     /// Test hook (set only through `with_lossy_encoder`, a `failpoints` build): the encoder
     /// loses one row, so the bytes verify but the decoded row count does not.
     lossy_encoder: bool,
@@ -388,6 +393,7 @@ impl ArchiveStore {
             row_group_rows: ROW_GROUP_ROWS,
             block_size: BLOCK_SIZE,
             footers: Arc::default(),
+            segments: Arc::default(),
             lossy_encoder: false,
         }
     }
@@ -452,6 +458,15 @@ impl ArchiveStore {
     /// The key prefix (no leading or trailing slash; may be empty).
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// A key relative to the prefix made absolute.
+    pub(crate) fn rooted(&self, rel: &str) -> String {
+        if self.prefix.is_empty() {
+            rel.to_string()
+        } else {
+            format!("{}/{}", self.prefix, rel)
+        }
     }
 
     fn generation_dir(&self, bucket: &BucketId, generation: i64) -> String {
@@ -523,6 +538,130 @@ impl ArchiveStore {
         Manifest::parse(&bytes.to_bytes(), key, expected)
     }
 
+    /// Writes one segment from rows sorted by `(partition_key, event_time, sort_key)`:
+    /// create-once payload, read back and decoded against the rows, then the manifest (see
+    /// `segment/write.rs`). Returns only when all of that succeeded.
+    pub async fn write_segment(
+        &self,
+        spec: &SegmentSpec,
+        records: &[Record],
+    ) -> Result<WrittenSegment, ArchiveError> {
+        segment::write_segment(self, spec, records).await
+    }
+
+    /// A segment manifest, validated (and kept: manifests are immutable).
+    pub async fn read_segment_manifest(
+        &self,
+        key: &str,
+    ) -> Result<Arc<SegmentManifest>, ArchiveError> {
+        if let Some(m) = self.segments.manifest(key) {
+            return Ok(m);
+        }
+        let bytes = self
+            .op
+            .read(key)
+            .await
+            .map_err(|e| ArchiveError::storage("read", key, e))?
+            .to_bytes();
+        let m = Arc::new(SegmentManifest::parse(&bytes, key)?);
+        self.segments.keep_manifest(key, m.clone());
+        Ok(m)
+    }
+
+    /// The manifest a route names, whichever kind it is, checked against the bucket the
+    /// route is for: a v4 manifest must describe exactly that bucket, a v5 segment must hold
+    /// it. Unknown versions are [`ArchiveError::UnsupportedManifestVersion`].
+    pub async fn open_route(
+        &self,
+        key: &str,
+        bucket: &BucketId,
+    ) -> Result<RouteManifest, ArchiveError> {
+        if let Some(m) = self.segments.manifest(key) {
+            m.entry_for(key, bucket)?;
+            return Ok(RouteManifest::Segment(m));
+        }
+        let bytes = self
+            .op
+            .read(key)
+            .await
+            .map_err(|e| ArchiveError::storage("read", key, e))?
+            .to_bytes();
+        let version = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("manifest_version").and_then(|v| v.as_u64()));
+        if version == Some(u64::from(segment::SEGMENT_MANIFEST_VERSION)) {
+            let m = Arc::new(SegmentManifest::parse(&bytes, key)?);
+            m.entry_for(key, bucket)?;
+            self.segments.keep_manifest(key, m.clone());
+            return Ok(RouteManifest::Segment(m));
+        }
+        Ok(RouteManifest::Bucket(Arc::new(Manifest::parse(
+            &bytes, key, bucket,
+        )?)))
+    }
+
+    /// [`Self::scan_with_metrics`] for either kind of route: a segment is read one partition
+    /// at a time (ranged reads of its row groups, each verified) and sliced to the bucket.
+    pub async fn scan_route(
+        &self,
+        route: &RouteManifest,
+        bucket: &BucketId,
+        req: &ArchiveScan,
+        metrics: Arc<ArchiveScanMetrics>,
+    ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
+        let m = match route {
+            RouteManifest::Bucket(m) => return self.scan_with_metrics(m, req, metrics).await,
+            RouteManifest::Segment(m) => m,
+        };
+        check_scan(req)?;
+        let batches = self.segment_bucket(m, bucket, req, &metrics).await?;
+        let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+        ArchiveScanMetrics::add(&metrics.rows_returned, rows);
+        Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed())
+    }
+
+    async fn segment_bucket(
+        &self,
+        m: &SegmentManifest,
+        bucket: &BucketId,
+        req: &ArchiveScan,
+        metrics: &ArchiveScanMetrics,
+    ) -> Result<Vec<RecordBatch>, ArchiveError> {
+        let (entry, _) = m.entry_for(&m.payload_key, bucket)?;
+        let rows =
+            segment::read::partition_rows(&self.op, &self.segments, m, entry, metrics).await?;
+        segment::read::bucket_batches(&m.payload_key, &rows, bucket, req)
+    }
+
+    /// Every record of one bucket, verified, from either kind of route (the compactor's
+    /// read of its sources; the row count is checked against the manifest).
+    pub async fn read_bucket(
+        &self,
+        route: &RouteManifest,
+        bucket: &BucketId,
+    ) -> Result<Vec<Record>, ArchiveError> {
+        let m = match route {
+            RouteManifest::Bucket(m) => return self.read_all(m).await,
+            RouteManifest::Segment(m) => m,
+        };
+        let (_, want) = m.entry_for(&m.payload_key, bucket)?;
+        let req = ArchiveScan {
+            batch_rows: usize::MAX,
+            ..ArchiveScan::default()
+        };
+        let metrics = ArchiveScanMetrics::default();
+        let batches = self.segment_bucket(m, bucket, &req, &metrics).await?;
+        let records = batches_to_records(&batches)?;
+        if records.len() as u64 != want {
+            return Err(ArchiveError::RowCountMismatch {
+                key: m.payload_key.clone(),
+                expected: want,
+                actual: records.len() as u64,
+            });
+        }
+        Ok(records)
+    }
+
     /// Streams the matching rows of an archive as envelope batches (see [`ArchiveScan`]).
     pub async fn scan(
         &self,
@@ -540,14 +679,7 @@ impl ArchiveStore {
         req: &ArchiveScan,
         metrics: Arc<ArchiveScanMetrics>,
     ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
-        if req.batch_rows == 0 {
-            return Err(ArchiveError::Config("batch_rows must be at least 1".into()));
-        }
-        if !req.include_keys && req.bounds != ScanBounds::all() {
-            return Err(ArchiveError::Config(
-                "a scan with bounds must read event_time and sort_key (include_keys)".into(),
-            ));
-        }
+        check_scan(req)?;
         let stream = match manifest.format {
             PayloadFormat::Parquet => {
                 parquet::scan(
@@ -643,6 +775,29 @@ impl ArchiveStore {
             }),
         }
     }
+}
+
+fn check_scan(req: &ArchiveScan) -> Result<(), ArchiveError> {
+    if req.batch_rows == 0 {
+        return Err(ArchiveError::Config("batch_rows must be at least 1".into()));
+    }
+    if !req.include_keys && req.bounds != ScanBounds::all() {
+        return Err(ArchiveError::Config(
+            "a scan with bounds must read event_time and sort_key (include_keys)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// What a published route names: a per-bucket archive (manifest v4) or a segment holding the
+/// bucket among others (manifest v5). Both are immutable; a route may move from the first
+/// to the second (compaction), never back.
+#[derive(Debug, Clone)]
+pub enum RouteManifest {
+    /// One bucket's own payload.
+    Bucket(Arc<Manifest>),
+    /// A segment of many partitions' buckets.
+    Segment(Arc<SegmentManifest>),
 }
 
 /// Collects a scan into batches (tests and small tools).

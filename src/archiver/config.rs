@@ -53,6 +53,15 @@ pub struct ArchiverConfig {
     pub upload_deadline: Duration,
     /// Job history older than this (by start) is pruned, a batch per cycle.
     pub job_retention: Duration,
+    /// Whether this process compacts published buckets into segments (see
+    /// `docs/segments.md`).
+    pub compaction: bool,
+    /// A window is compacted once its end is this far in the past (by the store's clock),
+    /// so late buckets of the window have settled.
+    pub compact_after: Duration,
+    /// A segment is closed at the partition boundary where its rows (uncompressed key and
+    /// value bytes) reach this size.
+    pub segment_target_bytes: usize,
 }
 
 impl ArchiverConfig {
@@ -73,6 +82,9 @@ impl ArchiverConfig {
             op_deadline: Duration::from_secs(30),
             upload_deadline: Duration::from_secs(3600),
             job_retention: Duration::from_secs(7 * 24 * 3600),
+            compaction: true,
+            compact_after: Duration::from_secs(24 * 3600),
+            segment_target_bytes: 128 << 20,
         }
     }
 
@@ -88,6 +100,7 @@ impl ArchiverConfig {
             (&UPLOAD_DEADLINE, self.upload_deadline),
             (&OP_DEADLINE, self.op_deadline),
             (&JOB_RETENTION, self.job_retention),
+            (&COMPACT_AFTER, self.compact_after),
         ] {
             bound.check(value, &format!("{} s", value.as_secs_f64()))?;
         }
@@ -96,6 +109,7 @@ impl ArchiverConfig {
             (&SNAPSHOT_PAGE_ROWS, self.snapshot_page_rows),
             (&CLEANUP_BATCH_ROWS, self.cleanup_batch_rows),
             (&CONCURRENCY, self.concurrency),
+            (&SEGMENT_TARGET_BYTES, self.segment_target_bytes),
         ] {
             bound.check(value, &value.to_string())?;
         }
@@ -266,6 +280,19 @@ pub const JOB_RETENTION: SecondsRange = SecondsRange {
     setting: "ARCHIVER_JOB_RETENTION_SECONDS (--job-retention-seconds)",
     min: Duration::from_secs(3600),
     max: Duration::from_secs(3650 * DAY),
+};
+/// `--compact-after-seconds`.
+pub const COMPACT_AFTER: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_COMPACT_AFTER_SECONDS (--compact-after-seconds)",
+    min: Duration::ZERO,
+    max: Duration::from_secs(3650 * DAY),
+};
+/// `--segment-target-bytes`: from 1 MiB (tests) to 4 GiB (one segment is held in memory
+/// while it is written).
+pub const SEGMENT_TARGET_BYTES: CountRange = CountRange {
+    setting: "ARCHIVER_SEGMENT_TARGET_BYTES (--segment-target-bytes)",
+    min: 1 << 20,
+    max: 4 << 30,
 };
 /// `--upload-deadline-seconds`: 0 would defer every bucket.
 pub const UPLOAD_DEADLINE: SecondsRange = SecondsRange {

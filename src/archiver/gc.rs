@@ -12,6 +12,16 @@
 //! (leak rather than delete when unsure). The delay itself is a second, independent guard:
 //! [`super::ArchiverConfig::min_gc_delay`] keeps it above the longest time a generation can
 //! wait for its publication.
+//!
+//! Compaction adds two readings, in the same spirit. Window claims are read with the bucket
+//! claims (before the routes): a segment being written is protected by its window's claim
+//! until its switch makes it a route. Retired objects (those a switch replaced with a
+//! segment) are read after the routes: a switch records the old key as retired in the same
+//! transaction that removes its route, so an object is always either routed or retired at
+//! the moment it is looked at. A retired object is kept until it has been retired for the
+//! retirement delay (the readers' route-cache bound plus skew), since its age from creation
+//! says nothing about when readers stopped being sent to it; its retired row is forgotten
+//! once its objects are gone.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -21,6 +31,7 @@ use tracing::info;
 
 use crate::archive::ArchiveStore;
 use crate::store::{BucketFilter, BucketState, HotStore};
+use crate::table::ROUTE_CACHE_TTL;
 
 use super::{ArchiverError, ArchiverMetrics};
 
@@ -42,12 +53,38 @@ fn generation_dir(key: &str) -> &str {
     key.rsplit_once('/').map_or(key, |(dir, _)| dir)
 }
 
-/// One GC pass. `delay` is taken as given (a test may pass zero when no worker runs); the
-/// archiver passes its validated [`super::ArchiverConfig::gc_delay`].
+/// The two ages GC waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcDelays {
+    /// An unreferenced object must be at least this old (from its creation).
+    pub orphans: Duration,
+    /// A retired object must have been retired at least this long (store clock): see
+    /// [`super::compact::retirement_delay`].
+    pub retired: Duration,
+}
+
+/// One GC pass with the orphan delay `delay` and the retirement delay of the default
+/// route-cache bound. `delay` is taken as given (a test may pass zero when no worker runs);
+/// the archiver passes its validated [`super::ArchiverConfig::gc_delay`] to
+/// [`collect_garbage_with`].
 pub async fn collect_garbage(
     store: &dyn HotStore,
     archive: &ArchiveStore,
     delay: Duration,
+    metrics: &ArchiverMetrics,
+) -> Result<GcReport, ArchiverError> {
+    let delays = GcDelays {
+        orphans: delay,
+        retired: super::compact::retirement_delay(ROUTE_CACHE_TTL),
+    };
+    collect_garbage_with(store, archive, delays, metrics).await
+}
+
+/// One GC pass (see the module comment for the order of its readings).
+pub async fn collect_garbage_with(
+    store: &dyn HotStore,
+    archive: &ArchiveStore,
+    delays: GcDelays,
     metrics: &ArchiverMetrics,
 ) -> Result<GcReport, ArchiverError> {
     let now = Utc::now();
@@ -66,6 +103,13 @@ pub async fn collect_garbage(
             }
         }
     }
+    // A window being compacted: everything under its segments directory is kept.
+    let claimed_windows: Vec<String> = store
+        .compaction_claims()
+        .await?
+        .iter()
+        .map(|c| archive.rooted(&format!("v4/{}/segments/{}/", c.table_id, c.window_key)))
+        .collect();
     protected.extend(
         store
             .referenced_object_keys()
@@ -73,28 +117,57 @@ pub async fn collect_garbage(
             .iter()
             .map(|k| generation_dir(k).to_string()),
     );
+    // Retired objects after routes (see the module comment).
+    let store_now = store.now().await?;
+    let mut expired: Vec<String> = Vec::new();
+    for r in store.retired_objects().await? {
+        let retired_for = store_now
+            .as_micros()
+            .saturating_sub(r.retired_at.as_micros());
+        let due = u128::try_from(retired_for).unwrap_or(0) >= delays.retired.as_micros();
+        if due {
+            expired.push(r.object_key);
+        } else {
+            protected.insert(generation_dir(&r.object_key).to_string());
+        }
+    }
     let mut report = GcReport {
         listed: objects.len(),
         ..GcReport::default()
     };
+    let mut left: HashSet<String> = HashSet::new();
     for obj in objects {
-        if protected.contains(generation_dir(&obj.key)) {
+        let dir = generation_dir(&obj.key);
+        if protected.contains(dir) || claimed_windows.iter().any(|w| obj.key.starts_with(w)) {
             report.referenced += 1;
+            left.insert(dir.to_string());
             continue;
         }
         let old_enough = obj.last_modified.is_some_and(|m| {
             now.signed_duration_since(m)
                 .to_std()
-                .is_ok_and(|age| age >= delay)
+                .is_ok_and(|age| age >= delays.orphans)
         });
         if !old_enough {
             report.young += 1;
+            left.insert(dir.to_string());
             continue;
         }
         archive.delete_object(&obj.key).await?;
         metrics.gc_deletions.inc();
-        info!(key = %obj.key, "deleted orphaned archive object");
+        if expired.iter().any(|k| generation_dir(k) == dir) {
+            metrics.retired_deletions.inc();
+        }
+        info!(key = %obj.key, "deleted unreferenced archive object");
         report.deleted += 1;
+    }
+    // Retired rows whose objects are all gone (deleted now or earlier) are done with.
+    let gone: Vec<String> = expired
+        .into_iter()
+        .filter(|k| !left.contains(generation_dir(k)))
+        .collect();
+    if !gone.is_empty() {
+        store.forget_retired(&gone).await?;
     }
     Ok(report)
 }

@@ -113,6 +113,16 @@ pub struct ArchiverMetrics {
     pub table_backlog: Family<TableLabel, Gauge>,
     /// Orphaned objects deleted by GC.
     pub gc_deletions: Counter,
+    /// Segments written by compaction.
+    pub segments_written: Counter,
+    /// Buckets whose routes compaction moved to segments.
+    pub buckets_compacted: Counter,
+    /// Segment payload bytes written.
+    pub bytes_compacted: Counter,
+    /// Window compactions that ended in an error.
+    pub compactions_failed: Counter,
+    /// Objects replaced by segments and deleted by GC after the retirement delay.
+    pub retired_deletions: Counter,
     /// Discovery cycles finished (whatever their items' outcomes).
     pub cycles: Counter,
     /// Hot buckets ended by the cutoff, not yet archived, at the end of the last cycle
@@ -147,6 +157,11 @@ impl Default for ArchiverMetrics {
             table_lag: Family::default(),
             table_backlog: Family::default(),
             gc_deletions: Counter::default(),
+            segments_written: Counter::default(),
+            buckets_compacted: Counter::default(),
+            bytes_compacted: Counter::default(),
+            compactions_failed: Counter::default(),
+            retired_deletions: Counter::default(),
             cycles: Counter::default(),
             backlog_buckets: Gauge::default(),
             archiving_buckets: Gauge::default(),
@@ -247,7 +262,7 @@ impl ArchiverMetrics {
     /// Renders every metric in the Prometheus/OpenMetrics text format.
     pub fn render(&self) -> String {
         let mut r = Registry::with_prefix("pulpitum_archiver");
-        let counters: [(&str, &str, &Counter); 10] = [
+        let counters: [(&str, &str, &Counter); 15] = [
             (
                 "buckets_archived",
                 "Buckets published to the archive",
@@ -294,6 +309,31 @@ impl ArchiverMetrics {
                 &self.gc_deletions,
             ),
             ("cycles", "Discovery cycles finished", &self.cycles),
+            (
+                "segments_written",
+                "Segments written by compaction",
+                &self.segments_written,
+            ),
+            (
+                "buckets_compacted",
+                "Buckets whose routes compaction moved to segments",
+                &self.buckets_compacted,
+            ),
+            (
+                "bytes_compacted",
+                "Segment payload bytes written by compaction",
+                &self.bytes_compacted,
+            ),
+            (
+                "compactions_failed",
+                "Window compactions that ended in an error",
+                &self.compactions_failed,
+            ),
+            (
+                "retired_deletions",
+                "Objects replaced by segments and deleted after the retirement delay",
+                &self.retired_deletions,
+            ),
         ];
         for (name, help, m) in counters {
             r.register(name, help, m.clone());

@@ -4,9 +4,11 @@
 //! It uses the hot store and the archive directly and never the SQL surface. [`Runner`]
 //! drives discovery cycles and the per-bucket protocol (publication and cleanup are separate
 //! work items); `lease` renews claims; [`gc`] removes objects that no route or claim
-//! references; [`metrics`] counts what happened; [`config`] holds and validates settings.
+//! references; [`compact`] rewrites published windows into segments and moves their routes;
+//! [`metrics`] counts what happened; [`config`] holds and validates settings.
 
 mod cleanup;
+pub mod compact;
 pub mod config;
 mod control;
 pub mod gc;
@@ -15,8 +17,9 @@ pub mod metrics;
 mod publish;
 mod runner;
 
+pub use compact::{CompactReport, WindowOutcome};
 pub use config::ArchiverConfig;
-pub use gc::{collect_garbage, GcReport};
+pub use gc::{collect_garbage, collect_garbage_with, GcDelays, GcReport};
 pub use metrics::ArchiverMetrics;
 pub use runner::{
     is_fully_archived, BucketOutcome, Clock, CycleReport, DrainReport, Runner, REMAINING_COUNT_CAP,

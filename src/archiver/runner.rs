@@ -167,6 +167,15 @@ impl Runner {
         self
     }
 
+    /// The GC delays of this configuration: the orphan delay, and the retirement delay of
+    /// its cleanup delay (the readers' route-cache bound).
+    pub fn gc_delays(&self) -> super::GcDelays {
+        super::GcDelays {
+            orphans: self.config.gc_delay,
+            retired: super::compact::retirement_delay(self.config.cleanup_delay),
+        }
+    }
+
     /// This runner's counters.
     pub fn metrics(&self) -> Arc<ArchiverMetrics> {
         self.metrics.clone()
@@ -354,10 +363,10 @@ impl Runner {
                 break;
             }
             if last_gc.is_none_or(|t| t.elapsed() >= gc_every) {
-                match super::gc::collect_garbage(
+                match super::gc::collect_garbage_with(
                     &*self.store,
                     &self.archive,
-                    self.config.gc_delay,
+                    self.gc_delays(),
                     &self.metrics,
                 )
                 .await
@@ -369,6 +378,23 @@ impl Runner {
             }
             if backlog {
                 continue;
+            }
+            // Compaction only when archiving is caught up: cutover comes first.
+            if self.config.compaction {
+                match self.compact_pass().await {
+                    Ok(r) if r.windows + r.failed > 0 => info!(
+                        windows = r.windows,
+                        segments = r.segments,
+                        buckets = r.buckets,
+                        failed = r.failed,
+                        "compaction pass finished"
+                    ),
+                    Ok(_) => debug!("compaction found no window due"),
+                    Err(e) => warn!(error = %e, "compaction pass failed"),
+                }
+                if shutdown.is_cancelled() {
+                    break;
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use pulpitum::archive::{ArchiveStore, PayloadFormat};
 use pulpitum::archiver::config::{self, parse_eligible_before, reject_obsolete};
-use pulpitum::archiver::{collect_garbage, ArchiverConfig, ArchiverError, Runner};
+use pulpitum::archiver::{collect_garbage_with, ArchiverConfig, ArchiverError, Runner};
 use pulpitum::defaults;
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
@@ -101,6 +101,30 @@ struct Args {
         allow_hyphen_values = true
     )]
     job_retention_seconds: String,
+    /// Compact published buckets into segments: on or off.
+    #[arg(
+        long,
+        env = "ARCHIVER_COMPACTION",
+        default_value = "on",
+        allow_hyphen_values = true
+    )]
+    compaction: String,
+    /// Seconds after a window's end before its buckets are compacted into segments.
+    #[arg(
+        long,
+        env = "ARCHIVER_COMPACT_AFTER_SECONDS",
+        default_value = "86400",
+        allow_hyphen_values = true
+    )]
+    compact_after_seconds: String,
+    /// Segment size target: a segment is closed at the partition where its rows reach it.
+    #[arg(
+        long,
+        env = "ARCHIVER_SEGMENT_TARGET_BYTES",
+        default_value = "134217728",
+        allow_hyphen_values = true
+    )]
+    segment_target_bytes: String,
     /// Buckets processed at once.
     #[arg(
         long,
@@ -141,7 +165,7 @@ struct Args {
         allow_hyphen_values = true
     )]
     op_deadline_seconds: String,
-    /// Archive everything eligible now and every cleanup already due (in batches of the scan limit), run a GC pass, then exit; non-zero if any bucket failed.
+    /// Archive everything eligible now and every cleanup already due (in batches of the scan limit), compact the windows that are due, run a GC pass, then exit; non-zero if any bucket or window failed.
     #[arg(long)]
     once: bool,
     /// Skip orphan GC.
@@ -307,6 +331,18 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
     c.gc_delay = config::GC_DELAY.parse(&args.gc_delay_seconds)?;
     c.cleanup_delay = config::CLEANUP_DELAY.parse(&args.cleanup_delay_seconds)?;
     c.job_retention = config::JOB_RETENTION.parse(&args.job_retention_seconds)?;
+    c.compaction = match args.compaction.as_str() {
+        "on" => true,
+        "off" => false,
+        other => {
+            return Err(ArchiverError::Config {
+                setting: "ARCHIVER_COMPACTION (--compaction)",
+                reason: format!("{other:?} is not a switch; accepted: on or off"),
+            })
+        }
+    };
+    c.compact_after = config::COMPACT_AFTER.parse(&args.compact_after_seconds)?;
+    c.segment_target_bytes = config::SEGMENT_TARGET_BYTES.parse(&args.segment_target_bytes)?;
     c.concurrency = config::CONCURRENCY.parse(&args.concurrency)?;
     c.cleanup_batch_rows = config::CLEANUP_BATCH_ROWS.parse(&args.cleanup_batch_rows)?;
     c.snapshot_page_rows = config::SNAPSHOT_PAGE_ROWS.parse(&args.snapshot_page_rows)?;
@@ -428,8 +464,26 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         eprintln!("  {e}");
     }
     eprintln!("{}", once_outcome(&drained));
+    if config.compaction && !drained.interrupted {
+        match runner.compact_pass().await {
+            Ok(c) => {
+                eprintln!(
+                    "pulpitum-archiver: compaction: {} windows into {} segments ({} buckets, {} rows), {} skipped, {} failed",
+                    c.windows, c.segments, c.buckets, c.rows, c.skipped, c.failed
+                );
+                for e in &c.errors {
+                    eprintln!("  {e}");
+                }
+                ok &= c.failed == 0;
+            }
+            Err(e) => {
+                eprintln!("pulpitum-archiver: compaction failed: {e}");
+                ok = false;
+            }
+        }
+    }
     if !args.no_gc {
-        match collect_garbage(&*store, &archive, config.gc_delay, &runner.metrics()).await {
+        match collect_garbage_with(&*store, &archive, runner.gc_delays(), &runner.metrics()).await {
             Ok(gc) => eprintln!(
                 "pulpitum-archiver: GC listed {}, deleted {}, kept {} referenced and {} young",
                 gc.listed, gc.deleted, gc.referenced, gc.young

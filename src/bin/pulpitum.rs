@@ -578,12 +578,14 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     println!(
-        "Loaded {} messages since {}; archived {} buckets ({} rows) that ended by {}.",
+        "Loaded {} messages since {}; archived {} buckets ({} rows) that ended by {}; compacted {} months into {} segments.",
         report.loaded,
         report.first_day,
         report.archived_buckets,
         report.archived_rows,
-        report.cutoff
+        report.cutoff,
+        report.compacted_windows,
+        report.segments
     );
     let ctx = pulpitum::session::session(store, archive, session_options(&cli))
         .await

@@ -40,6 +40,17 @@ impl BucketStrategy {
         }
     }
 
+    /// The strategy of the compaction windows of this strategy's buckets: a month of day
+    /// buckets, a year of month buckets, and a year bucket on its own. A window is the span
+    /// one archive segment covers, chosen so that a table with few partitions still gets
+    /// few, large objects (see `docs/segments.md`).
+    pub fn window_strategy(self) -> BucketStrategy {
+        match self {
+            Self::CalendarDayUtc => Self::CalendarMonthUtc,
+            Self::CalendarMonthUtc | Self::CalendarYearUtc => Self::CalendarYearUtc,
+        }
+    }
+
     /// The bucket that contains `t`.
     pub fn bucket_of(self, t: EventTime) -> BucketKey {
         let d = t.to_datetime().date_naive();
@@ -140,6 +151,12 @@ impl BucketKey {
             }
         };
         Self::parse(strategy, key)
+    }
+
+    /// The compaction window holding this bucket (a bucket of
+    /// [`BucketStrategy::window_strategy`]).
+    pub fn window(&self) -> BucketKey {
+        self.strategy.window_strategy().bucket_of(self.start())
     }
 
     /// The strategy this key belongs to.

@@ -16,7 +16,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 
 use super::routes::Step;
 use super::{BucketChunk, BucketScan, DurableTable, TableError, Tier};
-use crate::archive::{ArchiveError, ArchiveScan, Manifest};
+use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics, RouteManifest};
 use crate::model::{BucketId, ScanBounds};
 
 impl DurableTable {
@@ -52,20 +52,19 @@ impl DurableTable {
         &self,
         bucket: &BucketId,
         object_key: &str,
-    ) -> Result<Arc<Manifest>, TableError> {
+    ) -> Result<RouteManifest, TableError> {
         if let Some(m) = self.inner.cache.manifest(bucket, object_key) {
             return Ok(m);
         }
         let manifest = self
             .inner
             .archive
-            .read_manifest(object_key, bucket)
+            .open_route(object_key, bucket)
             .await
             .map_err(|source| TableError::Archive {
                 bucket: bucket.clone(),
                 source: Box::new(source),
             })?;
-        let manifest = Arc::new(manifest);
         self.inner
             .cache
             .insert(bucket.clone(), object_key.to_string(), manifest.clone());
@@ -92,7 +91,12 @@ impl DurableTable {
         };
         self.inner
             .archive
-            .scan(&manifest, &scan)
+            .scan_route(
+                &manifest,
+                bucket,
+                &scan,
+                Arc::new(ArchiveScanMetrics::default()),
+            )
             .await
             .map_err(|source| TableError::Archive {
                 bucket: bucket.clone(),

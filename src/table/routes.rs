@@ -5,17 +5,19 @@
 //! turns a bucket's stored state into one, a hot page or head read that finds its bucket
 //! published hands one over, and the cache keeps the archived ones. Hot (and Archiving)
 //! routes can change at any moment, so a hot read re-reads its route with every page and
-//! they are never cached. An Archived route is final (a manifest never changes and an
-//! archived bucket never becomes Hot again), so it is kept, with its validated manifest, in
-//! a bounded process-local cache, for at most [`ROUTE_CACHE_TTL`]. A tier's reader hands a
+//! they are never cached. An Archived route is final in tier (a manifest never changes and
+//! an archived bucket never becomes Hot again; compaction may move it to a segment holding
+//! the same rows, and the object it replaced stays readable for longer than this cache's
+//! bound), so it is kept, with its validated manifest, in a bounded process-local cache,
+//! for at most [`ROUTE_CACHE_TTL`]. A tier's reader hands a
 //! read over to another tier with the route it found (`Step::Moved`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::BucketChunk;
-use crate::archive::Manifest;
+use crate::archive::RouteManifest;
 use crate::model::{BucketId, ScanBounds};
 use crate::store::BucketState;
 
@@ -53,7 +55,10 @@ pub enum Route {
     /// The hot store: the bucket is Hot or Archiving. Such a route may be stale the moment
     /// it is seen, so every hot page reads the route again beside its rows.
     Hot,
-    /// A published archive: the manifest at `object_key`. Final.
+    /// A published archive: the manifest at `object_key` (a bucket's own archive, or a
+    /// segment holding it). Final in tier: an archived bucket never becomes Hot again; its
+    /// object may be replaced by a segment holding the same rows (compaction), and the old
+    /// object outlives its route by at least [`ROUTE_CACHE_TTL`] plus skew.
     Archived {
         /// Key of the published manifest.
         object_key: String,
@@ -91,7 +96,7 @@ pub(super) enum Step {
 #[derive(Debug)]
 struct CachedRoute {
     object_key: String,
-    manifest: Arc<Manifest>,
+    manifest: RouteManifest,
     inserted: Instant,
 }
 
@@ -127,12 +132,12 @@ impl RouteCache {
     }
 
     /// The cached manifest of a bucket, if fresh and naming the same object.
-    pub(super) fn manifest(&self, bucket: &BucketId, object_key: &str) -> Option<Arc<Manifest>> {
+    pub(super) fn manifest(&self, bucket: &BucketId, object_key: &str) -> Option<RouteManifest> {
         self.get(bucket)
             .and_then(|(key, m)| (key == object_key).then_some(m))
     }
 
-    fn get(&self, bucket: &BucketId) -> Option<(String, Arc<Manifest>)> {
+    fn get(&self, bucket: &BucketId) -> Option<(String, RouteManifest)> {
         let mut entries = self.entries.lock().expect("route cache poisoned");
         match entries.get(bucket) {
             Some(e) if e.inserted.elapsed() < self.config.ttl => {
@@ -148,7 +153,7 @@ impl RouteCache {
 
     /// Keeps a validated manifest as the bucket's route, evicting expired entries, then the
     /// oldest, when full.
-    pub(super) fn insert(&self, bucket: BucketId, object_key: String, manifest: Arc<Manifest>) {
+    pub(super) fn insert(&self, bucket: BucketId, object_key: String, manifest: RouteManifest) {
         if self.config.capacity == 0 {
             return;
         }

@@ -120,11 +120,15 @@ pub async fn read_bucket(
                 out.extend(rows);
             }
             HotPage::Archived { object_key } => {
-                let manifest = archive
-                    .read_manifest(&object_key, bucket)
+                // A bucket's own archive or a segment holding it.
+                let route = archive
+                    .open_route(&object_key, bucket)
                     .await
                     .expect("manifest");
-                let all = archive.read_all(&manifest).await.expect("archive rows");
+                let all = archive
+                    .read_bucket(&route, bucket)
+                    .await
+                    .expect("archive rows");
                 out.extend(all.into_iter().filter(|r| bounds.matches(r)));
                 return out;
             }

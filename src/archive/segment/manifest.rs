@@ -1,0 +1,496 @@
+//! Manifest v5: the document that names one verified segment and says where every partition
+//! and bucket is inside it.
+//!
+//! It is strict for the same reasons as v4 (see `manifest.rs` one level up): the version
+//! and kind are checked first, unknown fields are refused, and every value is checked for
+//! consistency (row groups inside the payload, partitions sorted and contiguous, bucket row
+//! counts summing to their partition's, every bucket inside the window), so a reader can
+//! trust the row ranges it computes from it before fetching a byte of the payload.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::archive::ArchiveError;
+use crate::model::{
+    BucketId, BucketKey, BucketStrategy, EventTime, PartitionKey, TableId, RECORD_SCHEMA_VERSION,
+};
+
+/// The manifest version of segments.
+pub const SEGMENT_MANIFEST_VERSION: u32 = 5;
+/// The `kind` every v5 manifest carries.
+pub const SEGMENT_KIND: &str = "segment";
+
+/// A byte range of the payload with the SHA-256 of its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ByteRange {
+    /// First byte.
+    pub offset: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// SHA-256 of the bytes, lowercase hex.
+    pub sha256: String,
+}
+
+impl ByteRange {
+    /// The end (exclusive).
+    pub fn end(&self) -> u64 {
+        self.offset + self.length
+    }
+}
+
+/// One Parquet row group: its column chunks' bytes and rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RowGroupEntry {
+    /// Where its column chunks lie, with their digest.
+    #[serde(flatten)]
+    pub range: ByteRange,
+    /// Rows in the group.
+    pub rows: u64,
+}
+
+/// One bucket of a partition inside a segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketEntry {
+    /// The bucket key (`day:2024-03-10`).
+    pub key: String,
+    /// Its rows (all adjacent, since rows are in time order within the partition).
+    pub rows: u64,
+}
+
+/// One partition inside a segment: a contiguous run of rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionEntry {
+    /// The partition.
+    pub partition_key: PartitionKey,
+    /// Index, in the whole payload, of its first row.
+    pub first_row: u64,
+    /// Its rows.
+    pub rows: u64,
+    /// Its buckets in time order, with their row counts.
+    pub buckets: Vec<(BucketKey, u64)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartitionWire {
+    key: String,
+    first_row: u64,
+    rows: u64,
+    buckets: Vec<BucketEntry>,
+}
+
+/// A validated segment manifest. The format is documented in `docs/archive-format.md`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentManifest {
+    /// The table.
+    pub table_id: TableId,
+    /// The table's bucket strategy.
+    pub bucket_strategy: BucketStrategy,
+    /// The window (a bucket of `bucket_strategy.window_strategy()`).
+    pub window: BucketKey,
+    /// The compaction generation (part of the keys).
+    pub generation: i64,
+    /// The segment's place among the window's segments of this generation.
+    pub ordinal: u32,
+    /// Full key of the payload.
+    pub payload_key: String,
+    /// Rows in the payload.
+    pub row_count: u64,
+    /// Payload length.
+    pub byte_length: u64,
+    /// SHA-256 of the whole payload.
+    pub sha256: String,
+    /// The tail of the payload after the last row group: page indexes, footer, magic.
+    pub footer: ByteRange,
+    /// Row groups in file order.
+    pub row_groups: Vec<RowGroupEntry>,
+    /// Partitions in key order.
+    pub partitions: Vec<PartitionEntry>,
+    /// When the compactor wrote it (informational).
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SegmentWire {
+    manifest_version: u32,
+    kind: String,
+    schema_version: u32,
+    table_id: String,
+    bucket_strategy: String,
+    window: String,
+    window_start: String,
+    window_end: String,
+    generation: i64,
+    ordinal: u32,
+    format: String,
+    payload_key: String,
+    row_count: u64,
+    byte_length: u64,
+    sha256: String,
+    sort_key: Vec<String>,
+    footer: ByteRange,
+    row_groups: Vec<RowGroupEntry>,
+    partitions: Vec<PartitionWire>,
+    created_at: String,
+}
+
+/// The sort order of every segment.
+const SORT_KEY: [&str; 3] = ["partition_key", "event_time", "sort_key"];
+
+fn rfc3339(t: EventTime) -> String {
+    t.to_datetime().to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The directory of a segment, relative to the store prefix.
+pub(crate) fn segment_dir(table: &TableId, window: &BucketKey, ordinal: u32, gen: i64) -> String {
+    format!("v4/{table}/segments/{window}/s{ordinal:05}-g{gen}")
+}
+
+impl SegmentManifest {
+    /// The stored form: compact JSON (a segment of many partitions lists them all) with a
+    /// trailing newline.
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        let (window_start, window_end) = self.window.bounds();
+        let wire = SegmentWire {
+            manifest_version: SEGMENT_MANIFEST_VERSION,
+            kind: SEGMENT_KIND.into(),
+            schema_version: RECORD_SCHEMA_VERSION,
+            table_id: self.table_id.to_string(),
+            bucket_strategy: self.bucket_strategy.as_str().into(),
+            window: self.window.to_string(),
+            window_start: rfc3339(window_start),
+            window_end: rfc3339(window_end),
+            generation: self.generation,
+            ordinal: self.ordinal,
+            format: "parquet".into(),
+            payload_key: self.payload_key.clone(),
+            row_count: self.row_count,
+            byte_length: self.byte_length,
+            sha256: self.sha256.clone(),
+            sort_key: SORT_KEY.iter().map(|s| s.to_string()).collect(),
+            footer: self.footer.clone(),
+            row_groups: self.row_groups.clone(),
+            partitions: self
+                .partitions
+                .iter()
+                .map(|p| PartitionWire {
+                    key: p.partition_key.to_hex(),
+                    first_row: p.first_row,
+                    rows: p.rows,
+                    buckets: p
+                        .buckets
+                        .iter()
+                        .map(|(k, rows)| BucketEntry {
+                            key: k.to_string(),
+                            rows: *rows,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            created_at: self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+        };
+        let mut v = serde_json::to_vec(&wire).expect("a manifest always serializes");
+        v.push(b'\n');
+        v
+    }
+
+    /// Parses and validates manifest `key` (stored bytes). Checks the version and kind
+    /// first, then every field, then that the key is where the manifest's own identity says
+    /// it lives and that the payload is its sibling.
+    pub fn parse(bytes: &[u8], key: &str) -> Result<Self, ArchiveError> {
+        let invalid = |reason: String| ArchiveError::InvalidManifest {
+            key: key.to_string(),
+            reason,
+        };
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| invalid(format!("not JSON: {e}")))?;
+        let version = value
+            .get("manifest_version")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| invalid("missing or non-integer `manifest_version`".into()))?;
+        if version != u64::from(SEGMENT_MANIFEST_VERSION) {
+            return Err(ArchiveError::UnsupportedManifestVersion(
+                u32::try_from(version).unwrap_or(u32::MAX),
+            ));
+        }
+        let schema = value
+            .get("schema_version")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| invalid("missing or non-integer `schema_version`".into()))?;
+        if schema != u64::from(RECORD_SCHEMA_VERSION) {
+            return Err(ArchiveError::UnsupportedSchemaVersion(
+                u32::try_from(schema).unwrap_or(u32::MAX),
+            ));
+        }
+        let w: SegmentWire = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        let m = Self::from_wire(w).map_err(invalid)?;
+        let dir = segment_dir(&m.table_id, &m.window, m.ordinal, m.generation);
+        let suffix = format!("{dir}/manifest.json");
+        if !(key == suffix || key.ends_with(&format!("/{suffix}"))) {
+            return Err(ArchiveError::IdentityMismatch {
+                key: key.to_string(),
+                field: "manifest key",
+                expected: suffix,
+                actual: key.to_string(),
+            });
+        }
+        let sibling = format!(
+            "{}payload.parquet",
+            &key[..key.len() - "manifest.json".len()]
+        );
+        if m.payload_key != sibling {
+            return Err(invalid(format!(
+                "payload_key {:?} is not the manifest's sibling {sibling:?}",
+                m.payload_key
+            )));
+        }
+        Ok(m)
+    }
+
+    fn from_wire(w: SegmentWire) -> Result<Self, String> {
+        if w.kind != SEGMENT_KIND {
+            return Err(format!("kind {:?} (expected \"segment\")", w.kind));
+        }
+        if w.format != "parquet" {
+            return Err(format!("format {:?} (segments are parquet)", w.format));
+        }
+        if w.sort_key != SORT_KEY {
+            return Err(format!("sort_key {:?}", w.sort_key));
+        }
+        let table_id = TableId::new(w.table_id).map_err(|e| e.to_string())?;
+        let bucket_strategy: BucketStrategy = w
+            .bucket_strategy
+            .parse()
+            .map_err(|e| format!("bucket_strategy: {e}"))?;
+        let window = BucketKey::parse(bucket_strategy.window_strategy(), &w.window)
+            .map_err(|e| format!("window: {e}"))?;
+        let (ws, we) = window.bounds();
+        if w.window_start != rfc3339(ws) || w.window_end != rfc3339(we) {
+            return Err(format!(
+                "window_start/window_end {}..{} are not the bounds of {window}",
+                w.window_start, w.window_end
+            ));
+        }
+        if w.generation < 0 {
+            return Err(format!("negative generation {}", w.generation));
+        }
+        for (what, h) in std::iter::once(("sha256", &w.sha256))
+            .chain(std::iter::once(("footer.sha256", &w.footer.sha256)))
+            .chain(
+                w.row_groups
+                    .iter()
+                    .map(|g| ("row_groups.sha256", &g.range.sha256)),
+            )
+        {
+            if !is_sha256_hex(h) {
+                return Err(format!("{what} is not 64 lowercase hex digits"));
+            }
+        }
+        // Row groups in file order, not overlapping, all before the tail; the tail ends the
+        // payload.
+        let mut end = 4u64; // the leading magic
+        let mut rows = 0u64;
+        for (i, g) in w.row_groups.iter().enumerate() {
+            if g.range.offset < end || g.range.length == 0 || g.rows == 0 {
+                return Err(format!(
+                    "row group {i} overlaps, is empty or is out of order"
+                ));
+            }
+            end = g.range.end();
+            rows += g.rows;
+        }
+        if w.footer.offset < end || w.footer.end() != w.byte_length || w.footer.length < 8 {
+            return Err(format!(
+                "footer {}+{} is not the tail of a {}-byte payload after its row groups",
+                w.footer.offset, w.footer.length, w.byte_length
+            ));
+        }
+        if rows != w.row_count || w.row_count == 0 {
+            return Err(format!(
+                "row groups hold {rows} rows, row_count is {} (segments are never empty)",
+                w.row_count
+            ));
+        }
+        let mut partitions = Vec::with_capacity(w.partitions.len());
+        let mut next_row = 0u64;
+        for p in w.partitions {
+            let pk = PartitionKey::from_hex(&p.key).map_err(|e| format!("partition {e}"))?;
+            if let Some(prev) = partitions.last().map(|e: &PartitionEntry| &e.partition_key) {
+                if prev.as_bytes() >= pk.as_bytes() {
+                    return Err(format!(
+                        "partition {} is not after {}",
+                        p.key,
+                        prev.to_hex()
+                    ));
+                }
+            }
+            if p.first_row != next_row || p.rows == 0 {
+                return Err(format!(
+                    "partition {} starts at row {} with {} rows (expected start {next_row})",
+                    p.key, p.first_row, p.rows
+                ));
+            }
+            next_row += p.rows;
+            let mut buckets = Vec::with_capacity(p.buckets.len());
+            let mut sum = 0u64;
+            for b in p.buckets {
+                let k = BucketKey::parse(bucket_strategy, &b.key)
+                    .map_err(|e| format!("partition {}: {e}", p.key))?;
+                if k.window() != window {
+                    return Err(format!("bucket {k} is outside window {window}"));
+                }
+                if buckets.last().is_some_and(|(prev, _)| *prev >= k) || b.rows == 0 {
+                    return Err(format!(
+                        "partition {}: bucket {k} out of order or empty",
+                        p.key
+                    ));
+                }
+                sum += b.rows;
+                buckets.push((k, b.rows));
+            }
+            if sum != p.rows {
+                return Err(format!(
+                    "partition {}: buckets hold {sum} rows, the partition {}",
+                    p.key, p.rows
+                ));
+            }
+            partitions.push(PartitionEntry {
+                partition_key: pk,
+                first_row: p.first_row,
+                rows: p.rows,
+                buckets,
+            });
+        }
+        if next_row != w.row_count {
+            return Err(format!(
+                "partitions hold {next_row} rows, row_count is {}",
+                w.row_count
+            ));
+        }
+        let created_at = DateTime::parse_from_rfc3339(&w.created_at)
+            .map_err(|e| format!("created_at: {e}"))?
+            .with_timezone(&Utc);
+        Ok(Self {
+            table_id,
+            bucket_strategy,
+            window,
+            generation: w.generation,
+            ordinal: w.ordinal,
+            payload_key: w.payload_key,
+            row_count: w.row_count,
+            byte_length: w.byte_length,
+            sha256: w.sha256,
+            footer: w.footer,
+            row_groups: w.row_groups,
+            partitions,
+            created_at,
+        })
+    }
+
+    /// The entry of a partition (binary search: partitions are sorted).
+    pub fn partition(&self, key: &PartitionKey) -> Option<&PartitionEntry> {
+        self.partitions
+            .binary_search_by(|p| p.partition_key.as_bytes().cmp(key.as_bytes()))
+            .ok()
+            .map(|i| &self.partitions[i])
+    }
+
+    /// Checks that this segment holds `bucket` (the route that led here names it), and
+    /// returns its partition entry and the bucket's row count.
+    pub fn entry_for(
+        &self,
+        key: &str,
+        bucket: &BucketId,
+    ) -> Result<(&PartitionEntry, u64), ArchiveError> {
+        let mismatch = |field: &'static str, expected: String, actual: String| {
+            ArchiveError::IdentityMismatch {
+                key: key.to_string(),
+                field,
+                expected,
+                actual,
+            }
+        };
+        if self.table_id != bucket.table_id {
+            return Err(mismatch(
+                "table_id",
+                bucket.table_id.to_string(),
+                self.table_id.to_string(),
+            ));
+        }
+        let entry = self.partition(&bucket.partition_key).ok_or_else(|| {
+            mismatch(
+                "partition_key",
+                bucket.partition_key.to_hex(),
+                "a segment without that partition".into(),
+            )
+        })?;
+        let rows = entry
+            .buckets
+            .iter()
+            .find(|(k, _)| *k == bucket.bucket_key)
+            .map(|(_, rows)| *rows)
+            .ok_or_else(|| {
+                mismatch(
+                    "bucket_key",
+                    bucket.bucket_key.to_string(),
+                    format!(
+                        "a segment partition without that bucket (window {})",
+                        self.window
+                    ),
+                )
+            })?;
+        Ok((entry, rows))
+    }
+
+    /// The row groups holding a partition's rows: their indices and, for the first, how
+    /// many of its rows precede the partition.
+    pub fn row_groups_of(&self, entry: &PartitionEntry) -> (std::ops::Range<usize>, u64) {
+        let (from, to) = (entry.first_row, entry.first_row + entry.rows);
+        let mut start_row = 0u64;
+        let mut first = None;
+        let mut skip = 0;
+        let mut last = 0;
+        for (i, g) in self.row_groups.iter().enumerate() {
+            let end_row = start_row + g.rows;
+            if end_row > from && start_row < to {
+                if first.is_none() {
+                    first = Some(i);
+                    skip = from - start_row;
+                }
+                last = i;
+            }
+            if end_row >= to {
+                break;
+            }
+            start_row = end_row;
+        }
+        let first = first.unwrap_or(0);
+        (first..last + 1, skip)
+    }
+
+    /// Every bucket in the segment with its row count.
+    pub fn buckets(&self) -> impl Iterator<Item = (BucketId, u64)> + '_ {
+        self.partitions.iter().flat_map(move |p| {
+            p.buckets.iter().map(move |(k, rows)| {
+                (
+                    BucketId {
+                        table_id: self.table_id.clone(),
+                        partition_key: p.partition_key.clone(),
+                        bucket_key: *k,
+                    },
+                    *rows,
+                )
+            })
+        })
+    }
+}

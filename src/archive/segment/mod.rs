@@ -1,0 +1,28 @@
+//! Segments: one archive object holding the buckets of many partitions for one window.
+//!
+//! A per-bucket archive is ideal at cutover and wasteful for ever after: millions of small
+//! objects, each a PUT to write and a GET (plus a manifest GET) to read. The compactor
+//! (`crate::archiver::compact`) rewrites the published buckets of a window (a month of day
+//! buckets, a year of month buckets) into segments sorted by `(partition_key, event_time,
+//! sort_key)`, split by partition-key range toward a target size, and switches the
+//! buckets' routes to them. This module is the storage half: the v5 manifest
+//! (`manifest.rs`), the writer that creates and verifies a segment (`write.rs`) and the
+//! reader that fetches one partition with ranged reads verified per row group (`read.rs`).
+//! The design and its reasons are in `docs/segments.md`, the format in
+//! `docs/archive-format.md`.
+
+mod manifest;
+pub(crate) mod read;
+mod write;
+
+pub use manifest::{
+    BucketEntry, ByteRange, PartitionEntry, RowGroupEntry, SegmentManifest, SEGMENT_KIND,
+    SEGMENT_MANIFEST_VERSION,
+};
+pub(crate) use read::SegmentCache;
+pub(crate) use write::write_segment;
+pub use write::{SegmentSpec, WrittenSegment, GROUP_MAX_BYTES, GROUP_MIN_ROWS};
+
+/// The path component every segment key holds (`<prefix>/v4/<table>/segments/...`): how a
+/// route names a segment rather than a per-bucket archive.
+pub const SEGMENTS_DIR: &str = "/segments/";

@@ -1,0 +1,358 @@
+//! Compaction: rewriting a window's published buckets into segments and moving their routes.
+//!
+//! A window (a month of day buckets, a year of month buckets) is compacted once every bucket
+//! in it is archived with its hot rows deleted and its end is [`ArchiverConfig::compact_after`]
+//! in the past. The protocol, in order:
+//!
+//! 1. claim the window (fresh owner token, generation + 1, a lease by the store's clock);
+//! 2. read the window's sources (every bucket's current route) after the claim;
+//! 3. per run of partitions up to the target size: read each source bucket verified (a
+//!    per-bucket archive or an older segment), write one segment under the claim's
+//!    generation (create-once payload, read back and decoded against the rows, then the
+//!    manifest), renew the claim;
+//! 4. switch: one transaction that checks the claim and that every bucket's route is still
+//!    the source read, moves all of them, and records the replaced objects as retired;
+//! 5. release the claim.
+//!
+//! A crash or a lost lease before step 4 leaves only objects nobody references, under a
+//! generation no later compaction reuses: garbage collection removes them after its delay.
+//! After step 4, the replaced objects stay readable until garbage collection finds them
+//! retired for longer than the cleanup delay (the readers' route-cache bound), so a reader
+//! that cached an old route still finds its object.
+//!
+//! [`ArchiverConfig::compact_after`]: super::ArchiverConfig::compact_after
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::archive::{RouteManifest, SegmentSpec, SEGMENTS_DIR};
+use crate::failpoint;
+use crate::model::{BucketKey, EventTime, Record};
+use crate::store::{CompactionClaim, CompactionSource, RouteSwitch, StoreError, TableDefinition};
+
+use super::runner::Runner;
+use super::ArchiverError;
+
+/// Windows looked at per table and pass (the oldest first).
+const CANDIDATE_LIMIT: usize = 10_000;
+/// Most partitions in one segment, so its manifest stays a few MiB.
+pub const SEGMENT_MAX_PARTITIONS: usize = 16_384;
+
+/// What happened to one window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowOutcome {
+    /// Its buckets now route to new segments.
+    Compacted {
+        /// Segments written.
+        segments: usize,
+        /// Buckets switched.
+        buckets: u64,
+        /// Rows rewritten.
+        rows: u64,
+    },
+    /// Some bucket of the window is not archived and cleaned yet.
+    NotReady,
+    /// Another compactor holds the window.
+    Busy,
+    /// The window has no archived buckets.
+    Empty,
+}
+
+/// Totals of one compaction pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    /// Windows compacted.
+    pub windows: usize,
+    /// Segments written.
+    pub segments: usize,
+    /// Buckets switched to segments.
+    pub buckets: u64,
+    /// Rows rewritten.
+    pub rows: u64,
+    /// Windows skipped (not ready or held by another compactor).
+    pub skipped: usize,
+    /// Windows that failed (their claim was released; orphans are GC's).
+    pub failed: usize,
+    /// One line per failure.
+    pub errors: Vec<String>,
+}
+
+impl Runner {
+    /// One compaction pass over every table: each window that is due and holds at least
+    /// one bucket not yet in a segment is compacted, oldest first.
+    pub async fn compact_pass(&self) -> Result<CompactReport, ArchiverError> {
+        let mut report = CompactReport::default();
+        let now = self.store.now().await?;
+        let after = i64::try_from(self.config.compact_after.as_micros()).unwrap_or(i64::MAX);
+        // A cutoff before the supported range means no window is due yet.
+        let before = EventTime::from_micros(now.as_micros().saturating_sub(after))
+            .unwrap_or_else(|_| EventTime::min_supported());
+        let exclude = format!("%{SEGMENTS_DIR}%");
+        for table in self.store.tables().await? {
+            let starts = self
+                .store
+                .compaction_candidates(&table.table_id, before, &exclude, CANDIDATE_LIMIT)
+                .await?;
+            let windows: BTreeSet<BucketKey> = starts
+                .into_iter()
+                .map(|s| table.strategy.bucket_of(s).window())
+                .filter(|w| w.end() <= before)
+                .collect();
+            for window in windows {
+                match self.compact_window(&table, window).await {
+                    Ok(WindowOutcome::Compacted {
+                        segments,
+                        buckets,
+                        rows,
+                    }) => {
+                        report.windows += 1;
+                        report.segments += segments;
+                        report.buckets += buckets;
+                        report.rows += rows;
+                    }
+                    Ok(_) => report.skipped += 1,
+                    Err(e) => {
+                        warn!(table = %table.table_id, %window, error = %e, "compaction failed");
+                        self.metrics.compactions_failed.inc();
+                        report.failed += 1;
+                        report
+                            .errors
+                            .push(format!("{} {window}: {e}", table.table_id));
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Compacts one window of one table (see the module comment for the protocol).
+    pub async fn compact_window(
+        &self,
+        table: &TableDefinition,
+        window: BucketKey,
+    ) -> Result<WindowOutcome, ArchiverError> {
+        let (start, end) = window.bounds();
+        let state = self.store.window_state(&table.table_id, start, end).await?;
+        if state.not_ready > 0 {
+            return Ok(WindowOutcome::NotReady);
+        }
+        if state.sources.is_empty() {
+            return Ok(WindowOutcome::Empty);
+        }
+        let Some(claim) = self
+            .store
+            .claim_compaction(
+                &table.table_id,
+                &window.to_string(),
+                start,
+                end,
+                self.config.lease,
+            )
+            .await?
+        else {
+            return Ok(WindowOutcome::Busy);
+        };
+        failpoint::hit("compact_after_claim");
+        let result = self.compact_claimed(table, window, claim.clone()).await;
+        // Best effort: a claim that is not released expires with its lease.
+        let current = match &result {
+            Ok((_, c)) => c.clone(),
+            Err(_) => claim,
+        };
+        if let Err(e) = self.store.release_compaction(&current).await {
+            warn!(error = %e, "releasing a compaction claim failed; it expires with its lease");
+        }
+        result.map(|(o, _)| o)
+    }
+
+    async fn compact_claimed(
+        &self,
+        table: &TableDefinition,
+        window: BucketKey,
+        mut claim: CompactionClaim,
+    ) -> Result<(WindowOutcome, CompactionClaim), ArchiverError> {
+        let (start, end) = window.bounds();
+        // The sources as they are now that the window is ours; the switch re-checks each.
+        let state = self.store.window_state(&table.table_id, start, end).await?;
+        if state.not_ready > 0 {
+            return Ok((WindowOutcome::NotReady, claim));
+        }
+        let mut switches: Vec<RouteSwitch> = Vec::with_capacity(state.sources.len());
+        let mut segments = 0usize;
+        let mut rows_total = 0u64;
+        let mut batch = SegmentBatch::default();
+        let mut routes: HashMap<String, RouteManifest> = HashMap::new();
+        let sources = &state.sources;
+        let mut i = 0;
+        while i < sources.len() {
+            // One partition's sources, read whole: a partition never spans segments.
+            let pk = &sources[i].bucket.partition_key;
+            let mut j = i;
+            let mut rows: Vec<Record> = Vec::new();
+            while j < sources.len() && &sources[j].bucket.partition_key == pk {
+                let got = self.read_source(&sources[j], &mut routes).await?;
+                if got.is_empty() {
+                    // A segment lists only buckets with rows; an empty archived bucket would
+                    // keep its old route and bring the window back every pass.
+                    return Err(ArchiverError::Unresolved {
+                        bucket: sources[j].bucket.clone(),
+                        step: "compaction",
+                        detail: "an archived bucket without rows cannot move to a segment".into(),
+                    });
+                }
+                rows.extend(got);
+                j += 1;
+            }
+            let bytes = row_bytes(&rows);
+            let full = batch.bytes + bytes > self.config.segment_target_bytes
+                || batch.partitions >= SEGMENT_MAX_PARTITIONS;
+            if full && !batch.rows.is_empty() {
+                let done = std::mem::take(&mut batch);
+                rows_total += done.rows.len() as u64;
+                switches.extend(
+                    self.write_batch(table, window, &mut claim, segments, done)
+                        .await?,
+                );
+                segments += 1;
+            }
+            batch.add(&sources[i..j], rows, bytes);
+            i = j;
+        }
+        if !batch.rows.is_empty() {
+            rows_total += batch.rows.len() as u64;
+            switches.extend(
+                self.write_batch(table, window, &mut claim, segments, batch)
+                    .await?,
+            );
+            segments += 1;
+        }
+        failpoint::hit("compact_before_switch");
+        let switched = self.store.switch_routes(&claim, &switches).await?;
+        failpoint::hit("compact_after_switch");
+        self.metrics.buckets_compacted.inc_by(switched);
+        info!(
+            table = %table.table_id,
+            %window,
+            segments,
+            buckets = switched,
+            rows = rows_total,
+            generation = claim.generation,
+            "window compacted"
+        );
+        Ok((
+            WindowOutcome::Compacted {
+                segments,
+                buckets: switched,
+                rows: rows_total,
+            },
+            claim,
+        ))
+    }
+
+    /// Writes one segment from a batch and renews the claim; returns the batch's switches.
+    async fn write_batch(
+        &self,
+        table: &TableDefinition,
+        window: BucketKey,
+        claim: &mut CompactionClaim,
+        ordinal: usize,
+        batch: SegmentBatch,
+    ) -> Result<Vec<RouteSwitch>, ArchiverError> {
+        let spec = SegmentSpec {
+            table_id: table.table_id.clone(),
+            strategy: table.strategy,
+            window,
+            generation: claim.generation,
+            ordinal: u32::try_from(ordinal).unwrap_or(u32::MAX),
+        };
+        let written = self.archive.write_segment(&spec, &batch.rows).await?;
+        self.metrics.segments_written.inc();
+        self.metrics
+            .bytes_compacted
+            .inc_by(written.manifest.byte_length);
+        // Renewed after every segment: a stale claim stops the work here, before the next
+        // segment is written (the switch would refuse it anyway).
+        *claim = self
+            .store
+            .renew_compaction(claim, self.config.lease)
+            .await?;
+        Ok(batch
+            .sources
+            .into_iter()
+            .map(|s| RouteSwitch {
+                bucket: s.bucket,
+                from_object_key: s.object_key,
+                to_object_key: written.manifest_key.clone(),
+            })
+            .collect())
+    }
+
+    /// One source bucket's rows, verified against its manifest (per-bucket archive or
+    /// segment; a segment's manifest is opened once per window).
+    async fn read_source(
+        &self,
+        source: &CompactionSource,
+        routes: &mut HashMap<String, RouteManifest>,
+    ) -> Result<Vec<Record>, ArchiverError> {
+        let route = match routes.get(&source.object_key) {
+            Some(r @ RouteManifest::Segment(m)) => {
+                m.entry_for(&source.object_key, &source.bucket)?;
+                r.clone()
+            }
+            _ => {
+                let r = self
+                    .archive
+                    .open_route(&source.object_key, &source.bucket)
+                    .await?;
+                if matches!(r, RouteManifest::Segment(_)) {
+                    routes.insert(source.object_key.clone(), r.clone());
+                }
+                r
+            }
+        };
+        Ok(self.archive.read_bucket(&route, &source.bucket).await?)
+    }
+}
+
+/// The rows and sources of the segment being filled.
+#[derive(Default)]
+struct SegmentBatch {
+    rows: Vec<Record>,
+    sources: Vec<CompactionSource>,
+    bytes: usize,
+    partitions: usize,
+}
+
+impl SegmentBatch {
+    fn add(&mut self, sources: &[CompactionSource], rows: Vec<Record>, bytes: usize) {
+        self.bytes += bytes;
+        self.partitions += 1;
+        self.rows.extend(rows);
+        self.sources.extend(sources.iter().cloned());
+    }
+}
+
+/// The uncompressed size of rows, as the segment target counts it.
+fn row_bytes(rows: &[Record]) -> usize {
+    rows.iter()
+        .map(|r| r.partition_key.as_bytes().len() + 8 + r.sort_key.as_bytes().len() + r.value.len())
+        .sum()
+}
+
+/// Whether a store error means the compaction lost its window or a route moved under it
+/// (expected under concurrency; the next pass looks again).
+pub fn is_contention(e: &ArchiverError) -> bool {
+    matches!(
+        e,
+        ArchiverError::Store(StoreError::StaleCompaction { .. } | StoreError::RouteChanged { .. })
+    )
+}
+
+/// How long after its retirement a replaced object must still be kept: the readers'
+/// route-cache bound (the archiver's cleanup delay, at least the cache TTL) plus the clock
+/// skew allowance.
+pub fn retirement_delay(cleanup_delay: Duration) -> Duration {
+    cleanup_delay + super::config::CLOCK_SKEW_ALLOWANCE
+}

@@ -1,0 +1,330 @@
+//! Segments (manifest v5) on every backend: many partitions' buckets in one object, one
+//! partition read with ranged reads verified per row group, side by side with per-bucket
+//! archives, and every damaged or misplaced object refused with a typed error.
+
+use super::*;
+use pulpitum::archive::{RouteManifest, SegmentManifest, SegmentSpec};
+
+fn spec(generation: i64, ordinal: u32) -> SegmentSpec {
+    SegmentSpec {
+        table_id: TableId::new("chat").unwrap(),
+        strategy: pulpitum::model::BucketStrategy::CalendarDayUtc,
+        window: BucketKey::parse_any("month:2024-03").unwrap(),
+        generation,
+        ordinal,
+    }
+}
+
+/// Rows of `partitions` partitions over three day buckets of March 2024, sorted as a segment
+/// holds them; partition 0 is large enough to fill row groups of its own.
+fn window_rows(partitions: u8) -> Vec<(BucketId, Vec<Record>)> {
+    let mut out = Vec::new();
+    for pk in 0..partitions {
+        for day in ["2024-03-01", "2024-03-02", "2024-03-31"] {
+            let b = bucket(day, pk);
+            let n = if pk == 0 { 6000 } else { 60 + pk as usize };
+            out.push((b.clone(), records(&b, n, pk)));
+        }
+    }
+    out
+}
+
+fn flat(rows: &[(BucketId, Vec<Record>)]) -> Vec<Record> {
+    rows.iter().flat_map(|(_, r)| r.clone()).collect()
+}
+
+async fn scan_route_all(
+    store: &ArchiveStore,
+    route: &RouteManifest,
+    b: &BucketId,
+    req: &ArchiveScan,
+) -> Result<Vec<Record>, ArchiveError> {
+    let stream = store
+        .scan_route(route, b, req, Arc::new(ArchiveScanMetrics::default()))
+        .await?;
+    let batches: Vec<_> = stream
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    batches_to_records(&batches)
+}
+
+#[tokio::test]
+async fn a_segment_serves_every_bucket_exactly_and_one_partition_in_few_reads() {
+    for be in backends("segment_round_trip").await {
+        let rows = window_rows(5);
+        let written = be
+            .store
+            .write_segment(&spec(1, 0), &flat(&rows))
+            .await
+            .unwrap();
+        let m = &written.manifest;
+        assert_eq!(m.partitions.len(), 5, "{}", be.name);
+        assert!(
+            m.row_groups.len() >= 2,
+            "{}: partition 0 has groups of its own",
+            be.name
+        );
+        for (b, want) in &rows {
+            let route = be.store.open_route(&written.manifest_key, b).await.unwrap();
+            assert!(matches!(route, RouteManifest::Segment(_)));
+            let got = scan_route_all(&be.store, &route, b, &ArchiveScan::default())
+                .await
+                .unwrap();
+            assert_eq!(&got, want, "{}: {b}", be.name);
+            // Descending, bounded, in small batches: the same rows as the reference filter.
+            let t = want[want.len() / 2].event_time;
+            let req = ArchiveScan {
+                bounds: ScanBounds {
+                    time_upper: Bound::Included(t),
+                    ..ScanBounds::all()
+                },
+                descending: true,
+                batch_rows: 7,
+                ..ArchiveScan::default()
+            };
+            let mut expect: Vec<Record> = want
+                .iter()
+                .filter(|r| req.bounds.matches(r))
+                .cloned()
+                .collect();
+            expect.reverse();
+            let got = scan_route_all(&be.store, &route, b, &req).await.unwrap();
+            assert_eq!(got, expect, "{}: {b} descending", be.name);
+            let all = be.store.read_bucket(&route, b).await.unwrap();
+            assert_eq!(&all, want);
+        }
+        // A fresh store (nothing cached): latest 50 of one small partition costs the
+        // manifest, the footer and one row group; with both cached, one ranged read.
+        let fresh = ArchiveStore::from_operator(be.store.operator().clone(), be.store.prefix());
+        let (b, want) = &rows[3 * 3 + 2];
+        let route = fresh.open_route(&written.manifest_key, b).await.unwrap();
+        let metrics = Arc::new(ArchiveScanMetrics::default());
+        let req = ArchiveScan {
+            descending: true,
+            batch_rows: 50,
+            ..ArchiveScan::default()
+        };
+        let first = fresh
+            .scan_route(&route, b, &req, metrics.clone())
+            .await
+            .unwrap()
+            .next()
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.num_rows(), 50);
+        let snap = metrics.snapshot();
+        assert_eq!(snap.requests, 2, "{}: footer and one row group", be.name);
+        let other = &rows[3 * 4].0;
+        let route = fresh
+            .open_route(&written.manifest_key, other)
+            .await
+            .unwrap();
+        let metrics = Arc::new(ArchiveScanMetrics::default());
+        let _batches = fresh
+            .scan_route(&route, other, &req, metrics.clone())
+            .await
+            .unwrap();
+        assert_eq!(metrics.snapshot().requests, 1, "{}: footer cached", be.name);
+        assert!(want.len() > 50);
+    }
+}
+
+#[tokio::test]
+async fn per_row_group_digests_confine_damage_to_the_partitions_it_touches() {
+    for be in backends("segment_damage").await {
+        let rows = window_rows(4);
+        let written = be
+            .store
+            .write_segment(&spec(1, 0), &flat(&rows))
+            .await
+            .unwrap();
+        let m = written.manifest.clone();
+        let op = be.store.operator();
+        let mut bytes = op.read(&m.payload_key).await.unwrap().to_vec();
+        // Flip one byte inside the last row group (the small partitions).
+        let last = m.row_groups.last().unwrap();
+        bytes[(last.range.offset + last.range.length / 2) as usize] ^= 0x55;
+        op.delete(&m.payload_key).await.unwrap();
+        op.write(&m.payload_key, bytes).await.unwrap();
+        let fresh = ArchiveStore::from_operator(op.clone(), be.store.prefix());
+        // Partition 0 lives in the first row groups: still readable, exactly.
+        let (b0, want0) = &rows[0];
+        let route = fresh.open_route(&written.manifest_key, b0).await.unwrap();
+        let got = scan_route_all(&fresh, &route, b0, &ArchiveScan::default())
+            .await
+            .unwrap();
+        assert_eq!(&got, want0, "{}", be.name);
+        // The last partition's group is damaged: a typed error, no rows.
+        let (b3, _) = &rows[3 * 3];
+        let route = fresh.open_route(&written.manifest_key, b3).await.unwrap();
+        let err = scan_route_all(&fresh, &route, b3, &ArchiveScan::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ArchiveError::ChecksumMismatch { key, .. } if key.contains("row group")),
+            "{}: {err}",
+            be.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn manifests_v4_and_v5_coexist_and_other_versions_are_refused() {
+    for be in backends("segment_versions").await {
+        let b = bucket("2024-03-05", 9);
+        let rs = records(&b, 30, 1);
+        let w = be
+            .store
+            .write_bucket(&b, 1, PayloadFormat::Parquet, pages(&rs, 100))
+            .await
+            .map_err(WriteError::into_archive)
+            .unwrap();
+        let route = be.store.open_route(&w.manifest_key, &b).await.unwrap();
+        assert!(matches!(route, RouteManifest::Bucket(_)));
+        assert_eq!(
+            scan_route_all(&be.store, &route, &b, &ArchiveScan::default())
+                .await
+                .unwrap(),
+            rs
+        );
+
+        let rows = window_rows(2);
+        let seg = be
+            .store
+            .write_segment(&spec(2, 0), &flat(&rows))
+            .await
+            .unwrap();
+        let text = String::from_utf8(
+            be.store
+                .operator()
+                .read(&seg.manifest_key)
+                .await
+                .unwrap()
+                .to_vec(),
+        )
+        .unwrap();
+        let v6 = text.replacen("\"manifest_version\":5", "\"manifest_version\":6", 1);
+        let key6 = seg.manifest_key.replace("-g2/", "-g6/");
+        be.store.operator().write(&key6, v6).await.unwrap();
+        let err = be.store.open_route(&key6, &rows[0].0).await.unwrap_err();
+        assert!(
+            matches!(err, ArchiveError::UnsupportedManifestVersion(6)),
+            "{}: {err}",
+            be.name
+        );
+        // A bucket the segment does not hold, and a manifest copied elsewhere: refused.
+        let err = be
+            .store
+            .open_route(&seg.manifest_key, &b)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ArchiveError::IdentityMismatch { .. }),
+            "{err}"
+        );
+        let copied = seg.manifest_key.replace("s00000-g2", "s00001-g2");
+        be.store
+            .operator()
+            .write(&copied, text.clone())
+            .await
+            .unwrap();
+        let err = be.store.open_route(&copied, &rows[0].0).await.unwrap_err();
+        assert!(
+            matches!(err, ArchiveError::IdentityMismatch { .. }),
+            "{err}"
+        );
+        // Truncated manifest: invalid, typed.
+        let cut = seg.manifest_key.replace("s00000-g2", "s00002-g2");
+        be.store
+            .operator()
+            .write(&cut, text[..text.len() / 2].to_string())
+            .await
+            .unwrap();
+        let err = be.store.open_route(&cut, &rows[0].0).await.unwrap_err();
+        assert!(matches!(err, ArchiveError::InvalidManifest { .. }), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn segment_writes_are_checked_create_once_and_idempotent() {
+    for be in backends("segment_writes").await {
+        let rows = flat(&window_rows(3));
+        // Unsorted and out-of-window rows are refused before anything is written.
+        let mut unsorted = rows.clone();
+        unsorted.swap(0, 1);
+        let err = be
+            .store
+            .write_segment(&spec(1, 0), &unsorted)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ArchiveError::InvalidInput { .. }), "{err}");
+        let outside = records(&bucket("2024-04-01", 1), 3, 0);
+        let err = be
+            .store
+            .write_segment(&spec(1, 0), &outside)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ArchiveError::InvalidInput { .. }), "{err}");
+        assert!(
+            be.store.list_objects().await.unwrap().is_empty(),
+            "{}",
+            be.name
+        );
+        // The same rows twice under one generation: the retry finds its own segment.
+        let a = be.store.write_segment(&spec(1, 0), &rows).await.unwrap();
+        let b = be.store.write_segment(&spec(1, 0), &rows).await.unwrap();
+        assert_eq!(a.manifest_key, b.manifest_key);
+        // Different rows at an existing key never overwrite it.
+        let err = be
+            .store
+            .write_segment(&spec(1, 0), &rows[1..])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ArchiveError::AlreadyExistsDifferent { .. }),
+            "{err}"
+        );
+        let m = SegmentManifest::parse(
+            &be.store
+                .operator()
+                .read(&a.manifest_key)
+                .await
+                .unwrap()
+                .to_vec(),
+            &a.manifest_key,
+        )
+        .unwrap();
+        assert_eq!(m.row_count, rows.len() as u64);
+    }
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn an_encoder_that_loses_a_row_never_gets_a_manifest() {
+    let store = ArchiveStore::from_url(&format!("memory://{}", unique("segment_lossy")))
+        .unwrap()
+        .with_lossy_encoder();
+    let rows = flat(&window_rows(2));
+    let err = store.write_segment(&spec(1, 0), &rows).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ArchiveError::InvalidManifest { .. } | ArchiveError::RowCountMismatch { .. }
+        ),
+        "{err}"
+    );
+    let keys: Vec<String> = store
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(
+        keys.iter().all(|k| !k.ends_with("manifest.json")),
+        "{keys:?}"
+    );
+}
