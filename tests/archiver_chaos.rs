@@ -4,7 +4,10 @@
 //! eligible bucket must be archived and cleaned, every acknowledged row read back exactly
 //! once, no unacknowledged row present, and GC must leave no orphan. GC runs in every
 //! archiver (at each start, so often, beside the others' publications) at the smallest legal
-//! delay for the deadlines used here (`GC_DELAY`), never at zero.
+//! delay for the deadlines used here (`GC_DELAY`), never at zero. Every archiver also
+//! compacts the windows it finds archived and cleaned (January and February 2021 here), so
+//! segment writes and route switches run beside the archival, under the same kills and
+//! faults; at the end every eligible bucket must route to a segment.
 
 mod archiver_support;
 
@@ -23,7 +26,9 @@ use rand::Rng;
 const CHANNELS: u8 = 4;
 const DAYS: i64 = 60;
 const WORKERS: usize = 3;
-const CHAOS_SECONDS: u64 = 45;
+const CHAOS_SECONDS: u64 = 75;
+/// How long the longer-lived archiver lives between kills.
+const COMPACTOR_LIFE: Duration = Duration::from_secs(12);
 
 /// Deadlines of every archiver here, and the smallest GC delay they allow: above the upload
 /// deadline (3 s) plus the publication window at a 1 s operation deadline (13 s) plus the
@@ -203,6 +208,12 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         c.spawn().expect("spawn archiver")
     };
     let mut workers: Vec<_> = (0..WORKERS).map(|_| spawn_worker()).collect();
+    // One more archiver, killed less often (every `COMPACTOR_LIFE`), so that a window
+    // compaction, which reads every bucket of a month, gets the time to finish beside the
+    // short-lived ones, under the same faults.
+    let mut compactor = spawn_worker();
+    let mut compactor_born = Instant::now();
+    let mut compactor_kills = 0u32;
     let (admin, conn) = tokio_postgres::connect(&pg_base_url(), tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -217,6 +228,13 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         let _ = workers[victim].start_kill(); // SIGKILL
         let _ = workers[victim].wait().await;
         kills += 1;
+        if compactor_born.elapsed() >= COMPACTOR_LIFE {
+            let _ = compactor.start_kill();
+            let _ = compactor.wait().await;
+            compactor_kills += 1;
+            compactor = spawn_worker();
+            compactor_born = Instant::now();
+        }
         workers[victim] = spawn_worker();
         if rand::rng().random_bool(0.5) {
             let n = admin
@@ -233,6 +251,8 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     for w in writers {
         w.await.unwrap();
     }
+    let _ = compactor.start_kill();
+    let _ = compactor.wait().await;
     for w in &mut workers {
         let _ = w.start_kill();
         let _ = w.wait().await;
@@ -249,13 +269,15 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         injected += it.next().unwrap_or(0);
     }
 
-    let mut archived_during_chaos = 0;
+    let (mut archived_during_chaos, mut compacted_during_chaos) = (0, 0);
     for b in &eligible {
-        if matches!(
-            store.bucket(b).await.unwrap().unwrap().state,
-            BucketState::Archived { .. }
-        ) {
+        if let BucketState::Archived { object_key, .. } =
+            store.bucket(b).await.unwrap().unwrap().state
+        {
             archived_during_chaos += 1;
+            if object_key.contains("/segments/") {
+                compacted_during_chaos += 1;
+            }
         }
     }
 
@@ -317,14 +339,34 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
 
     // Orphans of dead workers, whatever their age: GC with no delay (below what the binary
     // accepts, so through the library) once every worker has stopped.
-    pulpitum::archiver::collect_garbage(
+    // Retired objects too: no reader is left to hold an old route.
+    pulpitum::archiver::collect_garbage_with(
         &*store,
         &archive,
-        Duration::ZERO,
+        pulpitum::archiver::GcDelays {
+            orphans: Duration::ZERO,
+            retired: Duration::ZERO,
+        },
         &pulpitum::archiver::ArchiverMetrics::default(),
     )
     .await
     .unwrap();
+    // Compaction ran beside the archivers (every archiver compacts when its archival is
+    // caught up) and in the settling runs: every eligible bucket ends in a segment.
+    let mut in_segments = 0;
+    for b in &eligible {
+        if let BucketState::Archived { object_key, .. } =
+            store.bucket(b).await.unwrap().unwrap().state
+        {
+            in_segments += usize::from(object_key.contains("/segments/"));
+        }
+    }
+    assert_eq!(
+        in_segments,
+        eligible.len(),
+        "every eligible bucket compacted"
+    );
+    assert!(store.retired_objects().await.unwrap().is_empty());
 
     // Read everything back through the routes.
     let mut seen: BTreeMap<Key, Vec<u8>> = BTreeMap::new();
@@ -357,9 +399,9 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     let anomalies = lost + phantom + resurrected + duplicates as usize + orphans;
     eprintln!(
         "chaos: buckets {} (eligible {}), rows acknowledged {}, rejected by fence {}, outcome unknown {}, \
-         workers {WORKERS}, kills {kills}, dropped connections {dropped_connections}, \
+         workers {WORKERS} + 1, kills {kills} + {compactor_kills}, dropped connections {dropped_connections}, \
          object-store calls {store_calls} with {injected} injected failures, \
-         published during the chaos {archived_during_chaos}, settle rounds {settle_rounds}, objects {}, anomalies {anomalies} \
+         published during the chaos {archived_during_chaos}, in segments during the chaos {compacted_during_chaos}, settle rounds {settle_rounds}, objects {}, anomalies {anomalies} \
          (lost {lost}, phantom {phantom}, resurrected {resurrected}, duplicates {duplicates}, orphans {orphans})",
         all_buckets.len(),
         eligible.len(),

@@ -384,3 +384,123 @@ async fn a_window_with_unfinished_buckets_is_left_alone() {
     assert_eq!(runner.compact_pass().await.unwrap().windows, 0);
     assert!(routes(&s).await.iter().all(|(_, st)| !in_segment(st)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compaction_rides_out_transient_object_store_failures() {
+    let s = setup("compactfaults").await;
+    s.store
+        .append_batch(&s.table, &rows("2021-03-01T00:00:00Z", 3, 100))
+        .await
+        .unwrap();
+    let mut c = config();
+    c.compaction = false;
+    Runner::new(s.store.clone(), s.archive.clone(), c.clone())
+        .unwrap()
+        .drain(&CancellationToken::new(), &|_, _| {})
+        .await
+        .unwrap();
+    // 15% of read and write calls fail (transiently) above the store's own retries, as in
+    // the chaos test.
+    let layer = pulpitum::archive::FaultLayer::new(
+        pulpitum::archive::FaultPlan::new(7)
+            .fail_ratio(pulpitum::archive::FaultOp::Read, 0.15)
+            .fail_ratio(pulpitum::archive::FaultOp::Write, 0.15),
+    );
+    let faulty = Arc::new(s.archive.with_faults(layer.clone()));
+    c.compaction = true;
+    let compactor = Runner::new(s.store.clone(), faulty, c).unwrap();
+    let report = compactor.compact_pass().await.unwrap();
+    assert!(layer.stats().failures > 0);
+    assert_eq!(
+        (report.windows, report.failed),
+        (1, 0),
+        "{:?}",
+        report.errors
+    );
+    assert!(routes(&s).await.iter().all(|(_, st)| in_segment(st)));
+    check_queries(&s.ctx, 3, 100, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gc_keeps_the_segments_of_a_window_being_compacted() {
+    let s = setup("compactgc").await;
+    let rs = rows("2021-03-01T00:00:00Z", 3, 30);
+    s.store.append_batch(&s.table, &rs).await.unwrap();
+    let mut c = config();
+    c.compaction = false;
+    Runner::new(s.store.clone(), s.archive.clone(), c)
+        .unwrap()
+        .drain(&CancellationToken::new(), &|_, _| {})
+        .await
+        .unwrap();
+    // A compactor that has claimed the window and written its segment, not yet switched.
+    let window = BucketKey::parse_any("month:2021-03").unwrap();
+    let (start, end) = window.bounds();
+    let claim = s
+        .store
+        .claim_compaction(
+            &s.table,
+            &window.to_string(),
+            start,
+            end,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let mut sorted = rs.clone();
+    sorted.sort_by(|a, b| {
+        (
+            a.partition_key.as_bytes(),
+            a.event_time,
+            a.sort_key.as_bytes(),
+        )
+            .cmp(&(
+                b.partition_key.as_bytes(),
+                b.event_time,
+                b.sort_key.as_bytes(),
+            ))
+    });
+    let spec = pulpitum::archive::SegmentSpec {
+        table_id: s.table.clone(),
+        strategy: pulpitum::model::BucketStrategy::CalendarDayUtc,
+        window,
+        generation: claim.generation,
+        ordinal: 0,
+    };
+    let written = s.archive.write_segment(&spec, &sorted).await.unwrap();
+    let zero = GcDelays {
+        orphans: Duration::ZERO,
+        retired: Duration::ZERO,
+    };
+    collect_garbage_with(&*s.store, &s.archive, zero, &ArchiverMetrics::default())
+        .await
+        .unwrap();
+    let keys: Vec<String> = s
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(
+        keys.contains(&written.manifest_key),
+        "a claimed window's segment was collected"
+    );
+    // Released without a switch, the segment is an orphan like any other.
+    s.store.release_compaction(&claim).await.unwrap();
+    collect_garbage_with(&*s.store, &s.archive, zero, &ArchiverMetrics::default())
+        .await
+        .unwrap();
+    let keys: Vec<String> = s
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(!keys.iter().any(|k| k.contains("/segments/")), "{keys:?}");
+    check_queries(&s.ctx, 3, 30, 0).await;
+}

@@ -777,6 +777,26 @@ impl ArchiveStore {
     }
 }
 
+/// Attempts after the first of one request retried by [`retry_transient`].
+const TRANSIENT_RETRIES: u32 = 8;
+
+/// Whether to retry a request that failed transiently, after a pause (the store's own retry
+/// layer has given up, or a fault layer sits above it). For work that makes hundreds of
+/// requests in a row (compaction, segment writes), where one unlucky request should not
+/// throw the rest away. Integrity errors are never retried. Call with `attempt` at 0 for a
+/// new request.
+pub(crate) async fn retry_transient(e: &ArchiveError, attempt: &mut u32) -> bool {
+    if !e.is_retryable() || *attempt >= TRANSIENT_RETRIES {
+        return false;
+    }
+    *attempt += 1;
+    tokio::time::sleep(std::time::Duration::from_millis(
+        (25 << *attempt).min(1_000),
+    ))
+    .await;
+    true
+}
+
 fn check_scan(req: &ArchiveScan) -> Result<(), ArchiveError> {
     if req.batch_rows == 0 {
         return Err(ArchiveError::Config("batch_rows must be at least 1".into()));

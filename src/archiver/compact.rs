@@ -9,7 +9,7 @@
 //! 3. per run of partitions up to the target size: read each source bucket verified (a
 //!    per-bucket archive or an older segment), write one segment under the claim's
 //!    generation (create-once payload, read back and decoded against the rows, then the
-//!    manifest), renew the claim;
+//!    manifest); the claim's lease is renewed in the background all along;
 //! 4. switch: one transaction that checks the claim and that every bucket's route is still
 //!    the source read, moves all of them, and records the replaced objects as retired;
 //! 5. release the claim.
@@ -22,15 +22,20 @@
 //!
 //! [`ArchiverConfig::compact_after`]: super::ArchiverConfig::compact_after
 
-use std::collections::{BTreeSet, HashMap};
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use crate::archive::{RouteManifest, SegmentSpec, SEGMENTS_DIR};
+use futures::StreamExt;
+
+use crate::archive::{ArchiveError, SegmentSpec, SEGMENTS_DIR};
 use crate::failpoint;
 use crate::model::{BucketKey, EventTime, Record};
-use crate::store::{CompactionClaim, CompactionSource, RouteSwitch, StoreError, TableDefinition};
+use crate::store::{
+    CompactionClaim, CompactionSource, HotStore, RouteSwitch, StoreError, TableDefinition,
+};
 
 use super::runner::Runner;
 use super::ArchiverError;
@@ -141,6 +146,7 @@ impl Runner {
         if state.sources.is_empty() {
             return Ok(WindowOutcome::Empty);
         }
+        let sent = Instant::now();
         let Some(claim) = self
             .store
             .claim_compaction(
@@ -155,36 +161,45 @@ impl Runner {
             return Ok(WindowOutcome::Busy);
         };
         failpoint::hit("compact_after_claim");
-        let result = self.compact_claimed(table, window, claim.clone()).await;
+        let lease = WindowLease::start(
+            self.store.clone(),
+            claim,
+            sent,
+            self.config.lease,
+            self.config.op_deadline,
+        );
+        let result = self.compact_claimed(table, window, &lease).await;
         // Best effort: a claim that is not released expires with its lease.
-        let current = match &result {
-            Ok((_, c)) => c.clone(),
-            Err(_) => claim,
-        };
+        let current = lease.claim();
+        drop(lease);
         if let Err(e) = self.store.release_compaction(&current).await {
             warn!(error = %e, "releasing a compaction claim failed; it expires with its lease");
         }
-        result.map(|(o, _)| o)
+        result
     }
 
     async fn compact_claimed(
         &self,
         table: &TableDefinition,
         window: BucketKey,
-        mut claim: CompactionClaim,
-    ) -> Result<(WindowOutcome, CompactionClaim), ArchiverError> {
+        lease: &WindowLease,
+    ) -> Result<WindowOutcome, ArchiverError> {
         let (start, end) = window.bounds();
         // The sources as they are now that the window is ours; the switch re-checks each.
         let state = self.store.window_state(&table.table_id, start, end).await?;
         if state.not_ready > 0 {
-            return Ok((WindowOutcome::NotReady, claim));
+            return Ok(WindowOutcome::NotReady);
         }
         let mut switches: Vec<RouteSwitch> = Vec::with_capacity(state.sources.len());
         let mut segments = 0usize;
         let mut rows_total = 0u64;
         let mut batch = SegmentBatch::default();
-        let mut routes: HashMap<String, RouteManifest> = HashMap::new();
         let sources = &state.sources;
+        // Sources are read a few at a time, in order (object-store latency dominates).
+        // (The futures are made up front: a stream closure returning borrowing futures
+        // would not be `Send` for every lifetime, which `tokio::spawn` of the runner needs.)
+        let pending: Vec<_> = sources.iter().map(|src| self.read_source(src)).collect();
+        let mut reads = futures::stream::iter(pending).buffered(self.config.concurrency.max(1) * 2);
         let mut i = 0;
         while i < sources.len() {
             // One partition's sources, read whole: a partition never spans segments.
@@ -192,7 +207,7 @@ impl Runner {
             let mut j = i;
             let mut rows: Vec<Record> = Vec::new();
             while j < sources.len() && &sources[j].bucket.partition_key == pk {
-                let got = self.read_source(&sources[j], &mut routes).await?;
+                let got = reads.next().await.expect("one read per source")?;
                 if got.is_empty() {
                     // A segment lists only buckets with rows; an empty archived bucket would
                     // keep its old route and bring the window back every pass.
@@ -212,7 +227,7 @@ impl Runner {
                 let done = std::mem::take(&mut batch);
                 rows_total += done.rows.len() as u64;
                 switches.extend(
-                    self.write_batch(table, window, &mut claim, segments, done)
+                    self.write_batch(table, window, lease, segments, done)
                         .await?,
                 );
                 segments += 1;
@@ -223,12 +238,14 @@ impl Runner {
         if !batch.rows.is_empty() {
             rows_total += batch.rows.len() as u64;
             switches.extend(
-                self.write_batch(table, window, &mut claim, segments, batch)
+                self.write_batch(table, window, lease, segments, batch)
                     .await?,
             );
             segments += 1;
         }
         failpoint::hit("compact_before_switch");
+        lease.check()?;
+        let claim = lease.claim();
         let switched = self.store.switch_routes(&claim, &switches).await?;
         failpoint::hit("compact_after_switch");
         self.metrics.buckets_compacted.inc_by(switched);
@@ -241,43 +258,45 @@ impl Runner {
             generation = claim.generation,
             "window compacted"
         );
-        Ok((
-            WindowOutcome::Compacted {
-                segments,
-                buckets: switched,
-                rows: rows_total,
-            },
-            claim,
-        ))
+        Ok(WindowOutcome::Compacted {
+            segments,
+            buckets: switched,
+            rows: rows_total,
+        })
     }
 
-    /// Writes one segment from a batch and renews the claim; returns the batch's switches.
+    /// Writes one segment from a batch; returns the batch's switches.
     async fn write_batch(
         &self,
         table: &TableDefinition,
         window: BucketKey,
-        claim: &mut CompactionClaim,
+        lease: &WindowLease,
         ordinal: usize,
         batch: SegmentBatch,
     ) -> Result<Vec<RouteSwitch>, ArchiverError> {
+        // A lost claim stops the work before anything more is written under it (the switch
+        // would refuse it anyway).
+        lease.check()?;
         let spec = SegmentSpec {
             table_id: table.table_id.clone(),
             strategy: table.strategy,
             window,
-            generation: claim.generation,
+            generation: lease.claim().generation,
             ordinal: u32::try_from(ordinal).unwrap_or(u32::MAX),
         };
-        let written = self.archive.write_segment(&spec, &batch.rows).await?;
+        // A retry of the same generation and ordinal finds what an earlier attempt created
+        // and compares it (create-once), so retrying the whole write is safe.
+        let mut attempt = 0;
+        let written = loop {
+            match self.archive.write_segment(&spec, &batch.rows).await {
+                Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
+                other => break other?,
+            }
+        };
         self.metrics.segments_written.inc();
         self.metrics
             .bytes_compacted
             .inc_by(written.manifest.byte_length);
-        // Renewed after every segment: a stale claim stops the work here, before the next
-        // segment is written (the switch would refuse it anyway).
-        *claim = self
-            .store
-            .renew_compaction(claim, self.config.lease)
-            .await?;
         Ok(batch
             .sources
             .into_iter()
@@ -290,29 +309,110 @@ impl Runner {
     }
 
     /// One source bucket's rows, verified against its manifest (per-bucket archive or
-    /// segment; a segment's manifest is opened once per window).
-    async fn read_source(
-        &self,
-        source: &CompactionSource,
-        routes: &mut HashMap<String, RouteManifest>,
-    ) -> Result<Vec<Record>, ArchiverError> {
-        let route = match routes.get(&source.object_key) {
-            Some(r @ RouteManifest::Segment(m)) => {
-                m.entry_for(&source.object_key, &source.bucket)?;
-                r.clone()
-            }
-            _ => {
-                let r = self
-                    .archive
-                    .open_route(&source.object_key, &source.bucket)
-                    .await?;
-                if matches!(r, RouteManifest::Segment(_)) {
-                    routes.insert(source.object_key.clone(), r.clone());
-                }
-                r
+    /// segment).
+    async fn read_source(&self, source: &CompactionSource) -> Result<Vec<Record>, ArchiverError> {
+        // Each request is retried on its own, so a retry never repeats one that succeeded.
+        // A segment's manifest is opened once per store: `open_route` keeps it.
+        let mut attempt = 0;
+        let route = loop {
+            match self
+                .archive
+                .open_route(&source.object_key, &source.bucket)
+                .await
+            {
+                Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
+                other => break other?,
             }
         };
-        Ok(self.archive.read_bucket(&route, &source.bucket).await?)
+        let mut attempt = 0;
+        loop {
+            match self.archive.read_bucket(&route, &source.bucket).await {
+                Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
+                other => return Ok(other?),
+            }
+        }
+    }
+}
+
+/// A window claim's lease, renewed in the background every third of it while the
+/// compaction runs (reading a window's sources can take longer than one lease). As for
+/// bucket claims (`super::lease`), the local bound counts each lease from the sending of
+/// the statement that set it, so it never outlives the store's; past it, or on a refused
+/// renewal, the claim is lost and the work stops before writing more.
+struct WindowLease {
+    current: Arc<Mutex<CompactionClaim>>,
+    lost: Arc<Mutex<Option<String>>>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WindowLease {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+impl WindowLease {
+    fn start(
+        store: Arc<dyn HotStore>,
+        claim: CompactionClaim,
+        sent: Instant,
+        lease: Duration,
+        op_deadline: Duration,
+    ) -> Self {
+        let current = Arc::new(Mutex::new(claim));
+        let lost: Arc<Mutex<Option<String>>> = Arc::default();
+        let (cur, gone) = (current.clone(), lost.clone());
+        let handle = tokio::spawn(async move {
+            let mut valid_until = sent + lease;
+            let mut next = sent + lease / 3;
+            loop {
+                tokio::time::sleep_until(next.into()).await;
+                let attempt = Instant::now();
+                if attempt >= valid_until {
+                    *gone.lock().expect("lease lock") = Some("the lease ran out".into());
+                    return;
+                }
+                let claim = cur.lock().expect("lease lock").clone();
+                let deadline = op_deadline.min(valid_until - attempt);
+                match tokio::time::timeout(deadline, store.renew_compaction(&claim, lease)).await {
+                    Ok(Ok(c)) => {
+                        *cur.lock().expect("lease lock") = c;
+                        valid_until = attempt + lease;
+                        next = attempt + lease / 3;
+                    }
+                    Ok(Err(e @ StoreError::StaleCompaction { .. })) => {
+                        *gone.lock().expect("lease lock") = Some(e.to_string());
+                        return;
+                    }
+                    // A transient failure: try again soon, within the bound.
+                    _ => next = Instant::now() + (lease / 10).max(Duration::from_millis(50)),
+                }
+            }
+        });
+        Self {
+            current,
+            lost,
+            handle,
+        }
+    }
+
+    fn claim(&self) -> CompactionClaim {
+        self.current.lock().expect("lease lock").clone()
+    }
+
+    fn check(&self) -> Result<(), ArchiverError> {
+        match self.lost.lock().expect("lease lock").clone() {
+            None => Ok(()),
+            Some(reason) => {
+                let c = self.claim();
+                Err(ArchiverError::Store(StoreError::StaleCompaction {
+                    table_id: c.table_id,
+                    window_key: c.window_key,
+                    generation: c.generation,
+                    reason,
+                }))
+            }
+        }
     }
 }
 

@@ -343,6 +343,7 @@ impl Runner {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), ArchiverError> {
         let gc_every = self.config.interval.max(Duration::from_secs(600));
         let mut last_gc: Option<Instant> = None;
+        let mut last_compact: Option<Instant> = None;
         while !shutdown.is_cancelled() {
             let mut backlog = false;
             match self.run_cycle(&shutdown, &|_, _| {}).await {
@@ -376,11 +377,15 @@ impl Runner {
                 }
                 last_gc = Some(Instant::now());
             }
-            if backlog {
-                continue;
-            }
-            // Compaction only when archiving is caught up: cutover comes first.
-            if self.config.compaction {
+            // Compaction when archiving is caught up (cutover comes first), and during a long
+            // backlog at least every ten intervals, so windows already complete do not wait
+            // for the whole backlog.
+            let compact_due = self.config.compaction
+                && (!backlog
+                    || last_compact
+                        .is_none_or(|t: Instant| t.elapsed() >= self.config.interval * 10));
+            if compact_due {
+                last_compact = Some(Instant::now());
                 match self.compact_pass().await {
                     Ok(r) if r.windows + r.failed > 0 => info!(
                         windows = r.windows,
@@ -395,6 +400,9 @@ impl Runner {
                 if shutdown.is_cancelled() {
                     break;
                 }
+            }
+            if backlog {
+                continue;
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,

@@ -23,7 +23,7 @@ use super::read::{check_range, decode_partition, footer_metadata, VerifiedRanges
 use crate::archive::integrity::sha256_hex;
 use crate::archive::parquet::{writer_properties, ENCODE_BATCH_ROWS, ROW_GROUP_ROWS};
 use crate::archive::write::is_condition_failure;
-use crate::archive::{ArchiveError, ArchiveStore};
+use crate::archive::{retry_transient, ArchiveError, ArchiveStore};
 use crate::model::envelope::{COL_PARTITION, COL_SORT, COL_TIME};
 use crate::model::{
     batch_to_records, envelope_schema, records_to_batch, BucketKey, BucketStrategy, Record, TableId,
@@ -225,29 +225,42 @@ fn layout(key: &str, bytes: &Bytes) -> Result<(Vec<RowGroupEntry>, ByteRange), A
     ))
 }
 
-/// Creates `bytes` at `key` once; an object already there must hold the same bytes.
+/// Creates `bytes` at `key` once; an object already there must hold the same bytes. A
+/// transient failure is retried: a create that did commit is then found and compared.
 async fn create_once(op: &opendal::Operator, key: &str, bytes: Bytes) -> Result<(), ArchiveError> {
-    match op.write_with(key, bytes.clone()).if_not_exists(true).await {
-        Ok(_) => Ok(()),
-        Err(e) if is_condition_failure(&e) => {
-            let stored = read(op, key).await?;
-            if stored != bytes {
-                return Err(ArchiveError::AlreadyExistsDifferent {
-                    key: key.to_string(),
-                });
+    let mut attempt = 0;
+    loop {
+        let e = match op.write_with(key, bytes.clone()).if_not_exists(true).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_condition_failure(&e) => {
+                let stored = read(op, key).await?;
+                if stored != bytes {
+                    return Err(ArchiveError::AlreadyExistsDifferent {
+                        key: key.to_string(),
+                    });
+                }
+                return Ok(());
             }
-            Ok(())
+            Err(e) => ArchiveError::storage("write", key, e),
+        };
+        if !retry_transient(&e, &mut attempt).await {
+            return Err(e);
         }
-        Err(e) => Err(ArchiveError::storage("write", key, e)),
     }
 }
 
+/// A whole object, transient failures retried.
 async fn read(op: &opendal::Operator, key: &str) -> Result<Bytes, ArchiveError> {
-    Ok(op
-        .read(key)
-        .await
-        .map_err(|e| ArchiveError::storage("read", key, e))?
-        .to_bytes())
+    let mut attempt = 0;
+    loop {
+        let e = match op.read(key).await {
+            Ok(b) => return Ok(b.to_bytes()),
+            Err(e) => ArchiveError::storage("read", key, e),
+        };
+        if !retry_transient(&e, &mut attempt).await {
+            return Err(e);
+        }
+    }
 }
 
 pub(crate) async fn write_segment(
