@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use futures::StreamExt;
 
-use crate::archive::{ArchiveError, SegmentSpec, SEGMENTS_DIR};
+use crate::archive::{SegmentSpec, SEGMENTS_DIR};
 use crate::failpoint;
 use crate::model::{BucketKey, EventTime, Record};
 use crate::store::{
