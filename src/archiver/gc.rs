@@ -31,7 +31,6 @@ use tracing::info;
 
 use crate::archive::ArchiveStore;
 use crate::store::{BucketFilter, BucketState, HotStore};
-use crate::table::ROUTE_CACHE_TTL;
 
 use super::{ArchiverError, ArchiverMetrics};
 
@@ -64,7 +63,7 @@ pub struct GcDelays {
 }
 
 /// One GC pass with the orphan delay `delay` and the retirement delay of the default
-/// route-cache bound. `delay` is taken as given (a test may pass zero when no worker runs);
+/// cleanup delay (the readers' default route-cache bound). `delay` is taken as given (a test may pass zero when no worker runs);
 /// the archiver passes its validated [`super::ArchiverConfig::gc_delay`] to
 /// [`collect_garbage_with`].
 pub async fn collect_garbage(
@@ -75,7 +74,9 @@ pub async fn collect_garbage(
 ) -> Result<GcReport, ArchiverError> {
     let delays = GcDelays {
         orphans: delay,
-        retired: super::compact::retirement_delay(ROUTE_CACHE_TTL),
+        retired: super::compact::retirement_delay(
+            super::ArchiverConfig::with_defaults().cleanup_delay,
+        ),
     };
     collect_garbage_with(store, archive, delays, metrics).await
 }
