@@ -578,7 +578,7 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     println!(
-        "Loaded {} messages since {}; archived {} buckets ({} rows) that ended by {}; compacted {} months into {} segments.",
+        "Loaded {} messages since {}; archived {} buckets ({} rows) that ended by {}. Compacted {} months into {} segments.",
         report.loaded,
         report.first_day,
         report.archived_buckets,
