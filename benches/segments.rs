@@ -253,7 +253,7 @@ fn duckdb(url: &str, end: NaiveDate) -> Option<Duration> {
         r#"
 import duckdb, time, statistics
 con = duckdb.connect()
-q = """SELECT partition_key, count(*), sum(octet_length(value)) FROM read_parquet('{root}/**/segments/**/payload.parquet')
+q = """SELECT partition_key, count(*), sum(octet_length(value)) FROM read_parquet('{root}/v4/*/segments/*/*/payload.parquet')
 WHERE event_time < TIMESTAMPTZ '{end} 00:00:00+00' GROUP BY partition_key"""
 con.execute(q).fetchall()
 ts = []
@@ -268,11 +268,8 @@ print(statistics.median(ts))
         .ok()?;
     if !out.status.success() {
         eprintln!(
-            "DuckDB comparison skipped (pip install duckdb): {}",
+            "DuckDB comparison skipped (is the duckdb Python module installed?): {}",
             String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
         );
         return None;
     }
