@@ -103,6 +103,28 @@ async fn routes(s: &Setup) -> Vec<(String, BucketState)> {
         .collect()
 }
 
+/// Archives (and cleans) everything eligible with compaction off: per-bucket objects only.
+async fn archive_only(s: &Setup) {
+    let mut c = config();
+    c.compaction = false;
+    Runner::new(s.store.clone(), s.archive.clone(), c)
+        .unwrap()
+        .drain(&CancellationToken::new(), &|_, _| {})
+        .await
+        .unwrap();
+}
+
+/// Every object key in the archive.
+async fn object_keys(s: &Setup) -> Vec<String> {
+    s.archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect()
+}
+
 fn in_segment(state: &BucketState) -> bool {
     matches!(state, BucketState::Archived { object_key, hot_deleted: true, .. } if object_key.contains("/segments/"))
 }
@@ -233,25 +255,11 @@ async fn replaced_objects_outlive_the_switch_by_the_retirement_delay() {
         )
         .await
         .unwrap();
-    let mut c = config();
-    c.compaction = false;
-    let archiver = Runner::new(s.store.clone(), s.archive.clone(), c.clone()).unwrap();
-    archiver
-        .drain(&CancellationToken::new(), &|_, _| {})
-        .await
-        .unwrap();
+    archive_only(&s).await;
     // This session caches the per-bucket routes.
     check_queries(&s.ctx, channels, per_channel, 0).await;
-    let before: Vec<String> = s
-        .archive
-        .list_objects()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
-    c.compaction = true;
-    let compactor = Runner::new(s.store.clone(), s.archive.clone(), c).unwrap();
+    let before: Vec<String> = object_keys(&s).await;
+    let compactor = Runner::new(s.store.clone(), s.archive.clone(), config()).unwrap();
     let report = compactor.compact_pass().await.unwrap();
     assert_eq!(
         (report.windows, report.segments, report.buckets),
@@ -268,14 +276,7 @@ async fn replaced_objects_outlive_the_switch_by_the_retirement_delay() {
     collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
         .await
         .unwrap();
-    let kept: Vec<String> = s
-        .archive
-        .list_objects()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let kept: Vec<String> = object_keys(&s).await;
     for k in &before {
         assert!(
             kept.contains(k),
@@ -392,13 +393,7 @@ async fn compaction_rides_out_transient_object_store_failures() {
         .append_batch(&s.table, &rows("2021-03-01T00:00:00Z", 3, 100))
         .await
         .unwrap();
-    let mut c = config();
-    c.compaction = false;
-    Runner::new(s.store.clone(), s.archive.clone(), c.clone())
-        .unwrap()
-        .drain(&CancellationToken::new(), &|_, _| {})
-        .await
-        .unwrap();
+    archive_only(&s).await;
     // 15% of read and write calls fail (transiently) above the store's own retries, as in
     // the chaos test.
     let layer = pulpitum::archive::FaultLayer::new(
@@ -407,8 +402,7 @@ async fn compaction_rides_out_transient_object_store_failures() {
             .fail_ratio(pulpitum::archive::FaultOp::Write, 0.15),
     );
     let faulty = Arc::new(s.archive.with_faults(layer.clone()));
-    c.compaction = true;
-    let compactor = Runner::new(s.store.clone(), faulty, c).unwrap();
+    let compactor = Runner::new(s.store.clone(), faulty, config()).unwrap();
     let report = compactor.compact_pass().await.unwrap();
     assert!(layer.stats().failures > 0);
     assert_eq!(
@@ -426,13 +420,7 @@ async fn gc_keeps_the_segments_of_a_window_being_compacted() {
     let s = setup("compactgc").await;
     let rs = rows("2021-03-01T00:00:00Z", 3, 30);
     s.store.append_batch(&s.table, &rs).await.unwrap();
-    let mut c = config();
-    c.compaction = false;
-    Runner::new(s.store.clone(), s.archive.clone(), c)
-        .unwrap()
-        .drain(&CancellationToken::new(), &|_, _| {})
-        .await
-        .unwrap();
+    archive_only(&s).await;
     // A compactor that has claimed the window and written its segment, not yet switched.
     let window = BucketKey::parse_any("month:2021-03").unwrap();
     let (start, end) = window.bounds();
@@ -476,14 +464,7 @@ async fn gc_keeps_the_segments_of_a_window_being_compacted() {
     collect_garbage_with(&*s.store, &s.archive, zero, &ArchiverMetrics::default())
         .await
         .unwrap();
-    let keys: Vec<String> = s
-        .archive
-        .list_objects()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let keys: Vec<String> = object_keys(&s).await;
     assert!(
         keys.contains(&written.manifest_key),
         "a claimed window's segment was collected"
@@ -493,14 +474,7 @@ async fn gc_keeps_the_segments_of_a_window_being_compacted() {
     collect_garbage_with(&*s.store, &s.archive, zero, &ArchiverMetrics::default())
         .await
         .unwrap();
-    let keys: Vec<String> = s
-        .archive
-        .list_objects()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let keys: Vec<String> = object_keys(&s).await;
     assert!(!keys.iter().any(|k| k.contains("/segments/")), "{keys:?}");
     check_queries(&s.ctx, 3, 30, 0).await;
 }

@@ -8,7 +8,10 @@
 //! that the archiver may publish. Readers validate the manifest strictly and then either stream
 //! whole-object reads (JSON) or issue ranged reads (Parquet), and every byte they decode is
 //! checked against the SHA-256 block digests in the manifest, so a damaged object yields a
-//! typed error, never rows. The on-store format is documented in `docs/archive-format.md`.
+//! typed error, never rows. Compaction later rewrites published buckets into segments
+//! (`segment/`: many partitions' buckets in one object, manifest v5); `route.rs` opens and
+//! reads whichever kind a route names. The on-store format is documented in
+//! `docs/archive-format.md`.
 
 // `ArchiveError::Storage` carries the OpenDAL error whole (its kind, context and temporary
 // flag drive retries); errors are rare next to the I/O they describe, so its size is kept.
@@ -21,7 +24,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{Stream, TryStreamExt};
 
 use crate::model::{BucketId, ModelError, Record, ScanBounds};
 
@@ -31,6 +34,7 @@ mod json;
 mod manifest;
 mod parquet;
 mod probe;
+mod route;
 pub mod segment;
 mod url;
 mod write;
@@ -39,6 +43,8 @@ pub use faults::{FaultLayer, FaultOp, FaultPlan, FaultStats, WriteFault};
 pub use integrity::BLOCK_SIZE;
 pub use manifest::{Manifest, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION};
 pub use parquet::{envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS};
+pub(crate) use route::retry_transient;
+pub use route::RouteManifest;
 pub use segment::{SegmentManifest, SegmentSpec, WrittenSegment, SEGMENTS_DIR};
 pub use url::install_http_transport;
 pub use write::WriteError;
@@ -538,130 +544,6 @@ impl ArchiveStore {
         Manifest::parse(&bytes.to_bytes(), key, expected)
     }
 
-    /// Writes one segment from rows sorted by `(partition_key, event_time, sort_key)`:
-    /// create-once payload, read back and decoded against the rows, then the manifest (see
-    /// `segment/write.rs`). Returns only when all of that succeeded.
-    pub async fn write_segment(
-        &self,
-        spec: &SegmentSpec,
-        records: &[Record],
-    ) -> Result<WrittenSegment, ArchiveError> {
-        segment::write_segment(self, spec, records).await
-    }
-
-    /// A segment manifest, validated (and kept: manifests are immutable).
-    pub async fn read_segment_manifest(
-        &self,
-        key: &str,
-    ) -> Result<Arc<SegmentManifest>, ArchiveError> {
-        if let Some(m) = self.segments.manifest(key) {
-            return Ok(m);
-        }
-        let bytes = self
-            .op
-            .read(key)
-            .await
-            .map_err(|e| ArchiveError::storage("read", key, e))?
-            .to_bytes();
-        let m = Arc::new(SegmentManifest::parse(&bytes, key)?);
-        self.segments.keep_manifest(key, m.clone());
-        Ok(m)
-    }
-
-    /// The manifest a route names, whichever kind it is, checked against the bucket the
-    /// route is for: a v4 manifest must describe exactly that bucket, a v5 segment must hold
-    /// it. Unknown versions are [`ArchiveError::UnsupportedManifestVersion`].
-    pub async fn open_route(
-        &self,
-        key: &str,
-        bucket: &BucketId,
-    ) -> Result<RouteManifest, ArchiveError> {
-        if let Some(m) = self.segments.manifest(key) {
-            m.entry_for(key, bucket)?;
-            return Ok(RouteManifest::Segment(m));
-        }
-        let bytes = self
-            .op
-            .read(key)
-            .await
-            .map_err(|e| ArchiveError::storage("read", key, e))?
-            .to_bytes();
-        let version = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| v.get("manifest_version").and_then(|v| v.as_u64()));
-        if version == Some(u64::from(segment::SEGMENT_MANIFEST_VERSION)) {
-            let m = Arc::new(SegmentManifest::parse(&bytes, key)?);
-            m.entry_for(key, bucket)?;
-            self.segments.keep_manifest(key, m.clone());
-            return Ok(RouteManifest::Segment(m));
-        }
-        Ok(RouteManifest::Bucket(Arc::new(Manifest::parse(
-            &bytes, key, bucket,
-        )?)))
-    }
-
-    /// [`Self::scan_with_metrics`] for either kind of route: a segment is read one partition
-    /// at a time (ranged reads of its row groups, each verified) and sliced to the bucket.
-    pub async fn scan_route(
-        &self,
-        route: &RouteManifest,
-        bucket: &BucketId,
-        req: &ArchiveScan,
-        metrics: Arc<ArchiveScanMetrics>,
-    ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, ArchiveError> {
-        let m = match route {
-            RouteManifest::Bucket(m) => return self.scan_with_metrics(m, req, metrics).await,
-            RouteManifest::Segment(m) => m,
-        };
-        check_scan(req)?;
-        let batches = self.segment_bucket(m, bucket, req, &metrics).await?;
-        let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
-        ArchiveScanMetrics::add(&metrics.rows_returned, rows);
-        Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed())
-    }
-
-    async fn segment_bucket(
-        &self,
-        m: &SegmentManifest,
-        bucket: &BucketId,
-        req: &ArchiveScan,
-        metrics: &ArchiveScanMetrics,
-    ) -> Result<Vec<RecordBatch>, ArchiveError> {
-        let (entry, _) = m.entry_for(&m.payload_key, bucket)?;
-        let rows =
-            segment::read::partition_rows(&self.op, &self.segments, m, entry, metrics).await?;
-        segment::read::bucket_batches(&m.payload_key, &rows, bucket, req)
-    }
-
-    /// Every record of one bucket, verified, from either kind of route (the compactor's
-    /// read of its sources; the row count is checked against the manifest).
-    pub async fn read_bucket(
-        &self,
-        route: &RouteManifest,
-        bucket: &BucketId,
-    ) -> Result<Vec<Record>, ArchiveError> {
-        let m = match route {
-            RouteManifest::Bucket(m) => return self.read_all(m).await,
-            RouteManifest::Segment(m) => m,
-        };
-        let (_, want) = m.entry_for(&m.payload_key, bucket)?;
-        let req = ArchiveScan {
-            batch_rows: usize::MAX,
-            ..ArchiveScan::default()
-        };
-        let metrics = ArchiveScanMetrics::default();
-        let batches = self.segment_bucket(m, bucket, &req, &metrics).await?;
-        let records = batches_to_records(&batches)?;
-        if records.len() as u64 != want {
-            return Err(ArchiveError::RowCountMismatch {
-                key: m.payload_key.clone(),
-                expected: want,
-                actual: records.len() as u64,
-            });
-        }
-        Ok(records)
-    }
-
     /// Streams the matching rows of an archive as envelope batches (see [`ArchiveScan`]).
     pub async fn scan(
         &self,
@@ -777,27 +659,7 @@ impl ArchiveStore {
     }
 }
 
-/// Attempts after the first of one request retried by [`retry_transient`].
-const TRANSIENT_RETRIES: u32 = 8;
-
-/// Whether to retry a request that failed transiently, after a pause (the store's own retry
-/// layer has given up, or a fault layer sits above it). For work that makes hundreds of
-/// requests in a row (compaction, segment writes), where one unlucky request should not
-/// throw the rest away. Integrity errors are never retried. Call with `attempt` at 0 for a
-/// new request.
-pub(crate) async fn retry_transient(e: &ArchiveError, attempt: &mut u32) -> bool {
-    if !e.is_retryable() || *attempt >= TRANSIENT_RETRIES {
-        return false;
-    }
-    *attempt += 1;
-    tokio::time::sleep(std::time::Duration::from_millis(
-        (25 << *attempt).min(1_000),
-    ))
-    .await;
-    true
-}
-
-fn check_scan(req: &ArchiveScan) -> Result<(), ArchiveError> {
+pub(crate) fn check_scan(req: &ArchiveScan) -> Result<(), ArchiveError> {
     if req.batch_rows == 0 {
         return Err(ArchiveError::Config("batch_rows must be at least 1".into()));
     }
@@ -807,17 +669,6 @@ fn check_scan(req: &ArchiveScan) -> Result<(), ArchiveError> {
         ));
     }
     Ok(())
-}
-
-/// What a published route names: a per-bucket archive (manifest v4) or a segment holding the
-/// bucket among others (manifest v5). Both are immutable; a route may move from the first
-/// to the second (compaction), never back.
-#[derive(Debug, Clone)]
-pub enum RouteManifest {
-    /// One bucket's own payload.
-    Bucket(Arc<Manifest>),
-    /// A segment of many partitions' buckets.
-    Segment(Arc<SegmentManifest>),
 }
 
 /// Collects a scan into batches (tests and small tools).
