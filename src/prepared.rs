@@ -208,6 +208,11 @@ impl PreparedQuery {
         Arc::new(self.plan.schema().as_arrow().clone())
     }
 
+    /// The optimised logical plan, with its placeholders (what every execution runs).
+    pub fn logical_plan(&self) -> &LogicalPlan {
+        &self.plan
+    }
+
     /// Whether this is a query (rows out), not an `INSERT` (a count out).
     pub fn is_query(&self) -> bool {
         !matches!(self.plan, LogicalPlan::Dml(_))

@@ -128,7 +128,7 @@ async fn serve(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> 
 async fn with_user(extra: &[&str]) -> Served {
     serve(
         seeded().await,
-        &[&["--user", "alice"], extra].concat(),
+        &[&["--user", "alice", "--role", "admin"], extra].concat(),
         &[("PULPITUM_SERVER_PASSWORD", PASSWORD)],
     )
     .await
@@ -227,7 +227,7 @@ async fn psql_meta_commands_queries_and_errors() {
         "ERROR:  42601: sql parser error",
         "ERROR:  42501: COPY chat TO",
         "ERROR:  22023: table option archive_after: \"3 months\"",
-        "ERROR:  42501: datafusion.execution.target_partitions is a setting of the server's shared session",
+        "ERROR:  42501: parameter \"datafusion.execution.target_partitions\" cannot be set over the wire",
     ] {
         assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
     }
@@ -463,6 +463,8 @@ async fn unsafe_or_broken_configurations_refuse_to_start() {
                 vec![
                     "--user".into(),
                     "alice".into(),
+                    "--role".into(),
+                    "read".into(),
                     "--tls-cert".into(),
                     bogus.clone(),
                     "--tls-key".into(),
@@ -475,7 +477,14 @@ async fn unsafe_or_broken_configurations_refuse_to_start() {
         (
             [
                 local(),
-                vec!["--user".into(), "alice".into(), "--tls-cert".into(), bogus],
+                vec![
+                    "--user".into(),
+                    "alice".into(),
+                    "--role".into(),
+                    "read".into(),
+                    "--tls-cert".into(),
+                    bogus,
+                ],
             ]
             .concat(),
             "--tls-cert and --tls-key go together",

@@ -99,12 +99,17 @@ struct ServeArgs {
     /// Address to listen on (HOST:PORT).
     #[arg(long, env = "PULPITUM_SERVER_LISTEN", default_value = pulpitum::server::DEFAULT_LISTEN)]
     listen: String,
-    /// File of users allowed to connect, one name:password per line (mode 0600).
+    /// File of users allowed to connect, one name:password:role per line (role: read, write
+    /// or admin; owned by the server's user, mode 0600).
     #[arg(long, env = "PULPITUM_SERVER_USERS_FILE")]
     users_file: Option<std::path::PathBuf>,
-    /// One user allowed to connect (with PULPITUM_SERVER_PASSWORD).
+    /// One user allowed to connect (with PULPITUM_SERVER_PASSWORD and --role).
     #[arg(long, env = "PULPITUM_SERVER_USER")]
     user: Option<String>,
+    /// The --user's role: read (queries), write (and INSERT) or admin (and control
+    /// statements).
+    #[arg(long, env = "PULPITUM_SERVER_ROLE")]
+    role: Option<String>,
     /// Accept connections without a password; refused unless the address is loopback.
     #[arg(long)]
     insecure_no_auth: bool,
@@ -117,6 +122,27 @@ struct ServeArgs {
     /// Connections served at once; more are refused with SQLSTATE 53300.
     #[arg(long, env = "PULPITUM_SERVER_MAX_CONNECTIONS", default_value = "100")]
     max_connections: usize,
+    /// Seconds a connection may take from its first byte to a completed login.
+    #[arg(
+        long,
+        env = "PULPITUM_SERVER_STARTUP_TIMEOUT_SECONDS",
+        default_value = "30"
+    )]
+    startup_timeout_seconds: u64,
+    /// Memory all queries together may hold (e.g. 8GiB); default: half the machine's memory.
+    #[arg(long, env = "PULPITUM_SERVER_MEMORY_LIMIT")]
+    memory_limit: Option<String>,
+    /// Memory one query may hold (e.g. 2GiB); default: a quarter of --memory-limit. Past
+    /// it, SQLSTATE 53200.
+    #[arg(long, env = "PULPITUM_SERVER_QUERY_MEMORY_LIMIT")]
+    query_memory_limit: Option<String>,
+    /// Longest Query, Parse, Bind or CopyData message a client may send (e.g. 64MiB).
+    #[arg(
+        long,
+        env = "PULPITUM_SERVER_MAX_MESSAGE_BYTES",
+        default_value = "64MiB"
+    )]
+    max_message_bytes: String,
     /// Longest a statement may run, in milliseconds (0: no limit); past it, SQLSTATE 57014.
     #[arg(
         long,
@@ -613,7 +639,8 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
 /// `pulpitum serve`: the session of the shell, over the PostgreSQL wire protocol, until
 /// SIGTERM or SIGINT.
 async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
-    use pulpitum::server::{Server, ServerConfig, Users};
+    use pulpitum::server::memory::{default_server_limit, parse_size};
+    use pulpitum::server::{Role, Server, ServerConfig, Users};
     let mut users: Option<Users> = None;
     if let Some(path) = &args.users_file {
         users = Some(Users::from_file(path).map_err(|e| e.to_string())?);
@@ -624,10 +651,37 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
             "--user (PULPITUM_SERVER_USER) needs PULPITUM_SERVER_PASSWORD in the environment"
                 .to_string()
         })?;
+        let role = match args.role.as_deref() {
+            Some(r) => Role::parse(r).ok_or_else(|| {
+                format!("--role (PULPITUM_SERVER_ROLE) {r:?}: the roles are read, write and admin")
+            })?,
+            None => {
+                return Err(
+                    "--user (PULPITUM_SERVER_USER) needs a role: add --role read, write \
+                            or admin (or PULPITUM_SERVER_ROLE)"
+                        .into(),
+                )
+            }
+        };
         let set = users.get_or_insert_with(Users::default);
-        set.add(name, &password, "PULPITUM_SERVER_USER")
+        set.add(name, &password, role, "PULPITUM_SERVER_USER")
             .map_err(|e| e.to_string())?;
+    } else if args.role.is_some() {
+        return Err(
+            "--role (PULPITUM_SERVER_ROLE) is the role of --user; give --user too \
+                    (a users file names each user's role on its line)"
+                .into(),
+        );
     }
+    let size = |flag: &str, text: &str| parse_size(text).map_err(|e| format!("{flag}: {e}"));
+    let memory_limit = match &args.memory_limit {
+        Some(t) => size("--memory-limit", t)?,
+        None => default_server_limit(),
+    };
+    let query_memory_limit = match &args.query_memory_limit {
+        Some(t) => size("--query-memory-limit", t)?,
+        None => memory_limit / 4,
+    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some((c.clone(), k.clone())),
         (None, None) => None,
@@ -639,6 +693,10 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
         insecure_no_auth: args.insecure_no_auth,
         tls,
         max_connections: args.max_connections,
+        startup_timeout: std::time::Duration::from_secs(args.startup_timeout_seconds.max(1)),
+        memory_limit,
+        query_memory_limit,
+        max_message_bytes: size("--max-message-bytes", &args.max_message_bytes)?,
         statement_timeout: (args.statement_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(args.statement_timeout_ms)),
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_seconds),

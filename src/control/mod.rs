@@ -156,12 +156,24 @@ pub async fn run(
             paused,
         } => {
             store.set_store_paused(*paused).await?;
-            let schema = Schema::new(vec![Field::new("store_paused", DataType::Boolean, false)]);
             Ok(RecordBatch::try_new(
-                Arc::new(schema),
+                answer_schema(stmt),
                 vec![Arc::new(BooleanArray::from(vec![*paused])) as ArrayRef],
             )?)
         }
+    }
+}
+
+/// The columns of a control statement's answer: the table's policy, or for the whole store
+/// its pause (what a client's Describe needs before the statement runs).
+pub fn answer_schema(stmt: &ControlStatement) -> datafusion::arrow::datatypes::SchemaRef {
+    match stmt {
+        ControlStatement::Moves { table: None, .. } => Arc::new(Schema::new(vec![Field::new(
+            "store_paused",
+            DataType::Boolean,
+            false,
+        )])),
+        _ => policy_schema(),
     }
 }
 

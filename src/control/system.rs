@@ -47,6 +47,12 @@ use futures::stream;
 use super::options::format_duration;
 use super::ControlError;
 use crate::model::{EventTime, TableId};
+
+/// Set in a session whose user may not read the job history's error texts and worker names
+/// (the wire server's `read` and `write` roles): those columns are then NULL. A session
+/// without it (the shell, the embedded API, the server's `admin` role) shows everything.
+#[derive(Debug, Clone, Copy)]
+pub struct HideJobDetails;
 use crate::provider::Surface;
 use crate::store::{
     BucketFilter, BucketMeta, BucketState, HotStore, JobFilter, TableDefinition, TablePolicy,
@@ -133,7 +139,8 @@ impl Kind {
                 text("bucket_key", false),
                 Field::new("generation", DataType::Int64, false),
                 text("kind", false),
-                text("worker", false),
+                // NULL where the session hides job details (see `HideJobDetails`).
+                text("worker", true),
                 ts("started_at", false),
                 ts("finished_at", true),
                 text("outcome", false),
@@ -308,7 +315,7 @@ impl TableProvider for SystemTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
         _limit: Option<usize>,
@@ -331,6 +338,7 @@ impl TableProvider for SystemTable {
         Ok(Arc::new(SystemScanExec {
             kind: self.kind,
             store: self.store.clone(),
+            hide_details: state.config().get_extension::<HideJobDetails>().is_some(),
             pushed,
             projection: projection.cloned(),
             schema,
@@ -343,6 +351,7 @@ impl TableProvider for SystemTable {
 struct SystemScanExec {
     kind: Kind,
     store: Arc<dyn HotStore>,
+    hide_details: bool,
     pushed: Pushed,
     projection: Option<Vec<usize>>,
     schema: SchemaRef,
@@ -412,9 +421,9 @@ impl ExecutionPlan for SystemScanExec {
         _context: Arc<TaskContext>,
     ) -> DFResult<SendableRecordBatchStream> {
         let (kind, store, pushed) = (self.kind, self.store.clone(), self.pushed.clone());
-        let projection = self.projection.clone();
+        let (projection, hide) = (self.projection.clone(), self.hide_details);
         let fut = async move {
-            let batch = read(kind, &*store, &pushed)
+            let batch = read(kind, &*store, &pushed, hide)
                 .await
                 .map_err(DataFusionError::from)?;
             match projection {
@@ -458,7 +467,12 @@ fn partition_text(surfaces: &HashMap<TableId, Option<Surface>>, t: &TableId, key
     }
 }
 
-async fn read(kind: Kind, store: &dyn HotStore, p: &Pushed) -> Result<RecordBatch, ControlError> {
+async fn read(
+    kind: Kind,
+    store: &dyn HotStore,
+    p: &Pushed,
+    hide_details: bool,
+) -> Result<RecordBatch, ControlError> {
     let mut tables = store.tables().await?;
     if let Some(t) = &p.table {
         tables.retain(|d| d.table_id.as_str() == t);
@@ -545,7 +559,11 @@ async fn read(kind: Kind, store: &dyn HotStore, p: &Pushed) -> Result<RecordBatc
                     jobs.iter().map(|j| j.generation).collect::<Vec<_>>(),
                 )),
                 text_array(jobs.iter().map(|j| Some(j.kind.name())).collect()),
-                text_array(jobs.iter().map(|j| Some(j.worker.clone())).collect()),
+                text_array(
+                    jobs.iter()
+                        .map(|j| (!hide_details).then(|| j.worker.clone()))
+                        .collect(),
+                ),
                 time_array(
                     jobs.iter()
                         .map(|j| Some(j.started_at.as_micros()))
@@ -559,7 +577,11 @@ async fn read(kind: Kind, store: &dyn HotStore, p: &Pushed) -> Result<RecordBatc
                 Arc::new(Int64Array::from(
                     jobs.iter().map(|j| j.bytes.map(signed)).collect::<Vec<_>>(),
                 )),
-                text_array(jobs.iter().map(|j| j.error.clone()).collect()),
+                text_array(
+                    jobs.iter()
+                        .map(|j| j.error.clone().filter(|_| !hide_details))
+                        .collect(),
+                ),
             ]
         }
     };

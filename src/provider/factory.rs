@@ -327,7 +327,7 @@ pub struct PulpitumSchema {
     resolver: Option<PulpitumTableFactory>,
 }
 
-fn is_pulpitum(t: &Arc<dyn TableProvider>) -> bool {
+pub(crate) fn is_pulpitum(t: &Arc<dyn TableProvider>) -> bool {
     t.downcast_ref::<PulpitumTable>().is_some()
 }
 

@@ -1,47 +1,66 @@
-//! The connection's handlers: who may start (SCRAM, TLS required when configured), what a
-//! statement may be (queries, INSERT, EXPLAIN and the control statements; no DDL or file
-//! access over the wire), how it runs (inside the statement timeout and the client's cancel
-//! request, rows collected before they are sent), and which SQLSTATE an error carries.
+//! The statement path of a logged-in connection: its own session, the gates of
+//! [`super::guard`], execution inside the statement timeout and the client's cancel
+//! request, results streamed to the client, and the SQLSTATE each error carries.
 //!
 //! datafusion-postgres brings the protocol glue (its `DfSessionService`, the PostgreSQL
-//! dialect parser, `SET`/`SHOW`, transactions and cursors as hooks, Arrow to PostgreSQL type
-//! encoding); these wrappers put Pulpitum's rules around it. A statement parsed once by the
-//! extended protocol runs as a [`PreparedQuery`], cached per connection, so a driver's
-//! latest-N page takes the prepared hot path.
+//! dialect parser, `SHOW`, transactions and cursors as hooks, Arrow to PostgreSQL type
+//! encoding); the [`Guard`](super::hooks::Guard) hook goes first and decides what runs. On the simple protocol it
+//! plans each statement once, judges the plan and executes that plan itself (datafusion-
+//! postgres would hand the text to `SessionContext::sql`, which executes DDL while
+//! planning). On the extended protocol the plan is made and judged at Parse, judged again at
+//! Execute, and executed by datafusion-postgres unchanged. A hook at the end refuses
+//! whatever no hook answered, so nothing reaches DataFusion's own execution unjudged.
+//!
+//! A query parsed once by the extended protocol runs as a [`PreparedQuery`], cached per
+//! connection, so a driver's latest-N page takes the prepared hot path. Rows are never
+//! collected: each response's row stream is bounded by the statement's deadline and its
+//! cancel token, and pgwire writes rows as the socket takes them.
 
 use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{DFSchema, ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
 use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::Statement as DFStatementAst;
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
 use datafusion_postgres::arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
-use datafusion_postgres::hooks::HookClient;
-use datafusion_postgres::pgwire::api::auth::noop::NoopStartupHandler;
-use datafusion_postgres::pgwire::api::auth::sasl::scram::ScramAuth;
-use datafusion_postgres::pgwire::api::auth::sasl::SASLAuthStartupHandler;
-use datafusion_postgres::pgwire::api::auth::{DefaultServerParameterProvider, StartupHandler};
-use datafusion_postgres::pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
+use datafusion_postgres::hooks::cursor::CursorStatementHook;
+use datafusion_postgres::hooks::set_show::SetShowHook;
+use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::pgwire::api::portal::{Format, Portal};
 use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use datafusion_postgres::pgwire::api::results::{FieldInfo, QueryResponse, Response};
+use datafusion_postgres::pgwire::api::stmt::QueryParser;
 use datafusion_postgres::pgwire::api::store::PortalStore;
-use datafusion_postgres::pgwire::api::{
-    ClientInfo, ClientPortalStore, ConnectionManager, ErrorHandler, PgWireServerHandlers,
-};
+use datafusion_postgres::pgwire::api::{ClientInfo, ClientPortalStore, ErrorHandler, Type};
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
-use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use datafusion_postgres::pgwire::messages::data::DataRow;
+use datafusion_postgres::pgwire::messages::PgWireBackendMessage;
 use datafusion_postgres::{DfSessionService, Parser, QueryHook};
-use futures::{Sink, StreamExt};
+use futures::{Sink, Stream, StreamExt};
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::auth::{Users, SCRAM_ITERATIONS};
+use super::conn::ConnState;
+use super::guard::{self, authorize, Role};
+use super::hooks::{Guard, Unhandled};
+use super::memory::QueryPool;
+use super::vars;
+use super::Shared;
+use crate::control::{ControlHandle, ControlStatement};
 use crate::lru::Lru;
 use crate::prepared::{prepare, PreparedError, PreparedQuery};
 
@@ -50,7 +69,7 @@ const PREPARED_PER_CONNECTION: usize = 64;
 
 /// The extended protocol's statement type, as datafusion-postgres parses it (kept, so its
 /// cursor hook's downcast stays valid).
-type DfStatement = (String, Option<(Statement, LogicalPlan)>);
+pub(super) type DfStatement = (String, Option<(Statement, LogicalPlan)>);
 
 fn error(severity: &str, code: &str, message: String) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
@@ -60,6 +79,10 @@ fn error(severity: &str, code: &str, message: String) -> PgWireError {
     )))
 }
 
+pub(super) fn api(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
+    PgWireError::ApiError(Box::new(e))
+}
+
 /// The SQLSTATE an error means, by what raised it: PostgreSQL's codes where one fits.
 fn sqlstate(e: &(dyn std::error::Error + 'static)) -> &'static str {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -67,7 +90,8 @@ fn sqlstate(e: &(dyn std::error::Error + 'static)) -> &'static str {
         if let Some(d) = err.downcast_ref::<DataFusionError>() {
             match d {
                 DataFusionError::SQL(..) => return "42601",
-                DataFusionError::ResourcesExhausted(_) => return "53000",
+                // out_of_memory: a memory limit of the server refused the query.
+                DataFusionError::ResourcesExhausted(_) => return "53200",
                 _ => {}
             }
         }
@@ -98,6 +122,8 @@ fn sqlstate(e: &(dyn std::error::Error + 'static)) -> &'static str {
         "40001"
     } else if text.contains("table '") && text.contains("' not found") {
         "42P01"
+    } else if text.contains("Resources exhausted") {
+        "53200"
     } else if text.contains("SQL error") || text.contains("ParserError") {
         "42601"
     } else if text.contains("exceeded") && text.contains("limit") {
@@ -127,219 +153,271 @@ impl ErrorHandler for SqlStates {
     }
 }
 
-fn api(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
-    PgWireError::ApiError(Box::new(e))
+/// A connection's own session over the server's shared catalog and caches, and the pgwire
+/// glue around it.
+pub(super) struct ConnSession {
+    pub(super) ctx: Arc<SessionContext>,
+    pub(super) service: Arc<DfSessionService>,
+    role: Role,
+    prepared: Mutex<Lru<String, Option<Arc<Prepared>>>>,
 }
 
-/// A hook that refuses the statements its rule names, on every path (simple query, the
-/// extended protocol's Parse and Execute), and lets every other statement pass on.
-#[derive(Debug)]
-pub(super) struct Refuse(pub(super) fn(&Statement) -> Option<PgWireError>);
-
-#[async_trait]
-impl QueryHook for Refuse {
-    async fn handle_simple_query(
-        &self,
-        statement: &Statement,
-        _ctx: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        (self.0)(statement).map(Err)
-    }
-
-    async fn handle_extended_parse_query(
-        &self,
-        statement: &Statement,
-        _ctx: &SessionContext,
-        _client: &(dyn ClientInfo + Send + Sync),
-    ) -> Option<PgWireResult<LogicalPlan>> {
-        (self.0)(statement).map(Err)
-    }
-
-    async fn handle_extended_query(
-        &self,
-        statement: &Statement,
-        _plan: &LogicalPlan,
-        _params: &ParamValues,
-        _ctx: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        (self.0)(statement).map(Err)
-    }
-}
-
-/// Refuses what may not run over the wire: everything but queries, INSERT and EXPLAIN of
-/// them reaches this rule (SET/SHOW, transactions and cursors are answered by earlier hooks),
-/// so DDL, COPY and file-backed tables (`CREATE EXTERNAL TABLE ... LOCATION '/etc/...'`) never
-/// run for a remote client.
-pub(super) fn refusal(s: &Statement) -> Option<PgWireError> {
-    match s {
-        Statement::Query(_) | Statement::Insert(_) => None,
-        Statement::Explain { statement, .. } => refusal(statement),
-        other => {
-            let text = other.to_string();
-            let head: String = text
-                .split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ");
-            Some(error(
-                "ERROR",
-                "42501",
-                format!(
-                    "{head} ... is not allowed over the wire: queries, INSERT, EXPLAIN, SET, SHOW, \
-                     transactions, ALTER TABLE ... SET/RESET (...) and SYSTEM STOP/START MOVES are; \
-                     use the pulpitum shell for the rest"
-                ),
-            ))
+impl ConnSession {
+    /// Forks the server's session: the same catalog (tables, caches, the pg_catalog
+    /// emulation), its own configuration (time zone, settings) and its own memory pool, a
+    /// share of the server's.
+    pub(super) fn new(shared: &Shared, role: Role) -> Result<Self, DataFusionError> {
+        let base = shared.base.state();
+        let pool = Arc::new(QueryPool::new(
+            shared.config.query_memory_limit,
+            shared.pool.clone(),
+        ));
+        let runtime = RuntimeEnvBuilder::from_runtime_env(base.runtime_env())
+            .with_memory_pool(pool)
+            .build_arc()?;
+        let mut state = SessionStateBuilder::new_from_existing(base)
+            .with_runtime_env(runtime)
+            .build();
+        if role < Role::Admin {
+            state
+                .config_mut()
+                .set_extension(Arc::new(crate::control::system::HideJobDetails));
         }
-    }
-}
-
-/// Refuses `SET datafusion.*` and `RESET datafusion.*`: DataFusion's settings belong to the
-/// session every connection shares, so one client could change how everyone's queries run.
-/// PostgreSQL's own per-connection settings (`statement_timeout`, `TimeZone`, ...) pass on to
-/// the `SET`/`SHOW` hook.
-pub(super) fn shared_setting(s: &Statement) -> Option<PgWireError> {
-    let text = s.to_string().to_ascii_lowercase();
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let target = match words.as_slice() {
-        ["set", "session" | "local", name, ..] | ["set", name, ..] | ["reset", name, ..] => *name,
-        _ => return None,
-    };
-    target.starts_with("datafusion.").then(|| {
-        error(
-            "ERROR",
-            "42501",
-            format!(
-                "{target} is a setting of the server's shared session and cannot be changed over \
-                 the wire"
-            ),
-        )
-    })
-}
-
-/// Lets a control statement through the extended protocol's Parse: its plan is an empty
-/// relation with the answer's columns (the policy row); the statement runs at Execute.
-#[derive(Debug)]
-pub(super) struct ControlParse;
-
-#[async_trait]
-impl QueryHook for ControlParse {
-    async fn handle_simple_query(
-        &self,
-        _statement: &Statement,
-        _ctx: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        None
+        let ctx = Arc::new(SessionContext::new_with_state(state));
+        let hooks: Vec<Arc<dyn QueryHook>> = vec![
+            Arc::new(Guard::new(role)),
+            Arc::new(CursorStatementHook),
+            Arc::new(SetShowHook),
+            Arc::new(TransactionStatementHook),
+            Arc::new(Unhandled),
+        ];
+        let service = Arc::new(DfSessionService::new_with_hooks(ctx.clone(), hooks));
+        Ok(Self {
+            ctx,
+            service,
+            role,
+            prepared: Mutex::new(Lru::new(PREPARED_PER_CONNECTION)),
+        })
     }
 
-    async fn handle_extended_parse_query(
-        &self,
-        statement: &Statement,
-        _ctx: &SessionContext,
-        _client: &(dyn ClientInfo + Send + Sync),
-    ) -> Option<PgWireResult<LogicalPlan>> {
-        if !matches!(statement, Statement::AlterTable { .. }) {
-            return None;
+    /// The prepared query for `sql`, or `None` when it is not a query (an INSERT, a
+    /// statement a hook answers): those go to datafusion-postgres every time. A query whose
+    /// plan the gates refuse is refused here.
+    async fn prepared(&self, sql: &str) -> PgWireResult<Option<Arc<Prepared>>> {
+        if let Some(hit) = self.prepared.lock().expect("prepared lock").get(sql) {
+            return Ok(hit);
         }
-        let schema = DFSchema::try_from(crate::control::policy_schema().as_ref().clone()).ok()?;
-        Some(Ok(LogicalPlan::EmptyRelation(EmptyRelation {
-            produce_one_row: false,
-            schema: Arc::new(schema),
-        })))
-    }
-
-    async fn handle_extended_query(
-        &self,
-        _statement: &Statement,
-        _plan: &LogicalPlan,
-        _params: &ParamValues,
-        _ctx: &SessionContext,
-        _client: &mut dyn HookClient,
-    ) -> Option<PgWireResult<Response>> {
-        None
-    }
-}
-
-/// Runs a statement inside the timeout; the client's cancel request drops this future (pgwire
-/// selects it against the request), and since rows are collected inside, both stop the
-/// work itself, not only its planning.
-async fn guarded<T>(
-    timeout: Option<Duration>,
-    work: impl std::future::Future<Output = PgWireResult<T>>,
-) -> PgWireResult<T> {
-    match timeout {
-        None => work.await,
-        Some(t) => tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
-            Err(error(
-                "ERROR",
-                "57014",
-                format!(
-                    "canceling statement due to statement timeout ({} ms)",
-                    t.as_millis()
-                ),
-            ))
-        }),
+        let p = match prepare(&self.ctx, sql).await {
+            Ok(p) if p.is_query() => {
+                let need = guard::plan_need(p.logical_plan())?;
+                authorize(self.role, need, "this statement")?;
+                Some(Arc::new(Prepared {
+                    schema: p.schema(),
+                    query: Arc::new(p),
+                    fields: Mutex::new([None, None]),
+                }))
+            }
+            Ok(_) | Err(PreparedError::NotAQuery(_)) => None,
+            // Anything else (a parse error of this planner, say) is left to the general path,
+            // which reports it the way every other statement's error is reported.
+            Err(_) => None,
+        };
+        self.prepared
+            .lock()
+            .expect("prepared lock")
+            .insert(sql.to_string(), p.clone());
+        Ok(p)
     }
 }
 
-/// Where datafusion-postgres's `SET statement_timeout` keeps the connection's value (its
-/// metadata key, in milliseconds).
-const CLIENT_TIMEOUT_KEY: &str = "statement_timeout_ms";
-
-/// The timeout of this connection's next statement: the server's, or the client's own
+/// The deadline of a statement that starts now: the server's timeout, or the client's own
 /// `SET statement_timeout` when that is shorter (a client may tighten, never loosen it).
-fn effective_timeout(server: Option<Duration>, client: &impl ClientInfo) -> Option<Duration> {
+fn deadline(server: Option<Duration>, client: &impl ClientInfo) -> Option<(Instant, Duration)> {
     let own = client
         .metadata()
-        .get(CLIENT_TIMEOUT_KEY)
+        .get(vars::TIMEOUT_KEY)
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .map(Duration::from_millis);
-    match (server, own) {
+    let limit = match (server, own) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    }
+    };
+    limit.map(|d| (Instant::now() + d, d))
 }
 
-/// Collects a query response's rows, so errors and the timeout apply to the whole result.
-async fn collect_rows(r: &mut Response) -> PgWireResult<()> {
-    if let Response::Query(q) = r {
-        let mut rows = Vec::new();
-        while let Some(row) = q.data_rows.next().await {
-            rows.push(Ok(row?));
+fn timed_out(limit: Duration) -> PgWireError {
+    error(
+        "ERROR",
+        "57014",
+        format!(
+            "canceling statement due to statement timeout ({} ms)",
+            limit.as_millis()
+        ),
+    )
+}
+
+fn cancelled() -> PgWireError {
+    error(
+        "ERROR",
+        "57014",
+        "canceling statement due to user request".into(),
+    )
+}
+
+/// Runs a statement's work inside its deadline and its cancel token.
+async fn bounded<T>(
+    deadline: Option<(Instant, Duration)>,
+    token: &CancellationToken,
+    work: impl Future<Output = PgWireResult<T>>,
+) -> PgWireResult<T> {
+    let sleep = async {
+        match deadline {
+            Some((at, _)) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
         }
-        q.data_rows = Box::pin(futures::stream::iter(rows));
+    };
+    tokio::select! {
+        r = work => r,
+        _ = token.cancelled() => Err(cancelled()),
+        _ = sleep => Err(timed_out(deadline.map(|d| d.1).unwrap_or_default())),
     }
-    Ok(())
 }
 
-fn batches_response(
-    batches: Vec<RecordBatch>,
-    schema: &datafusion::arrow::datatypes::Schema,
+/// A response's rows, ended by the statement's deadline or cancel token with 57014.
+struct BoundedRows {
+    rows: Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>,
+    sleep: Option<(Pin<Box<Sleep>>, Duration)>,
+    cancel: Pin<Box<WaitForCancellationFutureOwned>>,
+    done: bool,
+}
+
+impl Stream for BoundedRows {
+    type Item = PgWireResult<DataRow>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if this.cancel.as_mut().poll(cx).is_ready() {
+            this.done = true;
+            return Poll::Ready(Some(Err(cancelled())));
+        }
+        if let Some((sleep, limit)) = &mut this.sleep {
+            if sleep.as_mut().poll(cx).is_ready() {
+                this.done = true;
+                return Poll::Ready(Some(Err(timed_out(*limit))));
+            }
+        }
+        let next = this.rows.as_mut().poll_next(cx);
+        if let Poll::Ready(Some(Err(_)) | None) = &next {
+            this.done = true;
+        }
+        next
+    }
+}
+
+/// Bounds the rows of every query response by the statement's deadline and token.
+fn bound_rows(r: &mut Response, deadline: Option<(Instant, Duration)>, token: &CancellationToken) {
+    if let Response::Query(q) = r {
+        let rows = std::mem::replace(&mut q.data_rows, Box::pin(futures::stream::empty()));
+        q.data_rows = Box::pin(BoundedRows {
+            rows,
+            sleep: deadline.map(|(at, limit)| (Box::pin(tokio::time::sleep_until(at)), limit)),
+            cancel: Box::pin(token.clone().cancelled_owned()),
+            done: false,
+        });
+    }
+}
+
+/// Rows encoded for the client as the batches arrive.
+fn stream_response(fields: Arc<Vec<FieldInfo>>, batches: SendableRecordBatchStream) -> Response {
+    let row_fields = fields.clone();
+    let rows = batches.flat_map(move |b| {
+        let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match b {
+            Ok(b) => encode_recordbatch(row_fields.clone(), b),
+            Err(e) => Box::new(std::iter::once(Err(api(e)))),
+        };
+        futures::stream::iter(rows)
+    });
+    Response::Query(QueryResponse::new(fields, rows))
+}
+
+/// The answer to a control statement: its one-row result.
+pub(super) fn batch_response(batch: RecordBatch, format: &Format) -> PgWireResult<Response> {
+    let schema = batch.schema();
+    let fields = Arc::new(arrow_schema_to_pg_fields(&schema, format, None)?);
+    let rows: Vec<PgWireResult<DataRow>> = encode_recordbatch(fields.clone(), batch).collect();
+    Ok(Response::Query(QueryResponse::new(
+        fields,
+        futures::stream::iter(rows),
+    )))
+}
+
+/// Runs a control statement for an admin; everyone else is refused before it touches the
+/// store.
+async fn run_control(
+    ctx: &SessionContext,
+    role: Role,
+    statement: &ControlStatement,
     format: &Format,
 ) -> PgWireResult<Response> {
-    let fields = Arc::new(arrow_schema_to_pg_fields(schema, format, None)?);
-    Ok(rows_response(fields, batches))
+    authorize(
+        role,
+        Role::Admin,
+        "a control statement (ALTER TABLE ... SET, SYSTEM ... MOVES)",
+    )?;
+    let store = ctx
+        .state()
+        .config()
+        .get_extension::<ControlHandle>()
+        .ok_or_else(|| api(crate::control::ControlError::NoStore))?
+        .store
+        .clone();
+    let batch = crate::control::run(&*store, statement).await.map_err(api)?;
+    batch_response(batch, format)
 }
 
-/// Rows encoded for the client, with their fields.
-fn rows_response(fields: Arc<Vec<FieldInfo>>, batches: Vec<RecordBatch>) -> Response {
-    let mut rows = Vec::new();
-    for b in batches {
-        rows.extend(encode_recordbatch(fields.clone(), b));
+/// The control statement `text` is, if it is one.
+fn control_statement(text: &str) -> PgWireResult<Option<ControlStatement>> {
+    crate::control::recognize(text).map_err(api)
+}
+
+/// A text the PostgreSQL parser refused may still be a DataFusion-only statement (`CREATE
+/// EXTERNAL TABLE`, `COPY ... TO`): that is refused as not allowed, not as a syntax error.
+fn refine_parse_error(e: PgWireError, text: &str) -> PgWireError {
+    let parse_error = matches!(&e, PgWireError::ApiError(inner)
+        if inner.downcast_ref::<datafusion::sql::sqlparser::parser::ParserError>().is_some()
+            || inner.downcast_ref::<DataFusionError>().is_some_and(|d| matches!(d, DataFusionError::SQL(..))));
+    if !parse_error {
+        return e;
     }
-    Response::Query(QueryResponse::new(fields, futures::stream::iter(rows)))
+    match datafusion::sql::parser::DFParser::parse_sql(text) {
+        Ok(statements)
+            if statements.iter().any(|s| {
+                matches!(
+                    s,
+                    DFStatementAst::CreateExternalTable(_) | DFStatementAst::CopyTo(_)
+                )
+            }) =>
+        {
+            guard::refused_statement(text)
+        }
+        _ => e,
+    }
 }
 
-/// The simple protocol: control statements first, then datafusion-postgres (hooks, then
-/// DataFusion), rows collected inside the timeout.
+/// The simple protocol: control statements first, then datafusion-postgres's statement
+/// loop with the hooks.
 pub(super) struct Simple {
-    pub(super) inner: Arc<DfSessionService>,
-    pub(super) ctx: Arc<SessionContext>,
-    pub(super) timeout: Option<Duration>,
+    conn: Arc<ConnState>,
+}
+
+impl Simple {
+    pub(super) fn new(conn: Arc<ConnState>) -> Self {
+        Self { conn }
+    }
 }
 
 #[async_trait]
@@ -351,26 +429,25 @@ impl SimpleQueryHandler for Simple {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let timeout = effective_timeout(self.timeout, &*client);
-        guarded(timeout, async {
-            if let Some(batch) = crate::control::run_text(&self.ctx, query)
+        let login = self.conn.login()?;
+        let token = self.conn.statement.begin();
+        let deadline = deadline(self.conn.shared.config.statement_timeout, &*client);
+        let mut out = bounded(deadline, &token, async {
+            if let Some(statement) = control_statement(query)? {
+                let ctx = &login.session.ctx;
+                return Ok(vec![
+                    run_control(ctx, login.role, &statement, &Format::UnifiedText).await?,
+                ]);
+            }
+            SimpleQueryHandler::do_query(&*login.session.service, client, query)
                 .await
-                .map_err(api)?
-            {
-                let schema = batch.schema();
-                return Ok(vec![batches_response(
-                    vec![batch],
-                    &schema,
-                    &Format::UnifiedText,
-                )?]);
-            }
-            let mut out = SimpleQueryHandler::do_query(&*self.inner, client, query).await?;
-            for r in &mut out {
-                collect_rows(r).await?;
-            }
-            Ok(out)
+                .map_err(|e| refine_parse_error(e, query))
         })
-        .await
+        .await?;
+        for r in &mut out {
+            bound_rows(r, deadline, &token);
+        }
+        Ok(out)
     }
 }
 
@@ -378,7 +455,7 @@ impl SimpleQueryHandler for Simple {
 /// or binary: computed once, not per execution).
 struct Prepared {
     query: Arc<PreparedQuery>,
-    schema: datafusion::arrow::datatypes::SchemaRef,
+    schema: SchemaRef,
     /// Text (0) and binary (1) results; per-column formats are computed each time.
     fields: Mutex<[Option<Arc<Vec<FieldInfo>>>; 2]>,
 }
@@ -406,61 +483,112 @@ impl Prepared {
     }
 }
 
-/// The extended protocol, one per connection: a query parsed once runs as a prepared query
-/// (cached by its text), anything else through datafusion-postgres.
+/// Parses for the extended protocol: a control statement is kept as its text (it is
+/// recognised again at Execute, from that text), with its answer's columns as the plan;
+/// anything else is parsed and planned by datafusion-postgres with the hooks.
+pub(super) struct ControlAwareParser {
+    conn: Arc<ConnState>,
+}
+
+impl ControlAwareParser {
+    fn inner(&self) -> Arc<Parser> {
+        match self.conn.login() {
+            Ok(login) => login.session.service.query_parser(),
+            // Before the login (never reached: the connection loop refuses), a parser whose
+            // only hook refuses everything.
+            Err(_) => self.conn.shared.refusing.query_parser(),
+        }
+    }
+}
+
+#[async_trait]
+impl QueryParser for ControlAwareParser {
+    type Statement = DfStatement;
+
+    async fn parse_sql<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Option<DfStatement>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        self.conn.login()?;
+        if let Some(statement) = control_statement(sql)? {
+            let answer = crate::control::answer_schema(&statement);
+            let schema = DFSchema::try_from(answer.as_ref().clone()).map_err(api)?;
+            let plan = LogicalPlan::EmptyRelation(EmptyRelation {
+                produce_one_row: false,
+                schema: Arc::new(schema),
+            });
+            // The statement half is a placeholder: Execute recognises the text and never
+            // hands a control statement to a hook.
+            let placeholder = Statement::Flush {
+                object_type: datafusion::sql::sqlparser::ast::FlushType::Tables,
+                location: None,
+                channel: None,
+                read_lock: false,
+                export: false,
+                tables: vec![],
+            };
+            return Ok(Some((sql.to_string(), Some((placeholder, plan)))));
+        }
+        self.inner()
+            .parse_sql(client, sql, types)
+            .await
+            .map_err(|e| refine_parse_error(e, sql))
+    }
+
+    fn get_parameter_types(&self, stmt: &DfStatement) -> PgWireResult<Vec<Type>> {
+        self.inner().get_parameter_types(stmt)
+    }
+
+    fn get_result_schema(
+        &self,
+        stmt: &DfStatement,
+        column_format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        self.inner().get_result_schema(stmt, column_format)
+    }
+}
+
+/// The extended protocol, one per connection.
 pub(super) struct Extended {
-    inner: Arc<DfSessionService>,
-    ctx: Arc<SessionContext>,
-    timeout: Option<Duration>,
-    cache: Mutex<Lru<String, Option<Arc<Prepared>>>>,
+    conn: Arc<ConnState>,
+    parser: Arc<ControlAwareParser>,
 }
 
 impl Extended {
-    fn new(
-        inner: Arc<DfSessionService>,
-        ctx: Arc<SessionContext>,
-        timeout: Option<Duration>,
-    ) -> Self {
+    pub(super) fn new(conn: Arc<ConnState>) -> Self {
         Self {
-            inner,
-            ctx,
-            timeout,
-            cache: Mutex::new(Lru::new(PREPARED_PER_CONNECTION)),
+            parser: Arc::new(ControlAwareParser { conn: conn.clone() }),
+            conn,
         }
-    }
-
-    /// The prepared query for `sql`, or `None` when it is not a query (an INSERT, a
-    /// statement a hook answers): those go to datafusion-postgres every time.
-    async fn prepared(&self, sql: &str) -> Option<Arc<Prepared>> {
-        if let Some(hit) = self.cache.lock().expect("cache lock").get(sql) {
-            return hit;
-        }
-        let p = match prepare(&self.ctx, sql).await {
-            Ok(p) if p.is_query() => Some(Arc::new(Prepared {
-                schema: p.schema(),
-                query: Arc::new(p),
-                fields: Mutex::new([None, None]),
-            })),
-            Ok(_) | Err(PreparedError::NotAQuery(_)) => None,
-            // Anything else (a parse error of this planner, say) is left to the general path,
-            // which reports it the way every other statement's error is reported.
-            Err(_) => None,
-        };
-        self.cache
-            .lock()
-            .expect("cache lock")
-            .insert(sql.to_string(), p.clone());
-        p
     }
 }
 
 #[async_trait]
 impl ExtendedQueryHandler for Extended {
     type Statement = DfStatement;
-    type QueryParser = Parser;
+    type QueryParser = ControlAwareParser;
 
-    fn query_parser(&self) -> Arc<Parser> {
-        self.inner.query_parser()
+    fn query_parser(&self) -> Arc<ControlAwareParser> {
+        self.parser.clone()
+    }
+
+    async fn on_execute<C>(
+        &self,
+        client: &mut C,
+        message: datafusion_postgres::pgwire::messages::extendedquery::Execute,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = DfStatement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        super::execute::execute(self, client, message).await
     }
 
     async fn do_query<C>(
@@ -475,146 +603,35 @@ impl ExtendedQueryHandler for Extended {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let timeout = effective_timeout(self.timeout, &*client);
-        guarded(timeout, async {
-            let sql = portal.statement.statement.0.as_str();
-            if let Some(batch) = crate::control::run_text(&self.ctx, sql)
-                .await
-                .map_err(api)?
-            {
-                let schema = batch.schema();
-                return batches_response(vec![batch], &schema, &portal.result_column_format);
+        let login = self.conn.login()?;
+        let token = self.conn.statement.begin();
+        let deadline = deadline(self.conn.shared.config.statement_timeout, &*client);
+        let sql = portal.statement.statement.0.as_str();
+        let mut r = bounded(deadline, &token, async {
+            if let Some(statement) = control_statement(sql)? {
+                return run_control(
+                    &login.session.ctx,
+                    login.role,
+                    &statement,
+                    &portal.result_column_format,
+                )
+                .await;
             }
-            if let Some(p) = self.prepared(sql).await {
+            if let Some(p) = login.session.prepared(sql).await? {
                 let types: Vec<Option<&DataType>> =
                     p.query.parameter_types().iter().map(Some).collect();
                 let values: Vec<ScalarValue> = match deserialize_parameters(portal, &types)? {
                     ParamValues::List(v) => v.into_iter().map(|s| s.value).collect(),
                     ParamValues::Map(_) => Vec::new(),
                 };
-                let batches = p.query.execute(&values).await.map_err(api)?;
+                let batches = p.query.execute_stream(&values).await.map_err(api)?;
                 let fields = p.fields(&portal.result_column_format)?;
-                return Ok(rows_response(fields, batches));
+                return Ok(stream_response(fields, batches));
             }
-            let mut r =
-                ExtendedQueryHandler::do_query(&*self.inner, client, portal, max_rows).await?;
-            collect_rows(&mut r).await?;
-            Ok(r)
+            ExtendedQueryHandler::do_query(&*login.session.service, client, portal, max_rows).await
         })
-        .await
-    }
-}
-
-/// Startup without passwords (only on loopback, with `--insecure-no-auth`).
-#[derive(Debug)]
-pub(super) struct Open {
-    conns: Arc<ConnectionManager>,
-}
-
-impl NoopStartupHandler for Open {
-    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
-        Some(self.conns.clone())
-    }
-}
-
-/// Startup: refuses plaintext when TLS is configured, then SCRAM (or nothing).
-pub(super) enum Gate {
-    Scram {
-        inner: SASLAuthStartupHandler<DefaultServerParameterProvider>,
-        tls_required: bool,
-    },
-    Open {
-        inner: Open,
-        tls_required: bool,
-    },
-}
-
-#[async_trait]
-impl StartupHandler for Gate {
-    async fn on_startup<C>(
-        &self,
-        client: &mut C,
-        message: PgWireFrontendMessage,
-    ) -> PgWireResult<()>
-    where
-        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        let tls_required = match self {
-            Self::Scram { tls_required, .. } | Self::Open { tls_required, .. } => *tls_required,
-        };
-        if tls_required
-            && !client.is_secure()
-            && matches!(message, PgWireFrontendMessage::Startup(_))
-        {
-            return Err(error(
-                "FATAL",
-                "28000",
-                "this server requires TLS: connect with sslmode=require".into(),
-            ));
-        }
-        match self {
-            Self::Scram { inner, .. } => inner.on_startup(client, message).await,
-            Self::Open { inner, .. } => inner.on_startup(client, message).await,
-        }
-    }
-}
-
-/// Builds every connection's handlers.
-pub(super) struct Factory {
-    pub(super) simple: Arc<Simple>,
-    pub(super) inner: Arc<DfSessionService>,
-    pub(super) ctx: Arc<SessionContext>,
-    pub(super) timeout: Option<Duration>,
-    pub(super) users: Option<Arc<Users>>,
-    pub(super) tls_required: bool,
-    pub(super) conns: Arc<ConnectionManager>,
-}
-
-impl PgWireServerHandlers for Factory {
-    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
-        self.simple.clone()
-    }
-
-    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
-        // Called once per connection: the prepared-statement cache is the connection's.
-        Arc::new(Extended::new(
-            self.inner.clone(),
-            self.ctx.clone(),
-            self.timeout,
-        ))
-    }
-
-    fn startup_handler(&self) -> Arc<impl StartupHandler> {
-        // Called once per connection: SCRAM keeps its exchange's state in the handler.
-        Arc::new(match &self.users {
-            Some(users) => {
-                let mut scram = ScramAuth::new(users.clone());
-                scram.set_iterations(SCRAM_ITERATIONS);
-                Gate::Scram {
-                    inner: SASLAuthStartupHandler::new(Arc::new(
-                        DefaultServerParameterProvider::default(),
-                    ))
-                    .with_scram(scram)
-                    .with_connection_manager(self.conns.clone()),
-                    tls_required: self.tls_required,
-                }
-            }
-            None => Gate::Open {
-                inner: Open {
-                    conns: self.conns.clone(),
-                },
-                tls_required: self.tls_required,
-            },
-        })
-    }
-
-    fn error_handler(&self) -> Arc<impl ErrorHandler> {
-        Arc::new(SqlStates)
-    }
-
-    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
-        Arc::new(DefaultCancelHandler::new(self.conns.clone()))
+        .await?;
+        bound_rows(&mut r, deadline, &token);
+        Ok(r)
     }
 }

@@ -1,51 +1,60 @@
-//! `pulpitum serve`: the PostgreSQL wire protocol over the same session the shell uses, so
+//! `pulpitum serve`: the PostgreSQL wire protocol over the tables of the shell's session, so
 //! psql, drivers and BI tools query Pulpitum tables (and the control plane's system tables)
 //! as they would a PostgreSQL database.
 //!
 //! The protocol is pgwire's and the DataFusion glue datafusion-postgres's; this module keeps
-//! their unsafe defaults out:
+//! their unsafe defaults out (docs/server.md has the threat model):
 //!
-//! - **Authentication**: SCRAM-SHA-256 against configured users ([`auth`]). Without users the
-//!   server refuses to start, unless `--insecure-no-auth` is given and the address is
-//!   loopback.
+//! - **The connection** ([`conn`]): our own loop around pgwire's message dispatch. Nothing
+//!   runs before the login has succeeded, a FATAL error closes the connection, every frame
+//!   is checked before pgwire decodes it ([`frames`]), a cancel request is served before the
+//!   connection limit, and nothing sent in the clear reaches a TLS session.
+//! - **Authentication** ([`auth`]): SCRAM-SHA-256 against configured users, each with a
+//!   role ([`guard::Role`]). Without users the server refuses to start, unless
+//!   `--insecure-no-auth` is given and the address is loopback.
 //! - **TLS** ([`tls`]): from PEM files; a configuration that cannot be loaded stops the start
 //!   (never a silent plaintext fallback), and with TLS configured a plaintext client is
 //!   refused.
-//! - **Limits**: a connection limit (the client over it gets SQLSTATE 53300, as PostgreSQL
-//!   answers "too many clients"), a per-statement timeout (57014), and the client's cancel
-//!   request, both stopping the statement's execution, not only its planning.
-//! - **What runs**: queries, INSERT, EXPLAIN, SET/SHOW, transactions and the control
-//!   statements; DDL and file access are refused (42501) so a remote client cannot make the
-//!   server read or write local files.
+//! - **What runs** ([`guard`], [`vars`]): decided on the planned statement, by role; no DDL
+//!   of any kind and no file access; `SET` only from an allow-list. Each connection has its
+//!   own session over the shared catalog and caches, so nothing one client sets reaches
+//!   another.
+//! - **Limits**: a connection limit (SQLSTATE 53300), a startup timeout, a per-statement
+//!   timeout and the client's cancel request (57014) that stop execution and the rows still
+//!   streaming, and memory pools ([`memory`]) for the server and for each query (53200).
+//!   Results stream to the client as the socket takes them.
 //! - **Shutdown**: on the token (SIGTERM in the binary), the listener closes at once and
 //!   connections get a grace period to finish their statements; what remains is closed.
 
 pub mod auth;
+mod conn;
+mod execute;
+pub mod frames;
+pub mod guard;
 mod handlers;
+mod hooks;
+pub mod memory;
 pub mod tls;
+pub mod vars;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::prelude::SessionContext;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_postgres::datafusion_pg_catalog::setup_pg_catalog;
-use datafusion_postgres::hooks::cursor::CursorStatementHook;
-use datafusion_postgres::hooks::set_show::SetShowHook;
-use datafusion_postgres::hooks::transactions::TransactionStatementHook;
-use datafusion_postgres::pgwire::api::ConnectionManager;
-use datafusion_postgres::pgwire::tokio::process_socket;
 use datafusion_postgres::{DfSessionService, QueryHook};
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use auth::Users;
+pub use guard::Role;
 
 /// The default listen address: loopback, one port above PostgreSQL's.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5433";
@@ -72,6 +81,9 @@ pub enum ServerError {
     /// Preparing the session for PostgreSQL clients failed.
     #[error("cannot set up the PostgreSQL catalog emulation: {0}")]
     Catalog(String),
+    /// Writing to a client failed.
+    #[error("connection error: {0}")]
+    Io(String),
 }
 
 /// How the server runs.
@@ -87,34 +99,59 @@ pub struct ServerConfig {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Connections served at once; the next one is refused with SQLSTATE 53300.
     pub max_connections: usize,
-    /// Longest a statement may run (planning, execution and collecting its rows); `None`:
-    /// no limit.
+    /// Longest a connection may take from its first byte to a completed login.
+    pub startup_timeout: Duration,
+    /// Longest a statement may run (planning, execution and sending its rows); `None`: no
+    /// limit.
     pub statement_timeout: Option<Duration>,
     /// How long running statements may take to finish after shutdown begins.
     pub shutdown_grace: Duration,
+    /// Memory all queries together may reserve, in bytes.
+    pub memory_limit: usize,
+    /// Memory one query may reserve, in bytes (at most `memory_limit`).
+    pub query_memory_limit: usize,
+    /// Longest Query, Parse, Bind or CopyData message, in bytes.
+    pub max_message_bytes: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
+        let memory_limit = memory::default_server_limit();
         Self {
             listen: DEFAULT_LISTEN.into(),
             users: None,
             insecure_no_auth: false,
             tls: None,
             max_connections: 100,
+            startup_timeout: Duration::from_secs(30),
             statement_timeout: Some(Duration::from_secs(300)),
             shutdown_grace: Duration::from_secs(10),
+            memory_limit,
+            query_memory_limit: memory_limit / 4,
+            max_message_bytes: frames::DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
+}
+
+/// What every connection shares: the base session (catalog, caches), users, TLS, limits.
+pub(crate) struct Shared {
+    base: SessionContext,
+    users: Option<Arc<Users>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    config: ServerConfig,
+    slots: Arc<Semaphore>,
+    pool: Arc<dyn MemoryPool>,
+    cancels: conn::Cancels,
+    /// The parser used before a login (never, in practice): its only hook refuses.
+    refusing: Arc<DfSessionService>,
 }
 
 /// A bound server, ready to run.
 pub struct Server {
     listener: TcpListener,
-    factory: Arc<handlers::Factory>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    slots: Arc<Semaphore>,
-    config: ServerConfig,
+    shared: Arc<Shared>,
+    /// Connections between accept and their slot (the start, before the limit applies).
+    handshakes: Arc<Semaphore>,
 }
 
 fn config_error(setting: &'static str, reason: String) -> ServerError {
@@ -129,6 +166,22 @@ impl Server {
             return Err(config_error(
                 "--max-connections",
                 "must be at least 1".into(),
+            ));
+        }
+        if config.query_memory_limit == 0 || config.query_memory_limit > config.memory_limit {
+            return Err(config_error(
+                "--query-memory-limit",
+                format!(
+                    "{} must be above 0 and at most --memory-limit ({})",
+                    memory::human(config.query_memory_limit),
+                    memory::human(config.memory_limit)
+                ),
+            ));
+        }
+        if config.max_message_bytes < frames::MAX_SMALL_BYTES {
+            return Err(config_error(
+                "--max-message-bytes",
+                format!("must be at least {}", frames::MAX_SMALL_BYTES),
             ));
         }
         let tls = match &config.tls {
@@ -167,45 +220,34 @@ impl Server {
             _ => {
                 return Err(config_error(
                     "users",
-                    "no user is configured: give --users-file, or PULPITUM_SERVER_USER and \
-                     PULPITUM_SERVER_PASSWORD (or --insecure-no-auth on a loopback address)"
+                    "no user is configured: give --users-file, or PULPITUM_SERVER_USER, \
+                     PULPITUM_SERVER_PASSWORD and PULPITUM_SERVER_ROLE (or --insecure-no-auth \
+                     on a loopback address)"
                         .into(),
                 ))
             }
         };
         setup_pg_catalog(&ctx, "datafusion", EmptyContextProvider)
             .map_err(|e| ServerError::Catalog(e.to_string()))?;
-        let ctx = Arc::new(ctx);
-        // Ours around datafusion-postgres's: control statements parse, SET/SHOW, transactions
-        // and cursors are answered, and whatever is left must be a query, INSERT or EXPLAIN.
-        let hooks: Vec<Arc<dyn QueryHook>> = vec![
-            Arc::new(handlers::ControlParse),
-            Arc::new(handlers::Refuse(handlers::shared_setting)),
-            Arc::new(CursorStatementHook),
-            Arc::new(SetShowHook),
-            Arc::new(TransactionStatementHook),
-            Arc::new(handlers::Refuse(handlers::refusal)),
-        ];
-        let inner = Arc::new(DfSessionService::new_with_hooks(ctx.clone(), hooks));
-        let factory = Arc::new(handlers::Factory {
-            simple: Arc::new(handlers::Simple {
-                inner: inner.clone(),
-                ctx: ctx.clone(),
-                timeout: config.statement_timeout,
-            }),
-            inner,
-            ctx,
-            timeout: config.statement_timeout,
-            users,
-            tls_required: tls.is_some(),
-            conns: Arc::new(ConnectionManager::new()),
-        });
+        let refusing_hooks: Vec<Arc<dyn QueryHook>> = vec![Arc::new(hooks::Unhandled)];
+        let refusing = Arc::new(DfSessionService::new_with_hooks(
+            Arc::new(ctx.clone()),
+            refusing_hooks,
+        ));
+        let handshakes = Arc::new(Semaphore::new(config.max_connections.max(16)));
         Ok(Self {
             listener,
-            factory,
-            tls,
-            slots: Arc::new(Semaphore::new(config.max_connections)),
-            config,
+            shared: Arc::new(Shared {
+                base: ctx,
+                users,
+                tls,
+                slots: Arc::new(Semaphore::new(config.max_connections)),
+                pool: Arc::new(memory::ServerPool::new(config.memory_limit)),
+                cancels: conn::Cancels::default(),
+                refusing,
+                config,
+            }),
+            handshakes,
         })
     }
 
@@ -218,41 +260,44 @@ impl Server {
     /// the grace period before closing them.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut running = JoinSet::new();
+        let mut backoff = Duration::ZERO;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(_) = running.join_next(), if !running.is_empty() => {}
                 accepted = self.listener.accept() => {
                     let (socket, peer) = match accepted {
-                        Ok(a) => a,
+                        Ok(a) => {
+                            backoff = Duration::ZERO;
+                            a
+                        }
                         Err(e) => {
-                            warn!(error = %e, "accept failed");
+                            // Out of descriptors (EMFILE) and the like: accepting again at once
+                            // would spin; wait, longer each time, up to a second.
+                            backoff = (backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                            warn!(error = %e, retry_ms = backoff.as_millis() as u64, "accept failed");
+                            tokio::select! {
+                                _ = shutdown.cancelled() => break,
+                                _ = tokio::time::sleep(backoff) => {}
+                            }
                             continue;
                         }
                     };
-                    let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-                        warn!(%peer, limit = self.config.max_connections, "connection refused: limit reached");
-                        running.spawn(refuse_over_limit(socket));
+                    let Ok(handshake) = self.handshakes.clone().try_acquire_owned() else {
+                        warn!(%peer, "connection dropped: too many connections are starting");
                         continue;
                     };
-                    let factory = self.factory.clone();
-                    let tls = self.tls.clone();
-                    running.spawn(async move {
-                        let _slot = slot;
-                        if let Err(e) = process_socket(socket, tls, factory).await {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                    });
+                    running.spawn(conn::serve(socket, peer, self.shared.clone(), handshake));
                 }
             }
         }
         drop(self.listener);
         info!(
             connections = running.len(),
-            grace_ms = self.config.shutdown_grace.as_millis() as u64,
+            grace_ms = self.shared.config.shutdown_grace.as_millis() as u64,
             "stopped accepting; waiting for running statements"
         );
-        let drained = tokio::time::timeout(self.config.shutdown_grace, async {
+        let drained = tokio::time::timeout(self.shared.config.shutdown_grace, async {
             while running.join_next().await.is_some() {}
         })
         .await;
@@ -266,30 +311,4 @@ impl Server {
         }
         info!("server stopped");
     }
-}
-
-/// Answers a connection over the limit the way PostgreSQL does: an ErrorResponse with
-/// SQLSTATE 53300, then close. Sent before reading the startup packet, which libpq and
-/// the drivers read as the answer to it.
-async fn refuse_over_limit(mut socket: TcpStream) {
-    let mut body = Vec::new();
-    for (field, value) in [
-        (b'S', "FATAL"),
-        (b'V', "FATAL"),
-        (b'C', "53300"),
-        (b'M', "sorry, too many clients already"),
-    ] {
-        body.push(field);
-        body.extend_from_slice(value.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut msg = vec![b'E'];
-    msg.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
-    msg.extend_from_slice(&body);
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = socket.write_all(&msg).await;
-        let _ = socket.shutdown().await;
-    })
-    .await;
 }

@@ -1,0 +1,296 @@
+//! The hooks that decide what a logged-in connection's statements do, placed around
+//! datafusion-postgres's own (cursors, SHOW, transactions).
+//!
+//! [`Guard`] goes first. It applies the statement gate, answers `SET`/`RESET` from the
+//! allow-list and `SHOW` of those variables, and applies the plan gate; on the simple
+//! protocol it then executes the judged plan itself. [`Unhandled`] goes last and refuses
+//! whatever no hook answered.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{DFSchema, ParamValues};
+use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
+use datafusion::prelude::{DataFrame, SessionContext};
+use datafusion::sql::parser::Statement as DFStatementAst;
+use datafusion::sql::sqlparser::ast::Statement;
+use datafusion_postgres::arrow_pg::datatypes::df::encode_dataframe;
+use datafusion_postgres::hooks::HookClient;
+use datafusion_postgres::pgwire::api::portal::Format;
+use datafusion_postgres::pgwire::api::results::{Response, Tag};
+use datafusion_postgres::pgwire::api::ClientInfo;
+use datafusion_postgres::pgwire::error::PgWireResult;
+use datafusion_postgres::pgwire::messages::startup::ParameterStatus;
+use datafusion_postgres::pgwire::messages::PgWireBackendMessage;
+use datafusion_postgres::pgwire::types::format::FormatOptions;
+use datafusion_postgres::QueryHook;
+
+use super::guard::{self, authorize, Kind, Role};
+use super::handlers::{api, batch_response};
+use super::vars;
+
+/// The first hook: the statement gate, `SET`/`RESET` from the allow-list, the plan gate,
+/// and on the simple protocol the execution of the judged plan.
+#[derive(Debug)]
+pub(super) struct Guard {
+    role: Role,
+}
+
+impl Guard {
+    pub(super) fn new(role: Role) -> Self {
+        Self { role }
+    }
+
+    /// A `DECLARE`'s queries must pass the plan gate too: the cursor hook executes them.
+    async fn check_cursor(&self, statement: &Statement, ctx: &SessionContext) -> PgWireResult<()> {
+        if let Statement::Declare { stmts } = statement {
+            for declare in stmts {
+                if let Some(q) = &declare.for_query {
+                    let plan = plan_of(ctx, &Statement::Query(q.clone())).await?;
+                    let need = guard::plan_need(&plan)?;
+                    authorize(self.role, need, "this cursor's query")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Plans `statement`, judges the plan and runs it (the simple protocol).
+    async fn run_plan(
+        &self,
+        statement: &Statement,
+        ctx: &SessionContext,
+        client: &mut dyn HookClient,
+    ) -> PgWireResult<Response> {
+        let plan = plan_of(ctx, statement).await?;
+        let need = guard::plan_need(&plan)?;
+        authorize(self.role, need, what(statement))?;
+        let insert = matches!(plan, LogicalPlan::Dml(_));
+        let df = ctx.execute_logical_plan(plan).await.map_err(api)?;
+        if insert {
+            return insert_response(df).await;
+        }
+        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+        Ok(Response::Query(
+            encode_dataframe(df, &Format::UnifiedText, Some(options)).await?,
+        ))
+    }
+}
+
+fn what(statement: &Statement) -> &'static str {
+    match statement {
+        Statement::Insert(_) => "INSERT",
+        _ => "this statement",
+    }
+}
+
+async fn plan_of(ctx: &SessionContext, statement: &Statement) -> PgWireResult<LogicalPlan> {
+    ctx.state()
+        .statement_to_plan(DFStatementAst::Statement(Box::new(statement.clone())))
+        .await
+        .map_err(api)
+}
+
+/// An INSERT's answer: `INSERT 0 n`.
+async fn insert_response(df: DataFrame) -> PgWireResult<Response> {
+    let batches = df.collect().await.map_err(api)?;
+    let rows = batches
+        .first()
+        .and_then(|b| b.column_by_name("count"))
+        .and_then(|c| {
+            c.as_any()
+                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                .map(|a| a.value(0))
+        })
+        .unwrap_or(0);
+    Ok(Response::Execution(
+        Tag::new("INSERT").with_oid(0).with_rows(rows as usize),
+    ))
+}
+
+/// Applies a `SET`/`RESET` to the connection and reports what PostgreSQL reports.
+async fn set_variable(
+    statement: &Statement,
+    ctx: &SessionContext,
+    client: &mut dyn HookClient,
+) -> PgWireResult<Response> {
+    let change = vars::change(statement)?;
+    vars::apply(&change, client.metadata_mut(), ctx);
+    for (name, value) in change.report {
+        client
+            .send_message(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
+                name, value,
+            )))
+            .await?;
+    }
+    Ok(Response::Execution(Tag::new(match statement {
+        Statement::Reset(_) => "RESET",
+        _ => "SET",
+    })))
+}
+
+/// The variable a `SHOW` names, and its answer's column, when it is one of the allow-list.
+fn show_target(statement: &Statement) -> Option<(String, String)> {
+    let Statement::ShowVariable { variable } = statement else {
+        return None;
+    };
+    let name = variable
+        .iter()
+        .map(|i| i.value.to_lowercase())
+        .collect::<Vec<_>>()
+        .join(" ");
+    vars::show(&name, &Default::default())?;
+    let column = if name == "time zone" {
+        "TimeZone".to_string()
+    } else {
+        name.clone()
+    };
+    Some((name, column))
+}
+
+/// `SHOW name` for a variable of the allow-list; `None` for anything else (datafusion-
+/// postgres's SHOW hook answers those: server_version, transaction_isolation, ...).
+fn show_variable(statement: &Statement, client: &dyn HookClient) -> Option<PgWireResult<Response>> {
+    let (name, column) = show_target(statement)?;
+    let value = vars::show(&name, client.metadata())?;
+    let schema = Arc::new(Schema::new(vec![Field::new(column, DataType::Utf8, false)]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![Arc::new(datafusion::arrow::array::StringArray::from(vec![
+            value,
+        ]))],
+    );
+    Some(
+        batch
+            .map_err(api)
+            .and_then(|b| batch_response(b, &Format::UnifiedText)),
+    )
+}
+
+#[async_trait]
+impl QueryHook for Guard {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        ctx: &SessionContext,
+        client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        match guard::statement_kind(statement) {
+            Err(e) => Some(Err(e)),
+            Ok(Kind::Variable) => Some(set_variable(statement, ctx, client).await),
+            Ok(Kind::Show) => show_variable(statement, client),
+            Ok(Kind::Transaction) => None,
+            Ok(Kind::Cursor) => self.check_cursor(statement, ctx).await.err().map(Err),
+            Ok(Kind::Plan) => Some(self.run_plan(statement, ctx, client).await),
+        }
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        ctx: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        match guard::statement_kind(statement) {
+            Err(e) => Some(Err(e)),
+            Ok(Kind::Variable) => Some(
+                DFSchema::try_from(datafusion::arrow::datatypes::Schema::empty())
+                    .map(|schema| {
+                        LogicalPlan::EmptyRelation(EmptyRelation {
+                            produce_one_row: false,
+                            schema: Arc::new(schema),
+                        })
+                    })
+                    .map_err(api),
+            ),
+            Ok(Kind::Show) => show_target(statement).map(|(_, column)| {
+                let schema = Schema::new(vec![Field::new(column, DataType::Utf8, false)]);
+                DFSchema::try_from(schema).map_err(api).map(|schema| {
+                    LogicalPlan::EmptyRelation(EmptyRelation {
+                        produce_one_row: false,
+                        schema: Arc::new(schema),
+                    })
+                })
+            }),
+            Ok(Kind::Transaction) => None,
+            Ok(Kind::Cursor) => self.check_cursor(statement, ctx).await.err().map(Err),
+            Ok(Kind::Plan) => Some(
+                async {
+                    let plan = plan_of(ctx, statement).await?;
+                    let need = guard::plan_need(&plan)?;
+                    authorize(self.role, need, what(statement))?;
+                    Ok(plan)
+                }
+                .await,
+            ),
+        }
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        plan: &LogicalPlan,
+        _params: &ParamValues,
+        ctx: &SessionContext,
+        client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        match guard::statement_kind(statement) {
+            Err(e) => Some(Err(e)),
+            Ok(Kind::Variable) => Some(set_variable(statement, ctx, client).await),
+            Ok(Kind::Show) => show_variable(statement, client),
+            Ok(Kind::Transaction) => None,
+            Ok(Kind::Cursor) => self.check_cursor(statement, ctx).await.err().map(Err),
+            // The plan made at Parse, judged again; datafusion-postgres executes it as is.
+            Ok(Kind::Plan) => match guard::plan_need(plan)
+                .and_then(|need| authorize(self.role, need, what(statement)))
+            {
+                Ok(()) => None,
+                Err(e) => Some(Err(e)),
+            },
+        }
+    }
+}
+
+/// The last hook: whatever no earlier hook answered is refused, so no statement reaches
+/// datafusion-postgres's own execution (which plans text with `SessionContext::sql`). The
+/// one exception is a planned statement at the extended protocol's Execute: the [`Guard`]
+/// judged its plan just before, and datafusion-postgres executes exactly that plan.
+#[derive(Debug)]
+pub(super) struct Unhandled;
+
+#[async_trait]
+impl QueryHook for Unhandled {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        _ctx: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        Some(Err(guard::refused_statement(&statement.to_string())))
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        _ctx: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        Some(Err(guard::refused_statement(&statement.to_string())))
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _plan: &LogicalPlan,
+        _params: &ParamValues,
+        _ctx: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        match guard::statement_kind(statement) {
+            Ok(Kind::Plan) => None,
+            _ => Some(Err(guard::refused_statement(&statement.to_string()))),
+        }
+    }
+}

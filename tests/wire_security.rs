@@ -1,0 +1,761 @@
+//! The wire server against a hostile client, in process (so a panic in any connection task
+//! is counted, not just survived): nothing runs before a login whatever the message order,
+//! protocol or TLS state; malformed and truncated frames in every connection state neither
+//! panic nor leak a slot; roles decide what runs, on the planned statement; a client changes
+//! only its own session; memory limits answer 53200 while others carry on; results stream.
+//!
+//! Each test serves an embedded store seeded with a small `chat` table, with three users:
+//! alice (admin), bob (write) and carol (read).
+
+#[path = "support/rawpg.rs"]
+mod rawpg;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pulpitum::server::{Role, Server, ServerConfig, Users};
+use pulpitum::session::{session, SessionOptions};
+use pulpitum::store::HotStore;
+use rand::{Rng, SeedableRng};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_util::sync::CancellationToken;
+
+use rawpg::{read_all, Msg};
+
+const PASSWORD: &str = "correct horse";
+
+/// Panics outside the tests' own assertions (in the server's tasks, the library, its
+/// dependencies), counted by a hook installed once.
+static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+fn count_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let in_tests = info
+                .location()
+                .is_some_and(|l| l.file().starts_with("tests/"));
+            if !in_tests {
+                PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            previous(info);
+        }));
+    });
+}
+
+struct Served {
+    port: u16,
+    stop: CancellationToken,
+    store: Arc<dyn HotStore>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn users() -> Users {
+    let mut u = Users::default();
+    u.add("alice", PASSWORD, Role::Admin, "test").unwrap();
+    u.add("bob", PASSWORD, Role::Write, "test").unwrap();
+    u.add("carol", PASSWORD, Role::Read, "test").unwrap();
+    u
+}
+
+/// Serves a fresh embedded store with `chat` (channel 1: 10 rows) under `config`.
+async fn serve(config: ServerConfig) -> Served {
+    count_panics();
+    let dir = tempfile::tempdir().unwrap();
+    let store = pulpitum::store::open(&format!(
+        "sqlite:{}",
+        dir.path().join("hot.sqlite3").display()
+    ))
+    .await
+    .unwrap();
+    let archive = Arc::new(
+        pulpitum::archive::ArchiveStore::from_url(&format!(
+            "file://{}",
+            dir.path().join("archive").display()
+        ))
+        .unwrap(),
+    );
+    let ctx = session(store.clone(), archive, SessionOptions::default())
+        .await
+        .unwrap();
+    ctx.sql(
+        "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+         OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
+    )
+    .await
+    .unwrap();
+    let values: Vec<String> = (1..=10)
+        .map(|i| {
+            format!(
+                "(1, TIMESTAMP '2026-01-0{}T00:00:00Z', {i}, 'm{i}')",
+                1 + i % 9
+            )
+        })
+        .collect();
+    ctx.sql(&format!("INSERT INTO chat VALUES {}", values.join(", ")))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let server = Server::bind(
+        ctx,
+        ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            ..config
+        },
+    )
+    .await
+    .unwrap();
+    let port = server.local_addr().unwrap().port();
+    let stop = CancellationToken::new();
+    tokio::spawn(server.run(stop.clone()));
+    Served {
+        port,
+        stop,
+        store,
+        _dir: dir,
+    }
+}
+
+fn with_users() -> ServerConfig {
+    ServerConfig {
+        users: Some(users()),
+        ..ServerConfig::default()
+    }
+}
+
+async fn connect(s: &Served, user: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user={user} password='{PASSWORD}' dbname=pulpitum sslmode=disable",
+            s.port
+        ),
+        NoTls,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{user} connects: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+fn code(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| format!("{}: {}", d.code().code(), d.message()))
+        .unwrap_or_else(|| e.to_string())
+}
+
+async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+async fn raw(s: &Served) -> TcpStream {
+    TcpStream::connect(("127.0.0.1", s.port)).await.unwrap()
+}
+
+/// Sends `bytes` in one write and reads everything until the server closes; asserts it
+/// closed after a FATAL error and sent nothing a statement would produce.
+async fn refused_in_one_write(s: &Served, bytes: &[u8], what: &str) -> (String, String) {
+    let mut sock = raw(s).await;
+    sock.write_all(bytes).await.unwrap();
+    let (msgs, closed) = read_all(&mut sock, Duration::from_secs(5)).await;
+    assert!(closed, "{what}: the connection stays open: {msgs:?}");
+    let kinds: Vec<char> = msgs.iter().map(|m| m.kind as char).collect();
+    for k in ['C', 'D', 'T', 'Z', 'I', '1', '2'] {
+        assert!(
+            !kinds.contains(&k),
+            "{what}: the server answered a statement ({kinds:?})"
+        );
+    }
+    let last = msgs.last().and_then(Msg::error).unwrap_or_else(|| {
+        panic!("{what}: no error before the close: {kinds:?}");
+    });
+    assert_eq!(last.0, "FATAL", "{what}: {last:?}");
+    (last.1, last.2)
+}
+
+/// The sequences of issue 25, point 1, in one write each, on the simple and the extended
+/// protocol, with and without TLS required: none of their statements runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_runs_before_a_login_whatever_the_order() {
+    let s = serve(with_users()).await;
+    let insert = "INSERT INTO chat VALUES (99, TIMESTAMP '2026-01-01T00:00:00Z', 1, 'pwned')";
+    let mut sequences: Vec<(String, Vec<u8>)> = Vec::new();
+    for user in ["alice", "mallory"] {
+        for tail in [
+            rawpg::query(insert),
+            rawpg::extended(insert),
+            rawpg::query("SYSTEM STOP MOVES"),
+        ] {
+            sequences.push((
+                format!("{user}: unknown mechanism, then a statement"),
+                [
+                    rawpg::startup(user),
+                    rawpg::sasl_initial("BOGUS-MECH", b"x"),
+                    tail.clone(),
+                ]
+                .concat(),
+            ));
+            sequences.push((
+                format!("{user}: a statement in place of the login"),
+                [rawpg::startup(user), tail.clone()].concat(),
+            ));
+            sequences.push((
+                format!("{user}: a truncated SASL message, then a statement"),
+                [
+                    rawpg::startup(user),
+                    rawpg::frame(b'p', b"SCRAM-SHA-256\0\0\0\0\x40n,,"),
+                    tail.clone(),
+                ]
+                .concat(),
+            ));
+        }
+    }
+    for (what, bytes) in &sequences {
+        refused_in_one_write(&s, bytes, what).await;
+    }
+    // A wrong password, its final SCRAM message and a statement in one write.
+    for tail in [
+        rawpg::query(insert),
+        rawpg::extended(insert),
+        rawpg::query("SYSTEM STOP MOVES"),
+    ] {
+        let mut sock = raw(&s).await;
+        let (last, _) = rawpg::scram_until_final(&mut sock, "alice", "wrong").await;
+        sock.write_all(&[last, tail].concat()).await.unwrap();
+        let (msgs, closed) = read_all(&mut sock, Duration::from_secs(5)).await;
+        assert!(closed, "wrong password: still open: {msgs:?}");
+        let e = msgs.iter().find_map(Msg::error).expect("an error");
+        assert_eq!((e.0.as_str(), e.1.as_str()), ("FATAL", "28P01"), "{e:?}");
+        assert!(!msgs.iter().any(|m| m.kind == b'C' || m.kind == b'Z'));
+    }
+    let admin = connect(&s, "alice").await;
+    assert_eq!(
+        count(&admin, "SELECT count(*) FROM chat").await,
+        10,
+        "no row was added"
+    );
+    let paused: bool = admin
+        .query_one("SELECT bool_or(store_paused) FROM pulpitum_tables", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!paused, "archiving was not paused");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
+
+    // With TLS required, plaintext is refused before anything else is read.
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(dir.path());
+    let tls = serve(ServerConfig {
+        tls: Some((cert, key)),
+        ..with_users()
+    })
+    .await;
+    for tail in [rawpg::query(insert), rawpg::extended(insert)] {
+        let (code, message) = refused_in_one_write(
+            &tls,
+            &[rawpg::startup("alice"), tail].concat(),
+            "plaintext with TLS required",
+        )
+        .await;
+        assert_eq!(code, "28000", "{message}");
+    }
+    // Bytes sent in the clear right after the SSLRequest never reach the TLS session.
+    let mut sock = raw(&tls).await;
+    sock.write_all(
+        &[
+            rawpg::ssl_request(),
+            rawpg::startup("alice"),
+            rawpg::query(insert),
+        ]
+        .concat(),
+    )
+    .await
+    .unwrap();
+    let (msgs, closed) = read_all(&mut sock, Duration::from_secs(5)).await;
+    assert!(closed);
+    let e = msgs.iter().find_map(Msg::error).expect("refused");
+    assert!(e.2.contains("unencrypted data after SSL request"), "{e:?}");
+}
+
+fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl makes a certificate");
+    (cert, key)
+}
+
+/// A name that is not configured gets a salt and the iteration count like a real user, the
+/// same salt each time, and fails at the proof with the same error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_names_cannot_be_told_from_wrong_passwords() {
+    let s = serve(with_users()).await;
+    let (mut firsts, mut answers) = (Vec::new(), Vec::new());
+    for user in ["alice", "mallory", "mallory"] {
+        let mut sock = raw(&s).await;
+        let (last, server_first) = rawpg::scram_until_final(&mut sock, user, "guess").await;
+        let fields: Vec<&str> = server_first.split(',').collect();
+        assert!(
+            fields[0].starts_with("r=") && fields[1].starts_with("s="),
+            "{server_first}"
+        );
+        assert_eq!(fields[2], "i=4096", "{server_first}");
+        sock.write_all(&last).await.unwrap();
+        let (msgs, closed) = read_all(&mut sock, Duration::from_secs(5)).await;
+        assert!(closed);
+        let e = msgs.iter().find_map(Msg::error).expect("refused");
+        assert_eq!((e.0.as_str(), e.1.as_str()), ("FATAL", "28P01"), "{e:?}");
+        answers.push(e.2);
+        firsts.push(fields[1].to_string());
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    assert_eq!(
+        firsts[1], firsts[2],
+        "the same unknown name gets the same salt"
+    );
+    assert_ne!(firsts[0], firsts[1]);
+    assert_eq!(firsts[0].len(), firsts[1].len());
+}
+
+/// A cancel request needs no connection slot: it is served when the server is full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_request_is_served_when_the_server_is_full() {
+    let s = serve(ServerConfig {
+        max_connections: 1,
+        ..with_users()
+    })
+    .await;
+    let c = connect(&s, "alice").await;
+    let token = c.cancel_token();
+    let slow = tokio::spawn(async move {
+        c.simple_query("SELECT count(*) FROM generate_series(1, 20000000000)")
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token.cancel_query(NoTls).await.unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), slow)
+        .await
+        .expect("cancelled, not left to run")
+        .unwrap()
+        .expect_err("cancelled");
+    assert!(code(&e).starts_with("57014"), "{}", code(&e));
+}
+
+/// Random and truncated frames, in every connection state, on many connections: no panic,
+/// every slot comes back, nothing sent before a login ran, and the server answers after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_in_every_state_neither_panic_nor_leak() {
+    let s = serve(ServerConfig {
+        max_connections: 4,
+        startup_timeout: Duration::from_secs(2),
+        ..with_users()
+    })
+    .await;
+    let before = PANICS.load(Ordering::SeqCst);
+    // Statements sent before a login insert into channel 666, after it into 777.
+    let insert = |ch: i64| {
+        format!("INSERT INTO chat VALUES ({ch}, TIMESTAMP '2026-01-01T00:00:00Z', 1, 'x')")
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+    let (mut sequences, mut fatal, mut closed_quietly) = (0, 0, 0);
+    for round in 0..400u32 {
+        let state = round % 4;
+        let mut sock = raw(&s).await;
+        // Reach the state: 0 before the StartupMessage, 1 during authentication, 2 and 3
+        // logged in (3 after a failed extended message, waiting for Sync).
+        match state {
+            0 => {}
+            1 => sock.write_all(&rawpg::startup("alice")).await.unwrap(),
+            _ => {
+                rawpg::login(&mut sock, "bob", PASSWORD).await.unwrap();
+                if state == 3 {
+                    sock.write_all(&rawpg::frame(b'P', b"\0SELEC\0\0\0"))
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+        let marker = insert(if state < 2 { 666 } else { 777 });
+        let marker = marker.as_str();
+        let mut bytes = Vec::new();
+        for _ in 0..rng.random_range(1..6) {
+            let pick = rng.random_range(0..8);
+            let piece = match pick {
+                0 => rawpg::query(marker),
+                1 => rawpg::extended(marker),
+                2 => {
+                    // A valid type with a random body.
+                    let kind = *b"QPBDECHSdcfp".get(rng.random_range(0..12)).unwrap();
+                    let body: Vec<u8> =
+                        (0..rng.random_range(0..40)).map(|_| rng.random()).collect();
+                    rawpg::frame(kind, &body)
+                }
+                3 => {
+                    // A length that lies.
+                    let mut f = rawpg::query("SELECT 1");
+                    let lie: i32 = rng.random_range(-10..100_000);
+                    f[1..5].copy_from_slice(&lie.to_be_bytes());
+                    f
+                }
+                4 => {
+                    // A Parse whose parameter count exceeds its body (pgwire panicked here).
+                    let mut body = b"\0SELECT $1\0".to_vec();
+                    body.extend_from_slice(&(rng.random_range(1..500i16)).to_be_bytes());
+                    rawpg::frame(b'P', &body)
+                }
+                5 => (0..rng.random_range(1..64)).map(|_| rng.random()).collect(),
+                6 => rawpg::startup("alice"),
+                _ => {
+                    let mut f = rawpg::extended(marker);
+                    f.truncate(rng.random_range(1..f.len()));
+                    f
+                }
+            };
+            bytes.extend_from_slice(&piece);
+        }
+        sequences += 1;
+        // In random chunks, sometimes with a pause between them.
+        let mut at = 0;
+        while at < bytes.len() {
+            let n = rng.random_range(1..=bytes.len() - at);
+            if sock.write_all(&bytes[at..at + n]).await.is_err() {
+                break;
+            }
+            at += n;
+            if rng.random_bool(0.2) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let (msgs, closed) = read_all(&mut sock, Duration::from_millis(300)).await;
+        if msgs.iter().filter_map(Msg::error).any(|e| e.0 == "FATAL") {
+            fatal += 1;
+        } else if closed {
+            closed_quietly += 1;
+        }
+    }
+    eprintln!(
+        "fuzz: {sequences} connections, {fatal} ended with FATAL, {closed_quietly} closed \
+         without one, {} panics",
+        PANICS.load(Ordering::SeqCst) - before
+    );
+    assert_eq!(PANICS.load(Ordering::SeqCst), before, "no panic");
+    assert!(fatal > 100, "most sequences break the protocol: {fatal}");
+    // Every slot came back (connections still open close within the startup timeout or
+    // when dropped): the server takes its full four logins again, and answers.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect(&s, "alice").await);
+    }
+    assert_eq!(
+        count(&held[0], "SELECT count(*) FROM chat WHERE channel_id = 666").await,
+        0,
+        "nothing sent before a login ran"
+    );
+    let after = count(&held[0], "SELECT count(*) FROM chat WHERE channel_id = 777").await;
+    eprintln!(
+        "fuzz: {after} statements sent after a login ran (their inserts are idempotent keys)"
+    );
+    assert_eq!(
+        count(&held[0], "SELECT count(*) FROM chat WHERE channel_id = 1").await,
+        10
+    );
+}
+
+/// What each role may run, on both protocols; control statements are judged on the same
+/// path; the job history's details are the admin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_decide_what_runs() {
+    let s = serve(with_users()).await;
+    let bucket = pulpitum::model::BucketId {
+        table_id: pulpitum::model::TableId::new("chat").unwrap(),
+        partition_key: pulpitum::model::PartitionKey::new(pulpitum::model::encode_i64(1)).unwrap(),
+        bucket_key: pulpitum::model::BucketKey::parse(
+            pulpitum::model::BucketStrategy::CalendarDayUtc,
+            "day:2026-01-02",
+        )
+        .unwrap(),
+    };
+    s.store
+        .record_job_end(&pulpitum::store::JobEnd {
+            job: pulpitum::store::JobStart {
+                bucket,
+                generation: 1,
+                kind: pulpitum::store::JobKind::Archive,
+                worker: "archiver-7@host".into(),
+            },
+            outcome: pulpitum::store::JobOutcome::Deferred,
+            rows: None,
+            bytes: None,
+            error: Some("upload failed: bucket-internal detail".into()),
+        })
+        .await
+        .unwrap();
+    let insert = "INSERT INTO chat VALUES (2, TIMESTAMP '2026-01-01T00:00:00Z', 1, 'r')";
+    let control = [
+        "ALTER TABLE chat SET (archive_after = '30 days')",
+        "SYSTEM STOP MOVES chat",
+        "SYSTEM START MOVES",
+    ];
+    let jobs = "SELECT worker, error FROM pulpitum_jobs";
+    for (user, may_insert, may_control) in [
+        ("carol", false, false),
+        ("bob", true, false),
+        ("alice", true, true),
+    ] {
+        let c = connect(&s, user).await;
+        assert_eq!(
+            count(&c, "SELECT count(*) FROM chat WHERE channel_id = 1").await,
+            10
+        );
+        for extended in [false, true] {
+            let r = if extended {
+                c.execute(insert, &[]).await.map(|_| ())
+            } else {
+                c.simple_query(insert).await.map(|_| ())
+            };
+            match (r, may_insert) {
+                (Ok(()), true) => {}
+                (Err(e), false) => assert!(
+                    code(&e).starts_with("42501: permission denied: INSERT needs the write role"),
+                    "{user}: {}",
+                    code(&e)
+                ),
+                (r, _) => panic!("{user} insert (extended {extended}): {r:?}"),
+            }
+            for stmt in control {
+                let r = if extended {
+                    c.query(stmt, &[]).await.map(|_| ())
+                } else {
+                    c.simple_query(stmt).await.map(|_| ())
+                };
+                match (r, may_control) {
+                    (Ok(()), true) => {}
+                    (Err(e), false) => assert!(
+                        code(&e).starts_with("42501: permission denied: a control statement"),
+                        "{user} {stmt}: {}",
+                        code(&e)
+                    ),
+                    (r, _) => panic!("{user} {stmt} (extended {extended}): {r:?}"),
+                }
+            }
+        }
+        let row = c.query_one(jobs, &[]).await.unwrap();
+        let (worker, error): (Option<String>, Option<String>) = (row.get(0), row.get(1));
+        if may_control {
+            assert_eq!(worker.as_deref(), Some("archiver-7@host"));
+            assert!(error.unwrap().contains("bucket-internal detail"));
+        } else {
+            assert_eq!((worker, error), (None, None), "{user} sees no job details");
+        }
+    }
+    let policy: Option<String> = connect(&s, "alice")
+        .await
+        .query_one(
+            "SELECT archive_after FROM pulpitum_tables WHERE table_id = 'chat'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        policy.as_deref(),
+        Some("30 days"),
+        "only alice's statement applied"
+    );
+}
+
+/// DDL is refused on the plan, whatever the text looks like, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_create_or_read_files_are_refused_on_their_plan() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "alice").await;
+    for sql in [
+        "SELECT count(*) INTO squat FROM chat",
+        "WITH x AS (SELECT 1 AS a) SELECT a INTO squat2 FROM x",
+        "CREATE TABLE t AS SELECT 1",
+        "CREATE VIEW v AS SELECT 1",
+        "DECLARE c CURSOR FOR SELECT 1 INTO squat3",
+        "CREATE EXTERNAL TABLE f STORED AS CSV LOCATION '/etc/passwd'",
+        "CREATE EXTERNAL TABLE p STORED AS PULPITUM LOCATION ''",
+        "COPY (SELECT 1) TO '/tmp/pulpitum-wire-never.csv'",
+        "PREPARE p AS SELECT 1",
+        "DROP TABLE chat",
+    ] {
+        for extended in [false, true] {
+            let e = if extended {
+                c.query(sql, &[]).await.map(|_| ()).expect_err(sql)
+            } else {
+                c.simple_query(sql).await.map(|_| ()).expect_err(sql)
+            };
+            assert!(
+                code(&e).starts_with("42501"),
+                "{sql} (extended {extended}): {}",
+                code(&e)
+            );
+        }
+    }
+    for name in ["squat", "squat2", "squat3", "t", "v", "f", "p"] {
+        let e = c
+            .simple_query(&format!("SELECT * FROM {name}"))
+            .await
+            .expect_err(name);
+        assert!(code(&e).starts_with("42P01"), "{name}: {}", code(&e));
+    }
+    assert!(!std::path::Path::new("/tmp/pulpitum-wire-never.csv").exists());
+    assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10);
+}
+
+fn first_value(rows: &[SimpleQueryMessage]) -> String {
+    rows.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("").to_string()),
+            _ => None,
+        })
+        .expect("a row")
+}
+
+/// A client's SET changes its own session only; DataFusion's settings cannot be set
+/// however they are spelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_changes_only_its_own_session() {
+    let s = serve(with_users()).await;
+    let a = connect(&s, "carol").await;
+    a.simple_query("SET TIME ZONE 'America/New_York'")
+        .await
+        .unwrap();
+    let here = first_value(
+        &a.simple_query("SELECT CAST(now() AS VARCHAR)")
+            .await
+            .unwrap(),
+    );
+    assert!(here.contains("-05:00") || here.contains("-04:00"), "{here}");
+    let b = connect(&s, "carol").await;
+    let there = first_value(
+        &b.simple_query("SELECT CAST(now() AS VARCHAR)")
+            .await
+            .unwrap(),
+    );
+    assert!(
+        !there.contains("-05:00") && !there.contains("-04:00"),
+        "{there}"
+    );
+    assert_eq!(
+        first_value(&b.simple_query("SHOW timezone").await.unwrap()),
+        "UTC"
+    );
+    for sql in [
+        "SET \"datafusion\".execution.batch_size = 1",
+        "SET datafusion.execution.target_partitions = 1",
+        "SET \"DATAFUSION\".\"EXECUTION\".\"TIME_ZONE\" = '+05:00'",
+        "RESET datafusion.execution.batch_size",
+        "SET work_mem = '64MB'",
+    ] {
+        let e = a.simple_query(sql).await.expect_err(sql);
+        assert!(code(&e).starts_with("42501"), "{sql}: {}", code(&e));
+        let e = a.query(sql, &[]).await.expect_err(sql);
+        assert!(
+            code(&e).starts_with("42501"),
+            "{sql} (extended): {}",
+            code(&e)
+        );
+    }
+    let e = a
+        .simple_query("SET timezone = 'Mars/Olympus'")
+        .await
+        .expect_err("bad zone");
+    assert!(code(&e).starts_with("22023"), "{}", code(&e));
+    // b's batches are DataFusion's default size: a thousand rows come in one go, unaltered
+    // by a's attempts.
+    let n = count(&b, "SELECT count(*) FROM generate_series(1, 1000)").await;
+    assert_eq!(n, 1000);
+    a.simple_query("RESET ALL").await.unwrap();
+    let back = first_value(&a.simple_query("SHOW timezone").await.unwrap());
+    assert_eq!(back, "UTC");
+}
+
+/// A query over its memory share fails with 53200 naming the limit; another connection
+/// runs meanwhile, and the same connection runs the next statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_over_its_memory_share_fails_alone() {
+    let s = serve(ServerConfig {
+        memory_limit: 256 << 20,
+        query_memory_limit: 16 << 20,
+        ..with_users()
+    })
+    .await;
+    let heavy = connect(&s, "carol").await;
+    let other = connect(&s, "carol").await;
+    let big = "SELECT count(*) FROM generate_series(1, 3000000) a \
+               JOIN generate_series(1, 3000000) b ON a.value = b.value";
+    let running = tokio::spawn(async move {
+        let r = heavy.simple_query(big).await.map(|_| ());
+        (heavy, r)
+    });
+    assert_eq!(count(&other, "SELECT count(*) FROM chat").await, 10);
+    let (heavy, r) = running.await.unwrap();
+    let e = r.expect_err("over the limit");
+    assert!(code(&e).starts_with("53200"), "{}", code(&e));
+    assert!(code(&e).contains("--query-memory-limit"), "{}", code(&e));
+    assert_eq!(count(&heavy, "SELECT count(*) FROM chat").await, 10);
+}
+
+/// Rows reach the client while the query is still producing them: the first thousand of an
+/// effectively endless result arrive long before the statement timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_stream_to_the_client() {
+    use futures::{pin_mut, StreamExt};
+    let s = serve(ServerConfig {
+        statement_timeout: Some(Duration::from_secs(60)),
+        ..with_users()
+    })
+    .await;
+    let c = connect(&s, "carol").await;
+    let rows = c
+        .query_raw(
+            "SELECT value FROM generate_series(1, 100000000000)",
+            Vec::<i64>::new(),
+        )
+        .await
+        .unwrap();
+    pin_mut!(rows);
+    let first = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut n = 0;
+        while let Some(r) = rows.next().await {
+            r.unwrap();
+            n += 1;
+            if n == 1000 {
+                break;
+            }
+        }
+        n
+    })
+    .await
+    .expect("the first rows arrive while the query runs");
+    assert_eq!(first, 1000);
+    drop(rows);
+    drop(c);
+    let d = connect(&s, "carol").await;
+    assert_eq!(count(&d, "SELECT count(*) FROM chat").await, 10);
+}
