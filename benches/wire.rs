@@ -14,10 +14,17 @@
 //! The variants run once per round, in a fresh random order each round. Then 32 clients at
 //! once run the prepared page against each server: throughput and p99.
 //!
-//! Targets (issue 18): wire prepared p50 at most 2.0x direct, p99 at most 15 ms.
+//! Last, the big read (issue 25): one client reads `WIRE_BENCH_BIG_GB` (default 5) GB of
+//! results (`repeat('x', 1000)` per row) through the server while another asks for the hot
+//! page over and over; the process's resident memory is sampled every 20 ms (its peak
+//! against its size before the read) and the hot page's p50 during the read is compared with
+//! its p50 on the idle server just before.
+//!
+//! Targets (issue 18): wire prepared p50 at most 2.0x direct, p99 at most 15 ms; (issue 25)
+//! the server's memory does not grow with the result, the hot page stays usable beside it.
 //! Run: `cargo bench --bench wire` (release: DataFusion optimised; about 25 minutes cold);
 //! `WIRE_BENCH_ROUNDS` (default 500), `WIRE_BENCH_CLIENTS` (32), `WIRE_BENCH_PAGES` (pages
-//! per client, 100).
+//! per client, 100), `WIRE_BENCH_BIG_GB` (5; 0 skips the big read).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,6 +106,100 @@ async fn concurrent(
     let elapsed = started.elapsed();
     let n = all.len();
     (n as f64 / elapsed.as_secs_f64(), percentiles(all).1)
+}
+
+/// This process's resident set, in bytes (Linux).
+fn rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// One client reads `gb` GB of rows while another asks for the hot page: the peak resident
+/// memory, and the page's p50 during the read against the idle p50 just before.
+async fn big_read(wire_info: &str, hot: &Client, page: &tokio_postgres::Statement, gb: usize) {
+    use futures::{pin_mut, StreamExt};
+    let time_page = || async {
+        let t = Instant::now();
+        assert_eq!(hot.query(page, &[&1i64]).await.unwrap().len(), 50);
+        t.elapsed()
+    };
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        idle.push(time_page().await);
+    }
+    let before = rss();
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        tokio::spawn(async move {
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak.fetch_max(rss(), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let rows = gb as u64 * 1_000_000;
+    let reader = {
+        let info = wire_info.to_string();
+        tokio::spawn(async move {
+            let c = client(&info).await;
+            let started = Instant::now();
+            let stream = c
+                .query_raw(
+                    &format!("SELECT repeat('x', 1000) AS v FROM generate_series(1, {rows})"),
+                    Vec::<i64>::new(),
+                )
+                .await
+                .unwrap();
+            pin_mut!(stream);
+            let (mut n, mut bytes) = (0u64, 0u64);
+            while let Some(row) = stream.next().await {
+                let row = row.unwrap();
+                let v: &str = row.get(0);
+                bytes += v.len() as u64;
+                n += 1;
+            }
+            (n, bytes, started.elapsed())
+        })
+    };
+    let mut during = Vec::new();
+    while !reader.is_finished() {
+        during.push(time_page().await);
+    }
+    let (n, bytes, took) = reader.await.unwrap();
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    sampler.await.unwrap();
+    assert_eq!(n, rows);
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let (idle50, _) = percentiles(idle);
+    let (during50, during99) = percentiles(during.clone());
+    println!(
+        "  big read: {n} rows, {:.2} GB of values in {:.1} s ({:.0} MB/s)",
+        bytes as f64 / 1e9,
+        took.as_secs_f64(),
+        bytes as f64 / 1e6 / took.as_secs_f64()
+    );
+    println!(
+        "    resident memory: {:.0} MB before, peak {:.0} MB during (+{:.0} MB)",
+        before as f64 / 1e6,
+        peak as f64 / 1e6,
+        (peak.saturating_sub(before)) as f64 / 1e6
+    );
+    println!(
+        "    hot page beside it: p50 {:.3} ms = {:.2}x idle ({:.3} ms), p99 {:.3} ms, {} pages",
+        ms(during50),
+        during50.as_secs_f64() / idle50.as_secs_f64(),
+        ms(idle50),
+        ms(during99),
+        during.len()
+    );
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -262,6 +363,10 @@ async fn main() {
         wt / dt
     );
     println!("    direct  {:.0} pages/s  p99 {:.2} ms", dt, ms(dp99));
+    let gb = env_usize("WIRE_BENCH_BIG_GB", 5);
+    if gb > 0 {
+        big_read(&wire_info, &wire, &wire_page, gb).await;
+    }
     drop(wire);
     stop.cancel();
     serving.await.unwrap();

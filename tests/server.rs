@@ -443,50 +443,73 @@ async fn unsafe_or_broken_configurations_refuse_to_start() {
             String::from_utf8_lossy(&out.stderr).into_owned()
         }
     };
+    // A users file without roles (the format before roles), and one owned by someone else.
+    let old_format = dir.path().join("users-old");
+    std::fs::write(&old_format, "alice:hunter2-secret\n").unwrap();
+    let foreign = dir.path().join("users-foreign");
+    std::fs::write(&foreign, "alice:hunter2-secret:read\n").unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for f in [&old_format, &foreign] {
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        // As root the file is given away; as anyone else a root-owned file stands in.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
+        }
+    }
+    let foreign = if unsafe { libc::geteuid() } == 0 {
+        foreign.display().to_string()
+    } else {
+        "/etc/hostname".to_string()
+    };
     let bogus = dir.path().join("bogus.pem");
     std::fs::write(&bogus, "not a certificate").unwrap();
     let bogus = bogus.display().to_string();
     let local = || vec!["--listen".to_string(), "127.0.0.1:0".to_string()];
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    // On loopback, as one user with a role, plus `extra`.
+    let reader = |extra: &[&str]| {
+        [
+            local(),
+            strings(&["--user", "alice", "--role", "read"]),
+            strings(extra),
+        ]
+        .concat()
+    };
     for (extra, needle) in [
         (local(), "no user is configured"),
         (
-            vec![
-                "--insecure-no-auth".into(),
-                "--listen".into(),
-                "0.0.0.0:0".into(),
-            ],
+            [local(), strings(&["--user", "alice"])].concat(),
+            "needs a role: add --role read, write or admin",
+        ),
+        (
+            [
+                local(),
+                vec!["--users-file".into(), old_format.display().to_string()],
+            ]
+            .concat(),
+            "line 1: no role; add one after a last colon",
+        ),
+        (
+            [local(), vec!["--users-file".into(), foreign.clone()]].concat(),
+            "not to the server's user",
+        ),
+        (
+            reader(&["--query-memory-limit", "lots"]),
+            "--query-memory-limit: \"lots\" is not a size",
+        ),
+        (
+            strings(&["--insecure-no-auth", "--listen", "0.0.0.0:0"]),
             "is not a loopback address",
         ),
         (
-            [
-                local(),
-                vec![
-                    "--user".into(),
-                    "alice".into(),
-                    "--role".into(),
-                    "read".into(),
-                    "--tls-cert".into(),
-                    bogus.clone(),
-                    "--tls-key".into(),
-                    bogus.clone(),
-                ],
-            ]
-            .concat(),
+            reader(&["--tls-cert", &bogus, "--tls-key", &bogus]),
             "--tls-cert / --tls-key",
         ),
         (
-            [
-                local(),
-                vec![
-                    "--user".into(),
-                    "alice".into(),
-                    "--role".into(),
-                    "read".into(),
-                    "--tls-cert".into(),
-                    bogus,
-                ],
-            ]
-            .concat(),
+            reader(&["--tls-cert", &bogus]),
             "--tls-cert and --tls-key go together",
         ),
     ] {
@@ -651,4 +674,101 @@ async fn a_table_created_after_start_is_served() {
         (row.get::<_, i64>(0), row.get::<_, String>(1)),
         (5, "late".to_string())
     );
+}
+
+/// psql's default sslmode (prefer) asks for TLS first; over the connection limit it still
+/// gets PostgreSQL's "too many clients" answer, not a failed SSL exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_clients_is_said_whatever_the_sslmode() {
+    let s = with_user(&["--max-connections", "1"]).await;
+    let _held = connect(&s).await;
+    for mode in ["prefer", "disable", "allow"] {
+        let out = std::process::Command::new("psql")
+            .arg(format!(
+                "host=127.0.0.1 port={} user=alice dbname=pulpitum sslmode={mode}",
+                s.port
+            ))
+            .args(["-X", "-c", "SELECT 1"])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("sorry, too many clients already"),
+            "{mode}: {err}"
+        );
+    }
+}
+
+/// Out of file descriptors, accept fails; the server waits longer each time instead of
+/// retrying in a tight loop, and serves again once descriptors are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_errors_back_off() {
+    let dir = seeded().await;
+    let (db, archive) = urls(dir.path());
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 64 && exec {} --database-url '{db}' --archive-url '{archive}' serve \
+             --listen 127.0.0.1:0 --user alice --role read",
+            env!("CARGO_BIN_EXE_pulpitum")
+        ))
+        .env("PULPITUM_SERVER_PASSWORD", PASSWORD)
+        .env("PULPITUM_LOG", "warn")
+        .env_remove("PULPITUM_SERVER_USERS_FILE")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port: u16 = loop {
+        let line = lines.next_line().await.unwrap().expect("a start line");
+        if let Some(addr) = line.strip_prefix("pulpitum: serving PostgreSQL clients on ") {
+            break addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
+    };
+    let failures = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = failures.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("accept failed") {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    // Far more sockets than descriptors: the server runs out while they stay open.
+    let mut held = Vec::new();
+    for _ in 0..120 {
+        if let Ok(Ok(c)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect(("127.0.0.1", port)),
+        )
+        .await
+        {
+            held.push(c);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let seen = failures.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(seen >= 1, "descriptors ran out: {seen}");
+    assert!(seen <= 25, "{seen} accept failures in 3 s: no back-off");
+    drop(held);
+    let served = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let info = format!(
+                "host=127.0.0.1 port={port} user=alice password='{PASSWORD}' dbname=pulpitum sslmode=disable"
+            );
+            if let Ok((c, conn)) = tokio_postgres::connect(&info, NoTls).await {
+                tokio::spawn(conn);
+                if c.simple_query("SELECT 1").await.is_ok() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "serves again once descriptors are free");
+    let _ = child.start_kill();
 }

@@ -306,6 +306,32 @@ fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf
     (cert, key)
 }
 
+/// A client that starts and then says nothing is closed at the startup timeout, and its
+/// slot serves the next client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_loses_its_slot_at_the_startup_timeout() {
+    let s = serve(ServerConfig {
+        max_connections: 1,
+        startup_timeout: Duration::from_secs(1),
+        ..with_users()
+    })
+    .await;
+    let mut silent = raw(&s).await;
+    silent.write_all(&rawpg::startup("alice")).await.unwrap();
+    let started = std::time::Instant::now();
+    let (msgs, closed) = read_all(&mut silent, Duration::from_secs(10)).await;
+    assert!(closed, "closed at the timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let e = msgs.iter().find_map(Msg::error).expect("told why");
+    assert!(e.2.contains("authentication due to timeout"), "{e:?}");
+    let c = connect(&s, "carol").await;
+    assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10);
+}
+
 /// A name that is not configured gets a salt and the iteration count like a real user, the
 /// same salt each time, and fails at the proof with the same error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -725,7 +751,7 @@ async fn a_query_over_its_memory_share_fails_alone() {
 /// effectively endless result arrive long before the statement timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_stream_to_the_client() {
-    use futures::{pin_mut, StreamExt};
+    use futures::StreamExt;
     let s = serve(ServerConfig {
         statement_timeout: Some(Duration::from_secs(60)),
         ..with_users()
@@ -739,7 +765,7 @@ async fn results_stream_to_the_client() {
         )
         .await
         .unwrap();
-    pin_mut!(rows);
+    let mut rows = Box::pin(rows);
     let first = tokio::time::timeout(Duration::from_secs(20), async {
         let mut n = 0;
         while let Some(r) = rows.next().await {

@@ -91,7 +91,7 @@ enum Command {
         no_shell: bool,
     },
     /// Serve the tables over the PostgreSQL wire protocol (psql, drivers, BI tools).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(Debug, clap::Args)]

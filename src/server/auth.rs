@@ -240,6 +240,12 @@ mod tests {
             "Users { names: [\"alice:admin\", \"bob:read\"] }"
         );
         assert_eq!(users.role("bob"), Some(Role::Read));
+        // bob's password is " two:words ", spaces and inner colon kept.
+        let bob = &users.users["bob"];
+        assert_eq!(
+            bob.salted,
+            gen_salted_password(" two:words ", &bob.salt, SCRAM_ITERATIONS)
+        );
         for (text, needle, secret) in [
             (
                 "alice:s3cret-one:admin\nno-colon-hunter2\n",

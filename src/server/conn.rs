@@ -252,10 +252,13 @@ async fn negotiate(tcp: TcpStream, shared: &Shared) -> io::Result<Started> {
     }
 }
 
+/// A connection's cancel key: its process id and secret.
+type CancelKey = (i32, Vec<u8>);
+
 /// Cancel keys of logged-in connections, and the statement each would cancel.
 #[derive(Default)]
 pub(super) struct Cancels {
-    by_key: Mutex<HashMap<(i32, Vec<u8>), Arc<StatementSlot>>>,
+    by_key: Mutex<HashMap<CancelKey, Arc<StatementSlot>>>,
 }
 
 impl Cancels {
@@ -320,7 +323,7 @@ pub(super) struct ConnState {
     /// Set once, by the [`Gate`], when the authenticator reports success.
     login: OnceLock<Login>,
     pub(super) statement: Arc<StatementSlot>,
-    cancel_key: Mutex<Option<(i32, Vec<u8>)>>,
+    cancel_key: Mutex<Option<CancelKey>>,
 }
 
 impl ConnState {
