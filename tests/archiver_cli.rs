@@ -470,7 +470,8 @@ fn logs_are_plain_when_piped_and_json_on_request() {
 }
 
 /// Strings that are neither a URL nor a clear file path are refused, and nothing is created
-/// in the working directory; clear paths are accepted.
+/// in the working directory; a clear path to a file that does not exist is refused too
+/// (naming `migrate`), and accepted once `migrate` has created the store.
 #[test]
 fn unclear_locators_are_refused_and_create_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -493,6 +494,12 @@ fn unclear_locators_are_refused_and_create_nothing() {
         ("sqlite:", "file:///tmp/none", "names no file"),
         ("hot.db", "archive", "archive URL"),
         ("hot.db", "./archive", "archive URL"),
+        ("hot.db", "file:///tmp/none", "no embedded store at hot.db"),
+        (
+            "./typo.db",
+            "file:///tmp/none",
+            "pulpitum migrate --database-url ./typo.db",
+        ),
     ] {
         let (code, err) = archiver_in(
             Some(dir.path()),
@@ -504,8 +511,28 @@ fn unclear_locators_are_refused_and_create_nothing() {
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(left.is_empty(), "{db} {archive} left {left:?}");
     }
+    // `policy` and the other commands refuse a missing file the same way, flags before or
+    // after the subcommand.
+    let (code, err) = archiver_in(
+        Some(dir.path()),
+        &["--database-url", "./typo.db", "policy", "show"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no embedded store at ./typo.db"), "{err}");
+    let (code, err) = archiver_in(
+        Some(dir.path()),
+        &["policy", "show", "--database-url", "./typo.db"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no embedded store at ./typo.db"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left {left:?}");
     let archive = format!("file://{}/archive", dir.path().display());
     for db in ["hot.db", "./hot", "data/hot.sqlite3", "sqlite:x.sqlite"] {
+        let (code, err) = archiver_in(Some(dir.path()), &["migrate", "--database-url", db], &[]);
+        assert_eq!(code, 0, "{db}: {err}");
         let (code, err) = archiver_in(
             Some(dir.path()),
             &["--once", "--database-url", db, "--archive-url", &archive],
@@ -583,8 +610,8 @@ fn created_files_are_owner_only() {
     assert!(files >= 1);
 }
 
-/// PostgreSQL notices ("relation ... already exists, skipping" from the migration check of
-/// a second start) are logged only when debug output is asked for.
+/// PostgreSQL notices ("relation ... already exists, skipping" from a second `migrate`) are
+/// logged only when debug output is asked for.
 #[test]
 fn postgres_notices_are_logged_only_at_debug() {
     let schema = format!(
@@ -616,9 +643,12 @@ fn postgres_notices_are_logged_only_at_debug() {
         "--archive-url",
         &archive,
     ];
-    // The first start creates the tables; the later ones make the server send notices.
+    // The first `migrate` creates the tables; the later ones make the server send notices.
     for (filter, shown) in [("info", false), ("info", false), ("debug", true)] {
-        let (code, err) = archiver(&args, &[("PULPITUM_LOG", filter)]);
+        let (code, err) = archiver(
+            &["migrate", "--database-url", &db],
+            &[("PULPITUM_LOG", filter)],
+        );
         assert_eq!(code, 0, "{err}");
         assert_eq!(
             err.contains("already exists, skipping"),
@@ -626,6 +656,10 @@ fn postgres_notices_are_logged_only_at_debug() {
             "PULPITUM_LOG={filter}: {err}"
         );
     }
+    // An ordinary start runs no DDL, so it draws no notice even at debug.
+    let (code, err) = archiver(&args, &[("PULPITUM_LOG", "debug")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("already exists, skipping"), "{err}");
 }
 
 /// `policy` changes what the store holds and what `policy show` prints; bad options, values
@@ -697,4 +731,159 @@ fn policy_commands_set_show_pause_and_refuse_bad_input() {
         out.contains("| chat     |               | json   |               | false  |"),
         "{out}"
     );
+}
+
+/// Flags the subcommands use may follow them (`policy show --database-url X`), and output
+/// into a closed pipe (`policy set ... | head -1`) ends the process by SIGPIPE, without a
+/// panic or an error line.
+#[cfg(unix)]
+#[test]
+fn subcommand_flags_go_anywhere_and_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let url = seeded_store(&dir.path().join("p.db"));
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+        .args([
+            "policy",
+            "show",
+            "--database-url",
+            &url,
+            "--log-format",
+            "json",
+        ])
+        .env_remove("PULPITUM_DATABASE_URL")
+        .env_remove("PULPITUM_ARCHIVE_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("store: archiving\n"), "{stdout}");
+    for args in [
+        &[
+            "policy",
+            "set",
+            "chat",
+            "archive_after=90 days",
+            "--database-url",
+            &url,
+        ][..],
+        &["--database-url", &url, "policy", "show"],
+        &["migrate", "--database-url", &url],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+            .args(args)
+            .env_remove("PULPITUM_DATABASE_URL")
+            .env_remove("PULPITUM_ARCHIVE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before the first line is written.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Both binaries refuse an invalid PULPITUM_LOG with the same status, 2, before any work.
+#[test]
+fn an_invalid_log_filter_exits_2_in_both_binaries() {
+    for bin in [
+        env!("CARGO_BIN_EXE_pulpitum-archiver"),
+        env!("CARGO_BIN_EXE_pulpitum"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(bin)
+            .current_dir(dir.path())
+            .args(["--database-url", NOWHERE, "--archive-url", "memory://"])
+            .env("PULPITUM_LOG", "infoo")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bin}: {err}");
+        assert!(err.contains("PULPITUM_LOG=\"infoo\""), "{bin}: {err}");
+        assert!(!err.contains("database error"), "work was attempted: {err}");
+    }
+}
+
+/// A refused connection names where it went; an archive "URL" that is a path names the URL
+/// it probably meant.
+#[test]
+fn connection_and_archive_errors_name_what_to_fix() {
+    let (code, err) = archiver(
+        &[
+            "--once",
+            "--database-url",
+            NOWHERE,
+            "--archive-url",
+            "file:///tmp/none",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("cannot connect to 127.0.0.1:1 (database none, user nobody)")
+            && err.contains("Connection refused"),
+        "{err}"
+    );
+    assert!(!err.contains("creating a new object"), "{err}");
+    let (code, err) = archiver(
+        &[
+            "--once",
+            "--database-url",
+            NOWHERE,
+            "--archive-url",
+            "/tmp/relative",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("write file:///tmp/relative"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args([
+            "--database-url",
+            NOWHERE,
+            "--archive-url",
+            "/tmp/relative",
+            "-c",
+            "SELECT 1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("write file:///tmp/relative"), "{err}");
+}
+
+/// The help says what the program accepts: every database form, the cleanup delay's real
+/// range.
+#[test]
+fn help_lists_what_is_accepted() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).replace(char::is_whitespace, "");
+    for form in [
+        "postgres://",
+        "postgresql://",
+        "key=valuestring",
+        "sqlite:PATH",
+        "sqlite://PATH",
+        "sqlite::memory:",
+        ".db,.sqliteor.sqlite3",
+    ] {
+        assert!(help.contains(form), "--database-url help lacks {form}");
+    }
+    assert!(help.contains("0to604800"), "cleanup delay range");
+    assert!(!help.contains("route-cacheTTL") && !help.contains("atleastthereaders"));
 }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::model::{EventTime, TableId};
+use crate::store::migrate::Migrated;
 use crate::store::{Catalog, StoreError, StoreResult, TableDefinition};
 
 use super::decode::{corrupt, time};
@@ -57,11 +58,17 @@ pub(super) fn require_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResul
 
 #[async_trait]
 impl Catalog for SqliteStore {
-    async fn migrate(&self) -> StoreResult<()> {
-        self.run("migrate", Mode::Write, |tx, now| {
-            migrate::apply(tx, now).map(|_| ())
+    async fn migrate(&self) -> StoreResult<Migrated> {
+        let applied = self.run("migrate", Mode::Write, migrate::apply).await?;
+        Ok(Migrated {
+            applied,
+            version: migrate::schema_version(),
         })
-        .await
+    }
+
+    async fn check_schema(&self) -> StoreResult<i64> {
+        self.run("check_schema", Mode::Read, |tx, _| migrate::check(tx))
+            .await
     }
 
     async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {
