@@ -59,6 +59,27 @@ pub async fn migrate(
     })
 }
 
+/// The flags of `cmd` given on the command line (not taken from the environment or a
+/// default) other than `allowed` (argument ids): what a subcommand that does not use them
+/// refuses, rather than ignoring what the user typed. Returned as `--flag` names.
+pub fn flags_given(
+    cmd: &clap::Command,
+    matches: &clap::ArgMatches,
+    allowed: &[&str],
+) -> Vec<String> {
+    cmd.get_arguments()
+        .filter(|a| !allowed.contains(&a.get_id().as_str()))
+        .filter(|a| {
+            matches.value_source(a.get_id().as_str())
+                == Some(clap::parser::ValueSource::CommandLine)
+        })
+        .map(|a| match a.get_long() {
+            Some(long) => format!("--{long}"),
+            None => a.get_id().to_string(),
+        })
+        .collect()
+}
+
 /// Standard output that ends the process by SIGPIPE when the reader has gone (see
 /// [`end_of_pipe`]); any other error is returned to the caller.
 pub struct Stdout(std::io::StdoutLock<'static>);

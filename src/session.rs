@@ -4,6 +4,10 @@
 //! (`ALTER TABLE ... SET (archive_after = ...)`, `SYSTEM STOP MOVES`) run through
 //! [`crate::control::sql`], which every front end uses.
 //!
+//! [`connect`] needs a database at this build's schema version, migrated by its owner with
+//! `pulpitum migrate`: a session only checks the version (and needs no DDL right) unless
+//! [`SessionOptions::migrate`] says this process owns the schema.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let ctx = pulpitum::session::connect(

@@ -763,6 +763,34 @@ fn subcommand_flags_go_anywhere_and_a_closed_pipe_ends_quietly() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.starts_with("store: archiving\n"), "{stdout}");
+    // A run's flags typed with a subcommand would be ignored: they are refused, by name.
+    let (code, err) = archiver(
+        &[
+            "--once",
+            "--no-gc",
+            "policy",
+            "show",
+            "--database-url",
+            &url,
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--once, --no-gc are for a run"), "{err}");
+    let (code, err) = archiver(
+        &["policy", "show", "--database-url", &url],
+        &[("ARCHIVER_SCAN_LIMIT", "9")],
+    );
+    assert_eq!(
+        code, 0,
+        "a run's setting from the environment is no error: {err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["migrate", "--max-rows", "5", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-rows limits queries"));
     for args in [
         &[
             "policy",

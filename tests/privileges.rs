@@ -212,10 +212,20 @@ async fn scenario(names: &Names, archive: &str) {
         .expect("the documented roles and schema");
 
     // Before the owner migrates, no other start runs, and each names the step.
+    let (code, _, err) = shell(names, "pulpitum_owner", archive, &["-c", "SELECT 1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "no Pulpitum schema yet: schema \"{}\", the first on this role's search path",
+            names.schema
+        )) && err.contains("run `pulpitum migrate`"),
+        "{err}"
+    );
+    // A role that may not use the schema yet is told what it lacks.
     let (code, _, err) = shell(names, "pulpitum_app", archive, &["-c", "SELECT 1"]);
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("no Pulpitum schema yet") && err.contains("run `pulpitum migrate`"),
+        err.contains("no schema on this role's search path"),
         "{err}"
     );
     let (code, _, err) = archiver(names, "pulpitum_archiver", archive, &["--once"]);

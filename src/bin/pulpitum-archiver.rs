@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
@@ -90,7 +90,7 @@ struct Args {
         allow_hyphen_values = true
     )]
     gc_delay_seconds: String,
-    /// Seconds hot rows are kept after publication, 0 to 604800: a margin for readers in the middle of a hot page (routed reads need none; see docs/archiver.md).
+    /// Seconds hot rows are kept after publication, 0 to 604800: a margin for readers in the middle of a hot page (routed reads need none; see docs/archiver.md). Objects replaced by compaction are kept this long plus 5 s.
     #[arg(
         long,
         env = "ARCHIVER_CLEANUP_DELAY_SECONDS",
@@ -643,8 +643,30 @@ async fn wait_for_signal() {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let command = Args::command();
+    let matches = command.clone().get_matches();
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
     pulpitum::cli::quiet_broken_pipes();
+    // `policy` and `migrate` use the URLs and the log format; a run's flags typed with them
+    // would be ignored, so they are refused.
+    if args.command.is_some() {
+        let stray = pulpitum::cli::flags_given(
+            &command,
+            &matches,
+            &["database_url", "archive_url", "log_format"],
+        );
+        if !stray.is_empty() {
+            eprintln!(
+                "pulpitum-archiver: {} {} for a run (without a subcommand); `policy` and `migrate` take --database-url and --log-format",
+                stray.join(", "),
+                if stray.len() == 1 { "is" } else { "are" }
+            );
+            return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+        }
+    }
     // Everything this process creates (the embedded store, a local archive) is owner-only.
     #[cfg(unix)]
     // SAFETY: umask only sets the process's file-creation mask; it cannot fail and touches

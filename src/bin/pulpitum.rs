@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches_with_schema;
@@ -707,7 +707,11 @@ async fn migrate(cli: &Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     pulpitum::cli::quiet_broken_pipes();
     // Everything this process creates (the embedded store, a local archive, the history
     // file) is owner-only.
@@ -734,6 +738,27 @@ fn main() -> ExitCode {
     if cli.format.is_some() && matches!(cli.command, Some(Command::Serve(_) | Command::Migrate)) {
         eprintln!("Error: --format is for results the shell prints; serve and migrate print none");
         return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+    }
+    // The query limits would be ignored by `migrate`, which runs no query.
+    if let Some(("migrate", sub)) = matches.subcommand() {
+        use clap::parser::ValueSource;
+        let stray: Vec<String> = ["max_rows", "max_bytes", "max_duration_ms"]
+            .into_iter()
+            .filter(|id| {
+                [&matches, sub]
+                    .iter()
+                    .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
+            })
+            .map(|id| format!("--{}", id.replace('_', "-")))
+            .collect();
+        if !stray.is_empty() {
+            let verb = if stray.len() == 1 { "limits" } else { "limit" };
+            eprintln!(
+                "Error: {} {verb} queries; migrate runs none",
+                stray.join(", ")
+            );
+            return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+        }
     }
     // TLS on ring (rustls is a direct dependency): install the provider and OpenDAL's HTTP
     // transport once, before anything opens a connection.

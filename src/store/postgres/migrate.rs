@@ -182,9 +182,25 @@ pub async fn check(client: &Client, migrations: &[Migration]) -> StoreResult<i64
     let shipped = shipped(migrations);
     let applied = match ledger(client).await {
         Ok(rows) => rows,
-        // No ledger in the schema the search path names: nothing was ever migrated there.
+        // No ledger in the schema the search path names: nothing was migrated there, or the
+        // role looks in another schema than the owner migrated; say which one it looked in.
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
-            return Err(behind(&shipped, shipped.len()))
+            let schema: Option<String> = client
+                .query_one("SELECT current_schema()::TEXT", &[])
+                .await
+                .ok()
+                .and_then(|r| r.get(0));
+            let detail = match schema {
+                Some(s) => format!(
+                    "the database has no Pulpitum schema yet: schema {s:?}, the first on this \
+                     role's search path, has no pulpitum_v4_schema_migrations (if the owner \
+                     migrated another schema, set the role's search_path to it)"
+                ),
+                None => "no schema on this role's search path exists or is usable (it needs \
+                         USAGE on the schema the owner migrated, and search_path naming it)"
+                    .into(),
+            };
+            return Err(StoreError::SchemaBehind { detail });
         }
         // A ledger from before `requires_version`: older than every migration since.
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => {
@@ -302,6 +318,16 @@ fn describe(e: &tokio_postgres::Error) -> String {
 }
 
 fn backend(e: &tokio_postgres::Error) -> StoreError {
+    if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_SCHEMA_NAME) {
+        return StoreError::Backend {
+            operation: "migrate",
+            detail: format!(
+                "{}: no schema on the search path exists or is usable by this role (create the \
+                 schema, owned by the role that migrates, and set that role's search_path)",
+                describe(e)
+            ),
+        };
+    }
     // Only the schema's owner may migrate: a role without the right learns it plainly.
     if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
         return StoreError::PermissionDenied {
