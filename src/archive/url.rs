@@ -132,7 +132,14 @@ fn store_from_url_with(
                 .host_str()
                 .is_some_and(|h| !h.is_empty() && h != "localhost")
             {
-                return Err(bad("file URLs must not name a host".into()));
+                // file://tmp/x reads "tmp" as a host: the path it meant needs three slashes.
+                let host = url.host_str().unwrap_or("");
+                return Err(bad(format!(
+                    "file URLs must not name a host (this one names {host:?}); for the folder \
+                     /{host}{} write file:///{host}{}",
+                    url.path(),
+                    url.path()
+                )));
             }
             let path = url
                 .to_file_path()
@@ -224,6 +231,8 @@ mod tests {
             };
             assert!(!err.contains("s3cr3t"), "{err}");
         }
+        let err = store_from_url("file://tmp/x").err().unwrap().to_string();
+        assert!(err.contains("write file:///tmp/x"), "{err}");
         let err = store_from_url("/tmp/relative").err().unwrap().to_string();
         assert!(err.contains("write file:///tmp/relative"), "{err}");
         let err = store_from_url("./archive").err().unwrap().to_string();

@@ -131,7 +131,7 @@ pub struct Runner {
     pub(super) metrics: Arc<ArchiverMetrics>,
     pub(super) policies: PolicyCache,
     pub(super) worker: String,
-    clock: Clock,
+    pub(super) clock: Clock,
 }
 
 impl Runner {

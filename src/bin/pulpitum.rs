@@ -19,6 +19,8 @@ use datafusion::prelude::SessionContext;
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 
+use pulpitum::cli::script::{split_script, statement_complete, Item};
+
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -398,89 +400,6 @@ impl Shell {
     }
 }
 
-/// One unit of a script.
-#[derive(Debug, PartialEq, Eq)]
-enum Item {
-    Sql(String),
-    Meta(String),
-}
-
-/// Whether the buffer ends with a `;` outside quotes and comments.
-fn statement_complete(buf: &str) -> bool {
-    let items = scan(buf);
-    items.1
-}
-
-/// Splits a script into statements (ending at `;` outside quotes and comments) and
-/// meta-command lines (a line starting with `\` between statements).
-fn split_script(text: &str) -> Vec<Item> {
-    scan(text).0
-}
-
-fn scan(text: &str) -> (Vec<Item>, bool) {
-    let mut items = Vec::new();
-    let mut cur = String::new();
-    let mut chars = text.chars().peekable();
-    let mut ended = false;
-    let mut at_line_start = true;
-    while let Some(c) = chars.next() {
-        if at_line_start && cur.trim().is_empty() && c == '\\' {
-            let mut line = String::from('\\');
-            for n in chars.by_ref() {
-                if n == '\n' {
-                    break;
-                }
-                line.push(n);
-            }
-            items.push(Item::Meta(line.trim().to_string()));
-            cur.clear();
-            at_line_start = true;
-            ended = true;
-            continue;
-        }
-        at_line_start = c == '\n';
-        match c {
-            '\'' | '"' => {
-                cur.push(c);
-                for n in chars.by_ref() {
-                    cur.push(n);
-                    if n == c {
-                        break;
-                    }
-                }
-            }
-            '-' if chars.peek() == Some(&'-') => {
-                for n in chars.by_ref() {
-                    if n == '\n' {
-                        cur.push('\n');
-                        at_line_start = true;
-                        break;
-                    }
-                }
-            }
-            ';' => {
-                let s = cur.trim().to_string();
-                if !s.is_empty() {
-                    items.push(Item::Sql(s));
-                }
-                cur.clear();
-                ended = true;
-                continue;
-            }
-            _ => cur.push(c),
-        }
-        if !c.is_whitespace() {
-            ended = false;
-        }
-    }
-    let rest = cur.trim().to_string();
-    if !rest.is_empty() {
-        items.push(Item::Sql(rest));
-        ended = false;
-    }
-    (items, ended)
-}
-
 /// The URLs to use: the given ones or the embedded default (announced on stderr).
 fn urls(cli: &Cli) -> Result<(String, String), String> {
     let (db, archive) =
@@ -799,28 +718,5 @@ fn main() -> ExitCode {
             eprintln!("Error: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scripts_split_on_semicolons_outside_quotes_and_comments() {
-        let items = split_script("SELECT ';' AS x; -- a; comment\nSELECT 2;\n\\d chat\nSELECT\n 3");
-        assert_eq!(
-            items,
-            vec![
-                Item::Sql("SELECT ';' AS x".into()),
-                Item::Sql("SELECT 2".into()),
-                Item::Meta("\\d chat".into()),
-                Item::Sql("SELECT\n 3".into()),
-            ]
-        );
-        assert!(statement_complete("SELECT 1;\n"));
-        assert!(!statement_complete("SELECT ';\n"));
-        assert!(!statement_complete("SELECT 1\n"));
-        assert!(!statement_complete("SELECT 1; -- x\nSELECT"));
     }
 }

@@ -1,6 +1,7 @@
 //! What the two bundled binaries (`pulpitum`, `pulpitum-archiver`) share beyond the
-//! library: the `migrate` command, the exit status of a refused setting, and standard
-//! output that ends the process the conventional way when its reader goes away.
+//! library: the `migrate` command, the exit status of a refused setting, standard output
+//! that ends the process the conventional way when its reader goes away, and the shell's
+//! script splitting ([`script`]).
 //!
 //! `pulpitum migrate` and `pulpitum-archiver migrate` are one function, [`migrate`], so an
 //! operator may run whichever binary the deployment has. Writing to a closed pipe
@@ -9,6 +10,8 @@
 //! printing has finished; nothing half-done is left behind that a crash would not leave.
 
 use std::io::Write;
+
+pub mod script;
 
 use crate::store::migrate::Migrated;
 use crate::store::StoreError;
