@@ -290,6 +290,21 @@ async fn scenario(names: &Names, archive: &str) {
     assert_eq!(code, 0, "{err}");
     assert!(out.ends_with("n\n63\n"), "{out}");
 
+    // The archiver run as the wrong role: every claim is refused, and the summary says the
+    // grants are at fault rather than only "run again"; nothing changes.
+    let wrong = [
+        "--once",
+        "--eligible-before",
+        "2021-01-01T00:00:00Z",
+        "--no-gc",
+    ];
+    let (code, _, err) = archiver(names, "pulpitum_app", archive, &wrong);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("62 buckets refused by the database role's grants"),
+        "{err}"
+    );
+
     // The archiver: archive and clean January 2020, compact it, collect; then, once the
     // replaced objects have been retired long enough, collect those too.
     let once = [

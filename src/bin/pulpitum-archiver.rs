@@ -534,6 +534,13 @@ fn once_outcome(d: &pulpitum::archiver::DrainReport) -> String {
         }
     };
     let mut parts = Vec::new();
+    if d.totals.denied > 0 {
+        // Running again cannot help these: say what will.
+        parts.push(format!(
+            "{} buckets refused by the database role's grants (fix the grants: docs/operations.md, \"Database\")",
+            d.totals.denied
+        ));
+    }
     if d.remaining > 0 {
         parts.push(format!(
             "{} buckets still to archive or clean (failed, busy or interrupted; run again)",
