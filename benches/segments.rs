@@ -151,6 +151,7 @@ async fn layouts(label: &str, url: &str, scale: DemoScale, full: bool) {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("hot.sqlite3").display());
     let store = pulpitum::store::open(&db).await.unwrap();
+    store.migrate().await.unwrap();
     let archive = Arc::new(ArchiveStore::from_url(url).unwrap());
     let t = Instant::now();
     let report =

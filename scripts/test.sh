@@ -19,8 +19,9 @@ fi
 psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
   || psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test"
 
-# Tests create a schema each in database `test` (prefixes arch_, pulpitum_test_, sqlt_); a
-# test that panics or is killed leaves its schema behind. Sweep them before the run, and
+# Tests create a schema each in database `test` (prefixes arch_, pulpitum_test_, sqlt_), and
+# tests/privileges.rs roles (prefix pulpitum_test_); a test that panics or is killed leaves
+# them behind. Sweep them before the run, and
 # after it when everything passed (a failed run keeps its schemas for a post-mortem).
 sweep_test_schemas() {
   psql -h 127.0.0.1 -U postgres -d test -qAt -v ON_ERROR_STOP=1 <<'SQL'
@@ -32,6 +33,12 @@ BEGIN
            WHERE nspname LIKE 'arch\_%' OR nspname LIKE 'pulpitum\_test\_%' OR nspname LIKE 'sqlt\_%'
   LOOP
     EXECUTE format('DROP SCHEMA %I CASCADE', s);
+  END LOOP;
+  -- Roles of tests/privileges.rs (their schemas are arch_ ones, dropped above).
+  FOR s IN SELECT rolname FROM pg_roles WHERE rolname LIKE 'pulpitum\_test\_%'
+  LOOP
+    EXECUTE format('DROP OWNED BY %I', s);
+    EXECUTE format('DROP ROLE %I', s);
   END LOOP;
 END $$;
 SQL

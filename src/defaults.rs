@@ -44,6 +44,21 @@ pub fn resolve_urls(
     }
 }
 
+/// Whether a binary started with this database URL (`None`: none given, so the embedded
+/// default) applies the migrations itself. Only for a store the process creates and owns:
+/// the embedded default under `./pulpitum-data` (so `pulpitum demo` and a first `pulpitum`
+/// need no extra step) and `sqlite::memory:`. Every other store is migrated by an explicit
+/// `pulpitum migrate`, run as the schema's owner; other starts only check its version.
+pub fn start_migrates(database_url: Option<&str>) -> bool {
+    match database_url {
+        None => true,
+        Some(url) => matches!(
+            crate::locator::parse_database_url(url),
+            Ok(crate::locator::DatabaseLocator::SqliteMemory)
+        ),
+    }
+}
+
 /// URLs of an embedded installation rooted at `dir`.
 pub fn embedded_urls(dir: &Path) -> Result<(String, String), DefaultsError> {
     let archive = dir.join("archive");
@@ -81,5 +96,19 @@ mod tests {
             "{d}"
         );
         assert!(a.starts_with("file:///") && a.ends_with("/archive"), "{a}");
+    }
+
+    #[test]
+    fn only_stores_the_process_owns_are_migrated_at_start() {
+        assert!(start_migrates(None));
+        assert!(start_migrates(Some("sqlite::memory:")));
+        for given in [
+            "postgres://x/y",
+            "./hot.db",
+            "sqlite:hot.sqlite3",
+            "host=db",
+        ] {
+            assert!(!start_migrates(Some(given)), "{given}");
+        }
     }
 }

@@ -145,7 +145,9 @@ fn message(rng: &mut StdRng, user: u32) -> String {
 
 /// Loads the history (unless the table already has buckets), archives every bucket that
 /// ended more than [`ARCHIVE_AFTER_DAYS`] days ago through the real runner, and compacts
-/// every month whose buckets are all archived into segments.
+/// every month whose buckets are all archived into segments. The store must already be at
+/// this build's schema version (migrated), or this fails with
+/// [`StoreError::SchemaBehind`].
 pub async fn load_and_archive(
     store: Arc<dyn HotStore>,
     archive: Arc<ArchiveStore>,
@@ -164,7 +166,9 @@ pub async fn load_and_archive_with(
     compact: bool,
     progress: Progress<'_>,
 ) -> Result<DemoReport, DemoError> {
-    store.migrate().await?;
+    // The schema is the caller's (the binary migrates the embedded default it creates and
+    // only checks any other store): say so now rather than at the first insert.
+    store.check_schema().await?;
     let table = TableId::new(TABLE)?;
     let def = TableDefinition::new(
         table.clone(),
@@ -333,6 +337,18 @@ mod tests {
         let store: Arc<dyn HotStore> =
             Arc::new(crate::store::embedded::SqliteStore::open_in_memory().unwrap());
         let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
+        // The demo checks the schema and never migrates: that is its caller's step.
+        assert!(matches!(
+            load_and_archive(
+                store.clone(),
+                archive.clone(),
+                DemoScale::SMALL,
+                &|_, _, _| {}
+            )
+            .await,
+            Err(DemoError::Store(StoreError::SchemaBehind { .. }))
+        ));
+        store.migrate().await.unwrap();
         let scale = DemoScale {
             channels: 2,
             days: 100,

@@ -10,6 +10,7 @@
 
 pub mod archive;
 pub mod archiver;
+pub mod cli;
 pub mod control;
 pub mod defaults;
 pub mod demo;

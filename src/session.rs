@@ -4,6 +4,10 @@
 //! (`ALTER TABLE ... SET (archive_after = ...)`, `SYSTEM STOP MOVES`) run through
 //! [`crate::control::sql`], which every front end uses.
 //!
+//! [`connect`] needs a database at this build's schema version, migrated by its owner with
+//! `pulpitum migrate`: a session only checks the version (and needs no DDL right) unless
+//! [`SessionOptions::migrate`] says this process owns the schema.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let ctx = pulpitum::session::connect(
@@ -59,7 +63,10 @@ pub struct SessionOptions {
     /// DataFusion target partitions (scan parallelism); `None` keeps DataFusion's default
     /// (the number of cores).
     pub target_partitions: Option<usize>,
-    /// Run `HotStore::migrate` before listing tables.
+    /// Apply pending migrations before listing tables (only for a process that owns the
+    /// schema: it needs the rights to create tables). Off by default: the session then only
+    /// checks the schema version ([`crate::store::Catalog::check_schema`]) and refuses a
+    /// database that `pulpitum migrate` has not brought to this build's version.
     pub migrate: bool,
 }
 
@@ -71,7 +78,7 @@ impl Default for SessionOptions {
             page_rows: DEFAULT_PAGE_ROWS,
             max_insert_rows: crate::provider::sink::DEFAULT_MAX_INSERT_ROWS,
             target_partitions: None,
-            migrate: true,
+            migrate: false,
         }
     }
 }
@@ -102,6 +109,8 @@ pub async fn session(
 ) -> Result<SessionContext, SessionError> {
     if opts.migrate {
         store.migrate().await?;
+    } else {
+        store.check_schema().await?;
     }
     let factory = PulpitumTableFactory::new(
         store.clone(),
@@ -143,13 +152,14 @@ pub async fn session(
 /// Opens the hot store named by a locator (see [`crate::locator`] and
 /// [`crate::store::open`]): `postgres://` / `postgresql://` or a key=value string
 /// (CockroachDB or PostgreSQL), `sqlite://PATH`, `sqlite:PATH`, a file path containing `/`
-/// or ending in `.db`, `.sqlite` or `.sqlite3` (embedded), `sqlite::memory:`. Anything else
-/// is refused; errors never show a password.
+/// or ending in `.db`, `.sqlite` or `.sqlite3` (embedded, created if absent),
+/// `sqlite::memory:`. Anything else is refused; errors never show a password.
 pub async fn open_store(database_url: &str) -> Result<Arc<dyn HotStore>, SessionError> {
     Ok(crate::store::open(database_url).await?)
 }
 
-/// Builds a session from a database URL and an archive URL with default options.
+/// Builds a session from a database URL and an archive URL with default options: the
+/// database must exist and be migrated to this build's schema (`pulpitum migrate`).
 pub async fn connect(
     database_url: &str,
     archive_url: &str,
@@ -165,6 +175,11 @@ pub async fn connect_with(
 ) -> Result<SessionContext, SessionError> {
     // The archive URL first: a refused one must not leave a new database file behind.
     let archive = Arc::new(ArchiveStore::from_url(archive_url)?);
-    let store = open_store(database_url).await?;
+    // Only the schema's owner creates an embedded file; anyone else needs it to exist.
+    let store = if opts.migrate {
+        crate::store::open(database_url).await?
+    } else {
+        crate::store::open_existing(database_url).await?
+    };
     session(store, archive, opts).await
 }

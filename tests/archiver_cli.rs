@@ -5,41 +5,17 @@
 use std::path::Path;
 use std::process::Command;
 
-use pulpitum::model::{BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::model::TableId;
 use pulpitum::store::embedded::SqliteStore;
-use pulpitum::store::{Appends, BucketFilter, BucketState, Catalog, RoutedReads, TableDefinition};
+use pulpitum::store::{BucketFilter, BucketState, RoutedReads};
 
-const NOWHERE: &str = "postgres://nobody@127.0.0.1:1/none";
+#[path = "support/cli.rs"]
+mod cli;
+
+use cli::{archiver, archiver_in, seeded_store, NOWHERE};
 
 /// Extra flags, extra environment, and the setting the error must name.
 type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
-
-fn archiver(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    archiver_in(None, args, env)
-}
-
-/// [`archiver`] in a working directory of the test's choosing.
-fn archiver_in(dir: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"));
-    if let Some(d) = dir {
-        c.current_dir(d);
-    }
-    c.args(args)
-        .env_remove("PULPITUM_DATABASE_URL")
-        .env_remove("PULPITUM_ARCHIVE_URL")
-        .env_remove("PULPITUM_LOG_FORMAT")
-        .env_remove("ARCHIVER_KEEP_HOT_BUCKETS")
-        .env_remove("ARCHIVER_ELIGIBLE_THROUGH_YEAR")
-        .env("PULPITUM_LOG", "error");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let out = c.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn bad_settings_are_refused_by_name_before_any_work() {
@@ -105,34 +81,10 @@ fn bad_settings_are_refused_by_name_before_any_work() {
 fn once_exits_non_zero_when_a_bucket_fails_and_zero_when_all_succeed() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("hot.sqlite3");
+    let db_url = seeded_store(&db);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let store = SqliteStore::open(&db).unwrap();
     let table = TableId::new("chat").unwrap();
-    rt.block_on(async {
-        store.migrate().await.unwrap();
-        store
-            .register_table(&TableDefinition::new(
-                table.clone(),
-                BucketStrategy::CalendarDayUtc,
-                "chat",
-            ))
-            .await
-            .unwrap();
-        let t = EventTime::parse_rfc3339("2021-02-03T04:05:06Z").unwrap();
-        store
-            .append(
-                &table,
-                &Record {
-                    partition_key: PartitionKey::new(vec![1]).unwrap(),
-                    event_time: t,
-                    sort_key: SortKey::new(vec![1]).unwrap(),
-                    value: b"hi".to_vec(),
-                },
-            )
-            .await
-            .unwrap();
-    });
-    let db_url = format!("sqlite://{}", db.display());
     // A file stands where the archive's `v4/` folder must go, so every upload fails and the
     // bucket is deferred.
     let root = dir.path().join("blocked");
@@ -179,37 +131,6 @@ fn once_exits_non_zero_when_a_bucket_fails_and_zero_when_all_succeed() {
         "{:?}",
         metas[0].state
     );
-}
-
-/// An embedded store at `path` holding one row in the bucket of 2021-02-03.
-fn seeded_store(path: &Path) -> String {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let store = SqliteStore::open(path).unwrap();
-    let table = TableId::new("chat").unwrap();
-    rt.block_on(async {
-        store.migrate().await.unwrap();
-        store
-            .register_table(&TableDefinition::new(
-                table.clone(),
-                BucketStrategy::CalendarDayUtc,
-                "chat",
-            ))
-            .await
-            .unwrap();
-        store
-            .append(
-                &table,
-                &Record {
-                    partition_key: PartitionKey::new(vec![1]).unwrap(),
-                    event_time: EventTime::parse_rfc3339("2021-02-03T04:05:06Z").unwrap(),
-                    sort_key: SortKey::new(vec![1]).unwrap(),
-                    value: b"hi".to_vec(),
-                },
-            )
-            .await
-            .unwrap();
-    });
-    format!("sqlite://{}", path.display())
 }
 
 /// Each bad value gets one line naming the setting, the value and what is accepted, before
@@ -470,7 +391,8 @@ fn logs_are_plain_when_piped_and_json_on_request() {
 }
 
 /// Strings that are neither a URL nor a clear file path are refused, and nothing is created
-/// in the working directory; clear paths are accepted.
+/// in the working directory; a clear path to a file that does not exist is refused too
+/// (naming `migrate`), and accepted once `migrate` has created the store.
 #[test]
 fn unclear_locators_are_refused_and_create_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -493,6 +415,12 @@ fn unclear_locators_are_refused_and_create_nothing() {
         ("sqlite:", "file:///tmp/none", "names no file"),
         ("hot.db", "archive", "archive URL"),
         ("hot.db", "./archive", "archive URL"),
+        ("hot.db", "file:///tmp/none", "no embedded store at hot.db"),
+        (
+            "./typo.db",
+            "file:///tmp/none",
+            "pulpitum migrate --database-url ./typo.db",
+        ),
     ] {
         let (code, err) = archiver_in(
             Some(dir.path()),
@@ -504,8 +432,28 @@ fn unclear_locators_are_refused_and_create_nothing() {
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(left.is_empty(), "{db} {archive} left {left:?}");
     }
+    // `policy` and the other commands refuse a missing file the same way, flags before or
+    // after the subcommand.
+    let (code, err) = archiver_in(
+        Some(dir.path()),
+        &["--database-url", "./typo.db", "policy", "show"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no embedded store at ./typo.db"), "{err}");
+    let (code, err) = archiver_in(
+        Some(dir.path()),
+        &["policy", "show", "--database-url", "./typo.db"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no embedded store at ./typo.db"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left {left:?}");
     let archive = format!("file://{}/archive", dir.path().display());
     for db in ["hot.db", "./hot", "data/hot.sqlite3", "sqlite:x.sqlite"] {
+        let (code, err) = archiver_in(Some(dir.path()), &["migrate", "--database-url", db], &[]);
+        assert_eq!(code, 0, "{db}: {err}");
         let (code, err) = archiver_in(
             Some(dir.path()),
             &["--once", "--database-url", db, "--archive-url", &archive],
@@ -583,8 +531,8 @@ fn created_files_are_owner_only() {
     assert!(files >= 1);
 }
 
-/// PostgreSQL notices ("relation ... already exists, skipping" from the migration check of
-/// a second start) are logged only when debug output is asked for.
+/// PostgreSQL notices ("relation ... already exists, skipping" from a second `migrate`) are
+/// logged only when debug output is asked for.
 #[test]
 fn postgres_notices_are_logged_only_at_debug() {
     let schema = format!(
@@ -616,9 +564,12 @@ fn postgres_notices_are_logged_only_at_debug() {
         "--archive-url",
         &archive,
     ];
-    // The first start creates the tables; the later ones make the server send notices.
+    // The first `migrate` creates the tables; the later ones make the server send notices.
     for (filter, shown) in [("info", false), ("info", false), ("debug", true)] {
-        let (code, err) = archiver(&args, &[("PULPITUM_LOG", filter)]);
+        let (code, err) = archiver(
+            &["migrate", "--database-url", &db],
+            &[("PULPITUM_LOG", filter)],
+        );
         assert_eq!(code, 0, "{err}");
         assert_eq!(
             err.contains("already exists, skipping"),
@@ -626,75 +577,8 @@ fn postgres_notices_are_logged_only_at_debug() {
             "PULPITUM_LOG={filter}: {err}"
         );
     }
-}
-
-/// `policy` changes what the store holds and what `policy show` prints; bad options, values
-/// and tables fail with exit code 2 and a line naming what was wrong, and change nothing;
-/// the archive URL is never needed.
-#[test]
-fn policy_commands_set_show_pause_and_refuse_bad_input() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = seeded_store(&dir.path().join("p.db"));
-    let policy = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
-            .args(["--database-url", &url, "policy"])
-            .args(args)
-            .env_remove("PULPITUM_ARCHIVE_URL")
-            .env("PULPITUM_LOG", "error")
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
-    let (code, out, err) = policy(&["set", "chat", "archive_after=90 days", "format=json"]);
+    // An ordinary start runs no DDL, so it draws no notice even at debug.
+    let (code, err) = archiver(&args, &[("PULPITUM_LOG", "debug")]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        out.contains("| chat     | 90 days       | json   |"),
-        "{out}"
-    );
-    let (code, _, err) = policy(&["pause", "chat"]);
-    assert_eq!(code, 0, "{err}");
-    let (code, _, err) = policy(&["pause"]);
-    assert_eq!(code, 0, "{err}");
-    let (code, out, _) = policy(&["show"]);
-    assert_eq!(code, 0);
-    assert!(out.starts_with("store: paused\n"), "{out}");
-    assert!(
-        out.contains("| chat     | 90 days       | json   |               | true   |"),
-        "{out}"
-    );
-    for (args, needle) in [
-        (
-            &["set", "chat", "archive_after=3 months"][..],
-            "archive_after: \"3 months\"",
-        ),
-        (&["set", "chat", "archive_after"][..], "is not OPTION=VALUE"),
-        (
-            &["set", "chat", "keep=1 day"][..],
-            "unknown table option \"keep\"",
-        ),
-        (
-            &["reset", "nope", "format"][..],
-            "table nope is not registered",
-        ),
-        (&["pause", "Bad-Name"][..], "is not a table name"),
-    ] {
-        let (code, _, err) = policy(args);
-        assert_eq!(code, 2, "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
-    }
-    let (code, _, _) = policy(&["resume"]);
-    assert_eq!(code, 0);
-    let (code, _, _) = policy(&["reset", "chat", "archive_after", "paused"]);
-    assert_eq!(code, 0);
-    let (_, out, _) = policy(&["show"]);
-    assert!(out.starts_with("store: archiving\n"), "{out}");
-    assert!(
-        out.contains("| chat     |               | json   |               | false  |"),
-        "{out}"
-    );
+    assert!(!err.contains("already exists, skipping"), "{err}");
 }

@@ -30,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 /// Text of the publish statement (it alone sets the state to archived).
 const PUBLISH_SQL: &str = "SET state = 'archived'";
 /// Text of a cleanup step's delete, and of its last step's flag update.
-const CLEANUP_DELETE_SQL: &str = "DELETE FROM";
+// The cleanup's delete, not the job-history prune that a cycle also sends.
+const CLEANUP_DELETE_SQL: &str = "DELETE FROM pulpitum_v4_records";
 const CLEANUP_DONE_SQL: &str = "SET hot_deleted = true";
 
 struct Setup {

@@ -17,7 +17,7 @@ use pulpitum::archiver::{ArchiverConfig, Runner};
 use pulpitum::model::{
     BucketId, BucketStrategy, EventTime, PartitionKey, Record, SortKey, TableId,
 };
-use pulpitum::store::{BucketState, HotStore, TableDefinition};
+use pulpitum::store::{BucketState, HotStore, JobFilter, TableDefinition};
 use tokio_util::sync::CancellationToken;
 
 const DAY_US: i64 = 86_400_000_000;
@@ -307,6 +307,33 @@ async fn the_default_cutoff_moves_when_the_year_turns() {
     );
     let report = runner.run_cycle(&token, &|_, _| {}).await.unwrap();
     assert_eq!(report.archived, 1, "{report:?}");
+}
+
+/// Job history older than the retention is pruned at the end of a cycle. (It never was:
+/// the cutoff, taken from a clock with nanoseconds, was refused as an `EventTime`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_history_older_than_the_retention_is_pruned() {
+    let db = fresh_database("prune").await;
+    let (store, archive) = open(&db, &fresh_archive_url("prune")).await;
+    buckets(&*store, "2024-06-01", 2, 3).await;
+    let now = Arc::new(Mutex::new(Utc::now()));
+    let clock = now.clone();
+    let runner = Runner::new(
+        store.clone(),
+        archive,
+        config("2025-01-01T00:00:00Z", Duration::from_secs(60)),
+    )
+    .unwrap()
+    .with_clock(Arc::new(move || *clock.lock().unwrap()));
+    let token = CancellationToken::new();
+    let report = runner.run_cycle(&token, &|_, _| {}).await.unwrap();
+    assert_eq!(report.archived, 2, "{report:?}");
+    let all = JobFilter::default();
+    assert_eq!(store.jobs(&all).await.unwrap().len(), 2);
+    // A week (the default retention) and a day later, by the runner's clock.
+    *now.lock().unwrap() = Utc::now() + chrono::Duration::days(8);
+    runner.run_cycle(&token, &|_, _| {}).await.unwrap();
+    assert_eq!(store.jobs(&all).await.unwrap(), vec![]);
 }
 
 fn once(db: &str, archive_url: &str, cleanup_delay: &str) -> tokio::process::Command {

@@ -141,6 +141,19 @@ async fn no_secret_in_help_errors_logs_metrics_or_plans() {
         }
     }
 
+    // The owner's step, with the password in the URL: it prints the URL it migrated,
+    // redacted.
+    let out = run_clean(
+        "pulpitum migrate",
+        bin("pulpitum").args(["migrate", "--database-url", &db_pw]),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("postgres:***@"));
+
     // Successes against the real services: DDL, INSERT, SELECT and EXPLAIN through every
     // accepted form of the database credentials.
     let script = "CREATE EXTERNAL TABLE IF NOT EXISTS chat STORED AS PULPITUM LOCATION '' \

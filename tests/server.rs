@@ -28,6 +28,18 @@ impl Drop for Served {
     }
 }
 
+/// `pulpitum migrate`: a named embedded file is created by the owner's step, never by a
+/// start.
+async fn migrate(db: &str) {
+    let status = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["migrate", "--database-url", db])
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+}
+
 fn urls(dir: &Path) -> (String, String) {
     (
         format!("sqlite:{}", dir.join("hot.sqlite3").display()),
@@ -40,6 +52,7 @@ fn urls(dir: &Path) -> (String, String) {
 async fn seeded() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let (db, archive) = urls(dir.path());
+    migrate(&db).await;
     let mut values = Vec::new();
     for day in 1..=31 {
         for ch in [1, 2] {
@@ -422,6 +435,8 @@ async fn refusals_are_clean_and_the_server_keeps_serving() {
 async fn unsafe_or_broken_configurations_refuse_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let (db, archive) = urls(dir.path());
+    // The store exists: what is refused below is the server's configuration.
+    migrate(&db).await;
     let start = |extra: Vec<String>| {
         let db = db.clone();
         let archive = archive.clone();

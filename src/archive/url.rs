@@ -73,6 +73,30 @@ impl ArchiveStore {
     }
 }
 
+/// The refusal of a bare path given as an archive URL, with the URL it probably meant: the
+/// folder as a `file://` URL with an absolute path. Nothing is guessed from a string that
+/// could hold a secret (an `@` or an `=`).
+fn path_hint(raw: &str) -> String {
+    let t = raw.trim();
+    if t.is_empty() || t.contains('@') || t.contains('=') {
+        return "not a URL; accepted: s3://bucket/prefix, file:///absolute/path or memory://"
+            .into();
+    }
+    let abs = if t.starts_with('/') {
+        Some(std::path::PathBuf::from(t))
+    } else {
+        let rest = t.trim_start_matches("./");
+        std::env::current_dir().ok().map(|d| d.join(rest))
+    };
+    match abs {
+        Some(p) => format!(
+            "a path is not a URL; for a local folder write file://{} (file:// and an absolute path)",
+            p.display()
+        ),
+        None => "a path is not a URL; for a local folder write file:// and an absolute path".into(),
+    }
+}
+
 pub(crate) fn store_from_url(raw: &str) -> Result<ArchiveStore, ArchiveError> {
     store_from_url_with(raw, |n| std::env::var(n).ok())
 }
@@ -92,7 +116,10 @@ fn store_from_url_with(
             crate::locator::redact(raw)
         ))
     };
-    let url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
+    let url = url::Url::parse(raw).map_err(|e| match e {
+        url::ParseError::RelativeUrlWithoutBase => bad(path_hint(raw)),
+        e => bad(e.to_string()),
+    })?;
     let config = |e: opendal::Error| bad(e.to_string());
     match url.scheme() {
         "memory" => {
@@ -105,7 +132,14 @@ fn store_from_url_with(
                 .host_str()
                 .is_some_and(|h| !h.is_empty() && h != "localhost")
             {
-                return Err(bad("file URLs must not name a host".into()));
+                // file://tmp/x reads "tmp" as a host: the path it meant needs three slashes.
+                let host = url.host_str().unwrap_or("");
+                return Err(bad(format!(
+                    "file URLs must not name a host (this one names {host:?}); for the folder \
+                     /{host}{} write file:///{host}{}",
+                    url.path(),
+                    url.path()
+                )));
             }
             let path = url
                 .to_file_path()
@@ -197,6 +231,13 @@ mod tests {
             };
             assert!(!err.contains("s3cr3t"), "{err}");
         }
+        let err = store_from_url("file://tmp/x").err().unwrap().to_string();
+        assert!(err.contains("write file:///tmp/x"), "{err}");
+        let err = store_from_url("/tmp/relative").err().unwrap().to_string();
+        assert!(err.contains("write file:///tmp/relative"), "{err}");
+        let err = store_from_url("./archive").err().unwrap().to_string();
+        let here = std::env::current_dir().unwrap().join("archive");
+        assert!(err.contains(&format!("file://{}", here.display())), "{err}");
     }
 
     #[test]

@@ -352,6 +352,20 @@ pub fn january_first_of_previous_year(now: chrono::DateTime<Utc>) -> EventTime {
     EventTime::from_datetime(dt).expect("inside supported range")
 }
 
+/// The first instant at which the default cutoff ([`january_first_of_previous_year`])
+/// reaches `end`, so a bucket ending at `end` becomes eligible by it: January 1 of the
+/// year after the first January 1 at or after `end`. `None` past the supported range.
+pub fn default_cutoff_reaches(end: EventTime) -> Option<EventTime> {
+    let at = end.to_datetime();
+    let jan1 = |y: i32| Utc.with_ymd_and_hms(y, 1, 1, 0, 0, 0).single();
+    let first_jan1 = if jan1(at.year()) == Some(at) {
+        at.year()
+    } else {
+        at.year() + 1
+    };
+    EventTime::from_datetime(jan1(first_jan1 + 1)?).ok()
+}
+
 /// Refuses obsolete settings, naming their replacement.
 pub fn reject_obsolete(env: impl Fn(&str) -> Option<String>) -> Result<(), ArchiverError> {
     for name in OBSOLETE_SETTINGS {
@@ -398,6 +412,29 @@ pub fn parse_seconds(setting: &'static str, raw: &str) -> Result<Duration, Archi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The inverse agrees with the rule itself: at the instant it names the default cutoff
+    /// has reached the bucket's end, and one microsecond earlier it had not.
+    #[test]
+    fn the_default_cutoff_reaches_a_bucket_end_when_the_rule_says() {
+        for (end, want) in [
+            ("2026-09-05T00:00:00Z", "2028-01-01T00:00:00Z"),
+            ("2027-01-01T00:00:00Z", "2028-01-01T00:00:00Z"),
+            ("2027-01-01T00:00:00.000001Z", "2029-01-01T00:00:00Z"),
+            ("2026-12-31T23:59:59Z", "2028-01-01T00:00:00Z"),
+            ("1999-02-01T00:00:00Z", "2001-01-01T00:00:00Z"),
+        ] {
+            let end = EventTime::parse_rfc3339(end).unwrap();
+            let from = default_cutoff_reaches(end).unwrap();
+            assert_eq!(from.to_string(), want, "{end}");
+            let cutoff = |t: EventTime| january_first_of_previous_year(t.to_datetime());
+            assert!(cutoff(from) >= end, "{end}");
+            let before = EventTime::from_micros(from.as_micros() - 1).unwrap();
+            assert!(cutoff(before) < end, "{end}");
+        }
+        let last = EventTime::parse_rfc3339("2199-06-01T00:00:00Z").unwrap();
+        assert_eq!(default_cutoff_reaches(last), None);
+    }
 
     #[test]
     fn obsolete_settings_are_refused_by_name() {

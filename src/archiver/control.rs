@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 use std::time::Duration;
 
-use chrono::Utc;
 use tracing::warn;
 
 use crate::archive::PayloadFormat;
@@ -161,10 +160,12 @@ impl Runner {
 
     /// Prunes history older than the retention (best effort, one batch).
     pub(super) async fn prune_history(&self) {
-        let cutoff = Utc::now()
+        let cutoff = (self.clock)()
             - chrono::Duration::from_std(self.config.job_retention)
                 .unwrap_or(chrono::Duration::MAX);
-        let Ok(before) = EventTime::from_datetime(cutoff) else {
+        // Whole microseconds: the clock has nanoseconds, which `from_datetime` refuses (it
+        // did, so no history was ever pruned).
+        let Ok(before) = EventTime::from_micros(cutoff.timestamp_micros()) else {
             return;
         };
         match self

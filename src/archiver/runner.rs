@@ -87,6 +87,9 @@ pub struct CycleReport {
     pub skipped: usize,
     /// Items stopped or not started because of shutdown.
     pub interrupted: usize,
+    /// Of the failed items, those the database role's grants refused (SQLSTATE 42501):
+    /// running again cannot help, changing the grants does.
+    pub denied: usize,
     /// One line per failure.
     pub errors: Vec<String>,
 }
@@ -100,6 +103,7 @@ impl CycleReport {
         self.failed += other.failed;
         self.skipped += other.skipped;
         self.interrupted += other.interrupted;
+        self.denied += other.denied;
         self.errors.extend(other.errors);
     }
 }
@@ -131,7 +135,7 @@ pub struct Runner {
     pub(super) metrics: Arc<ArchiverMetrics>,
     pub(super) policies: PolicyCache,
     pub(super) worker: String,
-    clock: Clock,
+    pub(super) clock: Clock,
 }
 
 impl Runner {
@@ -265,6 +269,9 @@ impl Runner {
                 Err(e) => {
                     self.metrics.buckets_failed.inc();
                     report.failed += 1;
+                    if matches!(e, ArchiverError::Store(StoreError::PermissionDenied { .. })) {
+                        report.denied += 1;
+                    }
                     report.errors.push(format!("{}: {e}", item.bucket));
                 }
             }

@@ -2,12 +2,12 @@
 //! and collects orphaned objects. Flags fall back to environment variables; every value is
 //! validated before any work starts.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
@@ -28,10 +28,15 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Archives eligible Pulpitum buckets to object storage"
 )]
 struct Args {
-    /// Hot store URL (postgres://... or sqlite:PATH). Default: the embedded store in ./pulpitum-data.
-    #[arg(long, env = "PULPITUM_DATABASE_URL", hide_env_values = true)]
+    /// Hot store: postgres://..., postgresql://..., a PostgreSQL key=value string (host=... dbname=...), sqlite:PATH, sqlite://PATH, sqlite::memory: or a file path containing '/' or ending in .db, .sqlite or .sqlite3 (an existing file; `migrate` creates one). Default: the embedded store in ./pulpitum-data.
+    #[arg(
+        long,
+        env = "PULPITUM_DATABASE_URL",
+        hide_env_values = true,
+        global = true
+    )]
     database_url: Option<String>,
-    /// Archive URL (s3://bucket/prefix, file:///path). Default: ./pulpitum-data/archive.
+    /// Archive URL: s3://bucket/prefix, file:///absolute/path or memory://. Default: ./pulpitum-data/archive.
     #[arg(long, env = "PULPITUM_ARCHIVE_URL", hide_env_values = true)]
     archive_url: Option<String>,
     /// RFC 3339 cutoff: a bucket is eligible when bucket_end <= this. Default: January 1 of the previous UTC year, recomputed every cycle.
@@ -85,7 +90,7 @@ struct Args {
         allow_hyphen_values = true
     )]
     gc_delay_seconds: String,
-    /// Seconds hot rows are kept after publication (at least the readers' route-cache TTL).
+    /// Seconds hot rows are kept after publication, 0 to 604800: a margin for readers in the middle of a hot page (routed reads need none; see docs/archiver.md). Objects replaced by compaction are kept this long plus 5 s.
     #[arg(
         long,
         env = "ARCHIVER_CLEANUP_DELAY_SECONDS",
@@ -183,7 +188,12 @@ struct Args {
     )]
     health_max_age_seconds: String,
     /// Log line format on standard error: text or json (one JSON object per line). The filter is PULPITUM_LOG (default info).
-    #[arg(long, env = "PULPITUM_LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        env = "PULPITUM_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
     log_format: String,
     #[command(subcommand)]
     command: Option<Command>,
@@ -191,6 +201,10 @@ struct Args {
 
 #[derive(clap::Subcommand, Debug)]
 enum Command {
+    /// Applies the hot store's schema migrations, as the role that owns the schema, then
+    /// exits (creates an embedded store's file if absent). Every other start only checks the
+    /// schema version and needs no DDL right. The same step as `pulpitum migrate`.
+    Migrate,
     /// Shows or changes the tables' tiering policies and pauses; every running archiver
     /// applies a change at its next discovery cycle.
     Policy {
@@ -241,6 +255,7 @@ async fn policy(args: &Args, action: &PolicyAction) -> Result<(), Box<dyn std::e
         Some(u) => u.clone(),
         None => defaults::resolve_urls(None, None)?.0,
     };
+    let migrate = defaults::start_migrates(args.database_url.as_deref());
     let table =
         |name: &str| TableId::new(name).map_err(|e| format!("{name:?} is not a table name: {e}"));
     let stmt = match action {
@@ -269,8 +284,8 @@ async fn policy(args: &Args, action: &PolicyAction) -> Result<(), Box<dyn std::e
             })
         }
     };
-    let store = pulpitum::store::open(&db_url).await?;
-    store.migrate().await?;
+    let (store, _) = pulpitum::store::open_started(&db_url, migrate).await?;
+    let mut out = pulpitum::cli::stdout();
     let batches = match stmt {
         Some(stmt) => vec![control::run(&*store, &stmt).await?],
         None => {
@@ -280,31 +295,28 @@ async fn policy(args: &Args, action: &PolicyAction) -> Result<(), Box<dyn std::e
                 .into_iter()
                 .map(|p| (p.table_id.clone(), p))
                 .collect();
-            let mut out = Vec::new();
+            let mut batches = Vec::new();
             for def in store.tables().await? {
                 let p = set
                     .get(&def.table_id)
                     .cloned()
                     .unwrap_or_else(|| pulpitum::store::TablePolicy::none(def.table_id.clone()));
-                out.push(control::policy_batch(&p)?);
+                batches.push(control::policy_batch(&p)?);
             }
-            println!(
-                "store: {}",
-                if store.store_paused().await? {
-                    "paused"
-                } else {
-                    "archiving"
-                }
-            );
-            out
+            let state = if store.store_paused().await? {
+                "paused"
+            } else {
+                "archiving"
+            };
+            writeln!(out, "store: {state}")?;
+            batches
         }
     };
     if !batches.is_empty() {
-        println!(
-            "{}",
-            datafusion::arrow::util::pretty::pretty_format_batches(&batches)?
-        );
+        let table = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?;
+        writeln!(out, "{table}")?;
     }
+    out.flush()?;
     Ok(())
 }
 
@@ -380,9 +392,21 @@ async fn metrics_addr(raw: &str) -> Result<SocketAddr, ArchiverError> {
 }
 
 async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
-    if let Some(Command::Policy { action }) = &args.command {
-        policy(&args, action).await?;
-        return Ok(true);
+    match &args.command {
+        Some(Command::Policy { action }) => {
+            policy(&args, action).await?;
+            return Ok(true);
+        }
+        Some(Command::Migrate) => {
+            let line =
+                pulpitum::cli::migrate(args.database_url.as_deref(), args.archive_url.as_deref())
+                    .await?;
+            let mut out = pulpitum::cli::stdout();
+            writeln!(out, "{line}")?;
+            out.flush()?;
+            return Ok(true);
+        }
+        None => {}
     }
     let config = build_config(&args)?;
     let health_max_age = health_max_age(&args, &config)?;
@@ -397,8 +421,10 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     }
     // The archive URL first: a refused one must not leave a new database file behind.
     let mut archive = ArchiveStore::from_url(&archive_url)?;
-    let store = pulpitum::store::open(&db_url).await?;
-    store.migrate().await?;
+    // Only the embedded default (or sqlite::memory:) is migrated here: any other store is
+    // checked, and `pulpitum-archiver migrate` migrates it as the schema's owner.
+    let migrate = defaults::start_migrates(args.database_url.as_deref());
+    let (store, _) = pulpitum::store::open_started(&db_url, migrate).await?;
     // Refuse a store that would let a late writer overwrite an archive (before any fault
     // layer: the probe tests the store itself).
     archive.check_create_once().await?;
@@ -508,6 +534,13 @@ fn once_outcome(d: &pulpitum::archiver::DrainReport) -> String {
         }
     };
     let mut parts = Vec::new();
+    if d.totals.denied > 0 {
+        // Running again cannot help these: say what will.
+        parts.push(format!(
+            "{} buckets refused by the database role's grants (fix the grants: docs/operations.md, \"Database\")",
+            d.totals.denied
+        ));
+    }
     if d.remaining > 0 {
         parts.push(format!(
             "{} buckets still to archive or clean (failed, busy or interrupted; run again)",
@@ -617,7 +650,30 @@ async fn wait_for_signal() {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let command = Args::command();
+    let matches = command.clone().get_matches();
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    pulpitum::cli::quiet_broken_pipes();
+    // `policy` and `migrate` use the URLs and the log format; a run's flags typed with them
+    // would be ignored, so they are refused.
+    if args.command.is_some() {
+        let stray = pulpitum::cli::flags_given(
+            &command,
+            &matches,
+            &["database_url", "archive_url", "log_format"],
+        );
+        if !stray.is_empty() {
+            eprintln!(
+                "pulpitum-archiver: {} {} for a run (without a subcommand); `policy` and `migrate` take --database-url and --log-format",
+                stray.join(", "),
+                if stray.len() == 1 { "is" } else { "are" }
+            );
+            return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+        }
+    }
     // Everything this process creates (the embedded store, a local archive) is owner-only.
     #[cfg(unix)]
     // SAFETY: umask only sets the process's file-creation mask; it cannot fail and touches
@@ -631,7 +687,7 @@ async fn main() -> ExitCode {
         .and_then(|format| pulpitum::logging::init("info", format));
     if let Err(e) = logging {
         eprintln!("pulpitum-archiver: {e}");
-        return ExitCode::from(2);
+        return ExitCode::from(pulpitum::cli::EXIT_SETTING);
     }
     match run(args).await {
         Ok(true) => ExitCode::SUCCESS,

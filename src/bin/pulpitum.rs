@@ -11,13 +11,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches_with_schema;
 use datafusion::prelude::SessionContext;
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
+
+use pulpitum::cli::script::{split_script, statement_complete, Item};
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
 #[cfg(feature = "mimalloc")]
@@ -45,9 +47,9 @@ struct Cli {
         hide_env_values = true
     )]
     archive_url: Option<String>,
-    /// Output format of query results.
-    #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
-    format: Format,
+    /// Output format of query results [default: table].
+    #[arg(long, value_enum)]
+    format: Option<Format>,
     /// Run this SQL and exit (repeatable; runs in order).
     #[arg(short = 'c', long = "command", value_name = "SQL")]
     commands: Vec<String>,
@@ -78,7 +80,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// The interactive shell (what `pulpitum` runs without a subcommand).
-    Shell,
+    Shell(FormatArg),
     /// Load a synthetic chat history (about a million messages over two years), archive
     /// everything older than 90 days with the real archiver, then open the shell (or, when
     /// standard input is not a terminal, run it as a script).
@@ -89,9 +91,24 @@ enum Command {
         /// Print the example queries and exit instead of opening the shell.
         #[arg(long)]
         no_shell: bool,
+        #[command(flatten)]
+        output: FormatArg,
     },
+    /// Apply the hot store's schema migrations, as the role that owns the schema, then exit
+    /// (creates an embedded store's file if absent). Every other start only checks the
+    /// schema version and needs no DDL right; the archive is not touched.
+    Migrate,
     /// Serve the tables over the PostgreSQL wire protocol (psql, drivers, BI tools).
     Serve(Box<ServeArgs>),
+}
+
+/// `--format` where results are printed (the shell and the demo; not `serve`, whose clients
+/// choose their own).
+#[derive(Debug, clap::Args)]
+struct FormatArg {
+    /// Output format of query results [default: table].
+    #[arg(long, value_enum)]
+    format: Option<Format>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -172,6 +189,9 @@ struct Shell {
     timing: bool,
 }
 
+/// Most queued buckets `\buckets` prints.
+const BUCKETS_SHOWN: usize = 100;
+
 /// What a meta-command asks for.
 enum Meta {
     Quit,
@@ -204,7 +224,7 @@ impl Shell {
         if schema.fields().is_empty() {
             return Ok(());
         }
-        let mut out = std::io::stdout().lock();
+        let mut out = pulpitum::cli::stdout();
         match self.format {
             Format::Table => {
                 let text = pretty_format_batches_with_schema(schema.clone(), batches)
@@ -237,7 +257,7 @@ impl Shell {
                 w.finish().map_err(|e| e.to_string())?;
             }
         }
-        Ok(())
+        out.flush().map_err(|e| e.to_string())
     }
 
     async fn meta(&mut self, line: &str) -> Result<Meta, String> {
@@ -300,64 +320,21 @@ impl Shell {
 
     /// `\buckets [NAME]`: the tiering queue, every bucket not yet archived and cleaned up (of
     /// one table, or all), oldest first, with whether it is eligible and why; then a count
-    /// per state. Built with DataFrame filters, so the name is a value, never SQL text.
+    /// per state. A queue longer than [`BUCKETS_SHOWN`] is cut, and a line on standard error
+    /// says so; a name that is no table is an error.
     async fn buckets(&mut self, table: Option<&str>) -> Result<(), String> {
-        use datafusion::prelude::{col, lit};
         let start = Instant::now();
-        let mut df = self
-            .ctx
-            .table("pulpitum_buckets")
+        let v = pulpitum::control::queue::view(&self.ctx, table, BUCKETS_SHOWN)
             .await
             .map_err(|e| e.to_string())?;
-        if let Some(name) = table {
-            df = df
-                .filter(col("table_id").eq(lit(name)))
-                .map_err(|e| e.to_string())?;
+        self.print(&v.queue_schema, &v.queue)?;
+        if v.shown < v.total {
+            eprintln!(
+                "(the oldest {} of {} queued buckets; SELECT ... FROM pulpitum_buckets shows them all)",
+                v.shown, v.total
+            );
         }
-        let counts = df
-            .clone()
-            .aggregate(
-                vec![col("table_id"), col("state"), col("eligible")],
-                vec![datafusion::functions_aggregate::count::count(lit(1)).alias("buckets")],
-            )
-            .and_then(|d| {
-                d.sort(vec![
-                    col("table_id").sort(true, false),
-                    col("state").sort(true, false),
-                    col("eligible").sort(false, false),
-                ])
-            })
-            .map_err(|e| e.to_string())?;
-        let queue = df
-            .filter(
-                col("state")
-                    .not_eq(lit("archived"))
-                    .or(col("hot_rows_deleted").eq(lit(false))),
-            )
-            .and_then(|d| {
-                d.sort(vec![
-                    col("bucket_end").sort(true, false),
-                    col("table_id").sort(true, false),
-                    col("partition_key").sort(true, false),
-                ])
-            })
-            .and_then(|d| d.limit(0, Some(100)))
-            .and_then(|d| {
-                d.select_columns(&[
-                    "table_id",
-                    "partition",
-                    "bucket_key",
-                    "state",
-                    "eligible",
-                    "reason",
-                ])
-            })
-            .map_err(|e| e.to_string())?;
-        for df in [queue, counts] {
-            let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-            let batches = df.collect().await.map_err(|e| e.to_string())?;
-            self.print(&schema, &batches)?;
-        }
+        self.print(&v.counts_schema, &v.counts)?;
         if self.timing {
             eprintln!("Time: {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
         }
@@ -449,89 +426,6 @@ impl Shell {
     }
 }
 
-/// One unit of a script.
-#[derive(Debug, PartialEq, Eq)]
-enum Item {
-    Sql(String),
-    Meta(String),
-}
-
-/// Whether the buffer ends with a `;` outside quotes and comments.
-fn statement_complete(buf: &str) -> bool {
-    let items = scan(buf);
-    items.1
-}
-
-/// Splits a script into statements (ending at `;` outside quotes and comments) and
-/// meta-command lines (a line starting with `\` between statements).
-fn split_script(text: &str) -> Vec<Item> {
-    scan(text).0
-}
-
-fn scan(text: &str) -> (Vec<Item>, bool) {
-    let mut items = Vec::new();
-    let mut cur = String::new();
-    let mut chars = text.chars().peekable();
-    let mut ended = false;
-    let mut at_line_start = true;
-    while let Some(c) = chars.next() {
-        if at_line_start && cur.trim().is_empty() && c == '\\' {
-            let mut line = String::from('\\');
-            for n in chars.by_ref() {
-                if n == '\n' {
-                    break;
-                }
-                line.push(n);
-            }
-            items.push(Item::Meta(line.trim().to_string()));
-            cur.clear();
-            at_line_start = true;
-            ended = true;
-            continue;
-        }
-        at_line_start = c == '\n';
-        match c {
-            '\'' | '"' => {
-                cur.push(c);
-                for n in chars.by_ref() {
-                    cur.push(n);
-                    if n == c {
-                        break;
-                    }
-                }
-            }
-            '-' if chars.peek() == Some(&'-') => {
-                for n in chars.by_ref() {
-                    if n == '\n' {
-                        cur.push('\n');
-                        at_line_start = true;
-                        break;
-                    }
-                }
-            }
-            ';' => {
-                let s = cur.trim().to_string();
-                if !s.is_empty() {
-                    items.push(Item::Sql(s));
-                }
-                cur.clear();
-                ended = true;
-                continue;
-            }
-            _ => cur.push(c),
-        }
-        if !c.is_whitespace() {
-            ended = false;
-        }
-    }
-    let rest = cur.trim().to_string();
-    if !rest.is_empty() {
-        items.push(Item::Sql(rest));
-        ended = false;
-    }
-    (items, ended)
-}
-
 /// The URLs to use: the given ones or the embedded default (announced on stderr).
 fn urls(cli: &Cli) -> Result<(String, String), String> {
     let (db, archive) =
@@ -553,20 +447,25 @@ fn session_options(cli: &Cli) -> pulpitum::session::SessionOptions {
             max_bytes: cli.max_bytes,
             max_duration: cli.max_duration_ms.map(std::time::Duration::from_millis),
         },
+        // Only a store this process creates and owns is migrated here (the embedded
+        // default, sqlite::memory:); any other is checked, and `pulpitum migrate` migrates it.
+        migrate: pulpitum::defaults::start_migrates(cli.database_url.as_deref()),
         ..Default::default()
     }
 }
 
-async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
+async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(), String> {
     use indicatif::{ProgressBar, ProgressStyle};
     use pulpitum::demo::{self, DemoScale};
     let (database_url, archive_url) = urls(&cli)?;
-    let store = pulpitum::store::open(&database_url)
-        .await
-        .map_err(|e| e.to_string())?;
+    // The archive URL first: a refused one must not leave a new database file behind.
     let archive = std::sync::Arc::new(
         pulpitum::archive::ArchiveStore::from_url(&archive_url).map_err(|e| e.to_string())?,
     );
+    let migrate = pulpitum::defaults::start_migrates(cli.database_url.as_deref());
+    let (store, _) = pulpitum::store::open_started(&database_url, migrate)
+        .await
+        .map_err(|e| e.to_string())?;
     let scale = if small {
         DemoScale::SMALL
     } else {
@@ -603,7 +502,15 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
     .await
     .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
-    println!(
+    let mut out = pulpitum::cli::stdout();
+    let say = |out: &mut pulpitum::cli::Stdout, text: String| {
+        writeln!(out, "{text}")
+            .and_then(|()| out.flush())
+            .map_err(|e| e.to_string())
+    };
+    say(
+        &mut out,
+        format!(
         "Loaded {} messages since {}; archived {} buckets ({} rows) that ended by {}. Compacted {} months into {} segments.",
         report.loaded,
         report.first_day,
@@ -612,22 +519,27 @@ async fn demo(cli: Cli, small: bool, no_shell: bool) -> Result<(), String> {
         report.cutoff,
         report.compacted_windows,
         report.segments
-    );
+    ),
+    )?;
     let ctx = pulpitum::session::session(store, archive, session_options(&cli))
         .await
         .map_err(|e| e.to_string())?;
     let mut shell = Shell {
         ctx,
-        format: cli.format,
+        format,
         timing: false,
     };
-    println!("\nTry these (the shell keeps history; \\d lists tables, \\q quits):\n");
+    say(
+        &mut out,
+        "\nTry these (the shell keeps history; \\d lists tables, \\q quits):\n".into(),
+    )?;
     let examples = demo::example_queries(&report);
     for (what, sql) in &examples {
-        println!("-- {what}\n{sql}\n");
+        say(&mut out, format!("-- {what}\n{sql}\n"))?;
     }
     if let Some((_, explain)) = examples.iter().find(|(_, sql)| sql.starts_with("EXPLAIN")) {
-        println!("{explain}");
+        say(&mut out, explain.to_string())?;
+        drop(out);
         shell.run_statement(explain).await?;
     }
     if no_shell {
@@ -735,7 +647,7 @@ async fn wait_for_stop_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+async fn run(cli: Cli, format: Format) -> Result<(), String> {
     let (database_url, archive_url) = urls(&cli)?;
     let opts = session_options(&cli);
     let ctx = pulpitum::session::connect_with(&database_url, &archive_url, opts)
@@ -743,7 +655,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let mut shell = Shell {
         ctx,
-        format: cli.format,
+        format,
         timing: false,
     };
     let scripted = !cli.commands.is_empty() || cli.file.is_some();
@@ -760,8 +672,24 @@ async fn run(cli: Cli) -> Result<(), String> {
     shell.interactive_or_stdin().await
 }
 
+/// `pulpitum migrate`: the same step as `pulpitum-archiver migrate` ([`pulpitum::cli::migrate`]).
+async fn migrate(cli: &Cli) -> Result<(), String> {
+    let line = pulpitum::cli::migrate(cli.database_url.as_deref(), cli.archive_url.as_deref())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = pulpitum::cli::stdout();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| e.to_string())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    pulpitum::cli::quiet_broken_pipes();
     // Everything this process creates (the embedded store, a local archive, the history
     // file) is owner-only.
     #[cfg(unix)]
@@ -776,7 +704,38 @@ fn main() -> ExitCode {
         .and_then(|format| pulpitum::logging::init("warn", format));
     if let Err(e) = logging {
         eprintln!("Error: {e}");
-        return ExitCode::FAILURE;
+        return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+    }
+    // -c and -f are the shell's: with another subcommand they would be ignored.
+    let scripted = !cli.commands.is_empty() || cli.file.is_some();
+    if scripted && !matches!(cli.command, None | Some(Command::Shell(_))) {
+        eprintln!("Error: -c/--command and -f/--file run statements in the shell; they do not combine with a subcommand");
+        return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+    }
+    if cli.format.is_some() && matches!(cli.command, Some(Command::Serve(_) | Command::Migrate)) {
+        eprintln!("Error: --format is for results the shell prints; serve and migrate print none");
+        return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+    }
+    // The query limits would be ignored by `migrate`, which runs no query.
+    if let Some(("migrate", sub)) = matches.subcommand() {
+        use clap::parser::ValueSource;
+        let stray: Vec<String> = ["max_rows", "max_bytes", "max_duration_ms"]
+            .into_iter()
+            .filter(|id| {
+                [&matches, sub]
+                    .iter()
+                    .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
+            })
+            .map(|id| format!("--{}", id.replace('_', "-")))
+            .collect();
+        if !stray.is_empty() {
+            let verb = if stray.len() == 1 { "limits" } else { "limit" };
+            eprintln!(
+                "Error: {} {verb} queries; migrate runs none",
+                stray.join(", ")
+            );
+            return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+        }
     }
     // TLS on ring (rustls is a direct dependency): install the provider and OpenDAL's HTTP
     // transport once, before anything opens a connection.
@@ -792,9 +751,24 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        None | Some(Command::Shell) => rt.block_on(run(cli)),
-        Some(Command::Demo { small, no_shell }) => rt.block_on(demo(cli, small, no_shell)),
+        None => {
+            let format = cli.format.unwrap_or(Format::Table);
+            rt.block_on(run(cli, format))
+        }
+        Some(Command::Shell(FormatArg { format })) => {
+            let format = format.or(cli.format).unwrap_or(Format::Table);
+            rt.block_on(run(cli, format))
+        }
+        Some(Command::Demo {
+            small,
+            no_shell,
+            output: FormatArg { format },
+        }) => {
+            let format = format.or(cli.format).unwrap_or(Format::Table);
+            rt.block_on(demo(cli, small, no_shell, format))
+        }
         Some(Command::Serve(ref args)) => rt.block_on(serve(&cli, args)),
+        Some(Command::Migrate) => rt.block_on(migrate(&cli)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -802,28 +776,5 @@ fn main() -> ExitCode {
             eprintln!("Error: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scripts_split_on_semicolons_outside_quotes_and_comments() {
-        let items = split_script("SELECT ';' AS x; -- a; comment\nSELECT 2;\n\\d chat\nSELECT\n 3");
-        assert_eq!(
-            items,
-            vec![
-                Item::Sql("SELECT ';' AS x".into()),
-                Item::Sql("SELECT 2".into()),
-                Item::Meta("\\d chat".into()),
-                Item::Sql("SELECT\n 3".into()),
-            ]
-        );
-        assert!(statement_complete("SELECT 1;\n"));
-        assert!(!statement_complete("SELECT ';\n"));
-        assert!(!statement_complete("SELECT 1\n"));
-        assert!(!statement_complete("SELECT 1; -- x\nSELECT"));
     }
 }

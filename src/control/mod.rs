@@ -4,6 +4,8 @@
 //! - [`statements`] recognizes `ALTER TABLE ... SET/RESET (...)` and `SYSTEM STOP/START
 //!   MOVES`, which DataFusion cannot plan, and [`run`] applies them to the store.
 //! - [`options`] parses and prints the policy options (`archive_after = '90 days'`).
+//! - [`queue`] is the rule behind `pulpitum_buckets.eligible` and `reason`, and the queue
+//!   view of the shell's `\buckets`.
 //! - [`system`] is the three system tables, `pulpitum_tables`, `pulpitum_buckets` and
 //!   `pulpitum_jobs`: table providers over the store's catalog, listings and job history,
 //!   with the filters an operator writes (table, state, time) pushed into the store's query.
@@ -14,6 +16,7 @@
 //! ([`ControlHandle`]), so a plain `SessionContext` built by [`crate::session`] carries it.
 
 pub mod options;
+pub mod queue;
 pub mod statements;
 pub mod system;
 

@@ -9,15 +9,15 @@
 //! can only save work, never change an answer. The store is read when the plan executes, not
 //! when it is planned: `EXPLAIN` touches nothing, and a prepared plan reads fresh state.
 //!
-//! Eligibility in `pulpitum_buckets` is judged by the registry alone: the pauses, the table's
-//! `archive_after`, the retry time, and for a table without a policy the default cutoff
-//! (January 1 of the previous UTC year). An archiver started with `ARCHIVER_ELIGIBLE_BEFORE`
-//! holds back more than this shows; its metrics show its own backlog.
+//! Eligibility in `pulpitum_buckets` is judged by the registry alone ([`super::queue`]): the
+//! pauses, the table's `archive_after`, the retry time, and for a table without a policy the
+//! default cutoff (January 1 of the previous UTC year). An archiver started with
+//! `ARCHIVER_ELIGIBLE_BEFORE` holds back more than this shows; its metrics show its own
+//! backlog.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
@@ -45,6 +45,7 @@ use datafusion::prelude::SessionContext;
 use futures::stream;
 
 use super::options::format_duration;
+use super::queue::Judge;
 use super::ControlError;
 use crate::model::{EventTime, TableId};
 
@@ -508,9 +509,6 @@ async fn read(
                     now,
                     policy: policies.get(&def.table_id),
                     store_paused,
-                    default_cutoff: crate::archiver::config::january_first_of_previous_year(
-                        now.to_datetime(),
-                    ),
                 };
                 rows.extend(listed.into_iter().map(|m| {
                     let (eligible, reason) = rule.judge(&m);
@@ -717,85 +715,4 @@ fn bucket_columns(
         )),
         text_array(rows.iter().map(|(_, _, r)| Some(r.clone())).collect()),
     ]
-}
-
-/// Whether a bucket is archive work now, and why (not), by the registry's rules.
-struct Judge<'a> {
-    now: EventTime,
-    policy: Option<&'a TablePolicy>,
-    store_paused: bool,
-    default_cutoff: EventTime,
-}
-
-fn minus(t: EventTime, d: Duration) -> i64 {
-    t.as_micros()
-        .saturating_sub(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-impl Judge<'_> {
-    fn judge(&self, m: &BucketMeta) -> (bool, String) {
-        let now = self.now.as_micros();
-        let lease_live = m.lease_expires_at.is_some_and(|t| t.as_micros() > now);
-        let paused = if self.store_paused {
-            Some("paused: the whole store (SYSTEM START MOVES resumes)")
-        } else if self.policy.is_some_and(|p| p.paused) {
-            Some("paused: this table (SYSTEM START MOVES <table> resumes)")
-        } else {
-            None
-        };
-        match &m.state {
-            BucketState::Archived { hot_deleted, .. } => (
-                false,
-                if *hot_deleted {
-                    "archived".into()
-                } else {
-                    "archived; hot rows await cleanup".into()
-                },
-            ),
-            BucketState::Archiving if lease_live => (
-                false,
-                format!(
-                    "being archived (generation {}, lease until {})",
-                    m.generation,
-                    m.lease_expires_at
-                        .map_or_else(String::new, |t| t.to_string())
-                ),
-            ),
-            BucketState::Archiving => match paused {
-                Some(why) => (false, format!("claim expired; {why}")),
-                None => (
-                    true,
-                    "claim expired: the next archiver takes it over".into(),
-                ),
-            },
-            BucketState::Hot => {
-                let end = m.id.bucket_key.end().as_micros();
-                let (cutoff, by) = match self.policy.and_then(|p| p.archive_after) {
-                    Some(after) => (
-                        minus(self.now, after),
-                        format!("archive_after {}", format_duration(after)),
-                    ),
-                    None => (
-                        self.default_cutoff.as_micros(),
-                        format!("the default cutoff {}", self.default_cutoff),
-                    ),
-                };
-                if end > cutoff {
-                    let from = EventTime::from_micros(end.saturating_add(now - cutoff))
-                        .map_or_else(|_| "later".to_string(), |t| t.to_string());
-                    return (
-                        false,
-                        format!("not yet: held by {by}, eligible from {from}"),
-                    );
-                }
-                if let Some(why) = paused {
-                    return (false, why.to_string());
-                }
-                if let Some(retry) = m.retry_at.filter(|t| t.as_micros() > now) {
-                    return (false, format!("deferred: retry after {retry}"));
-                }
-                (true, format!("eligible by {by}"))
-            }
-        }
-    }
 }

@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider, TableProviderFactory};
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::logical_expr::{CreateExternalTable, DdlStatement, LogicalPlan};
+use datafusion::logical_expr::{CreateExternalTable, DdlStatement, LogicalPlan, WriteOp};
 use datafusion::prelude::SessionContext;
 
 use super::surface::Surface;
@@ -315,6 +315,21 @@ pub const DROP_REFUSED: &str = "DROP TABLE is not supported for Pulpitum tables:
     would return in the next session (tables are append-only; see \"Dropping a table\" in \
     docs/sql.md)";
 
+/// The error of `DELETE`, `UPDATE`, `TRUNCATE` or `MERGE` on a Pulpitum table: what is not
+/// supported yet, and what to do instead.
+pub fn change_refused(table: &str, op: &str) -> DataFusionError {
+    let instead = if op == "UPDATE" || op == "MERGE" {
+        "insert the new version of a row under a new sort key (the chat surface's id) and read \
+         the latest"
+    } else {
+        "to remove data, delete a whole table, partition or range of archived buckets as \
+         \"Deleting data\" in docs/operations.md shows"
+    };
+    DataFusionError::Plan(format!(
+        "table {table}: {op} is not supported for Pulpitum tables yet; {instead}"
+    ))
+}
+
 /// The session's default schema: DataFusion's in-memory schema, except that Pulpitum
 /// tables are hidden from `table_exist` (so that `CREATE EXTERNAL TABLE` always reaches
 /// the factory, which compares definitions) and cannot be deregistered (`DROP TABLE` is
@@ -436,6 +451,25 @@ pub async fn check_statement(ctx: &SessionContext, plan: &LogicalPlan) -> DFResu
                     "table {}: {DROP_REFUSED}",
                     drop.name
                 )));
+            }
+        }
+    }
+    // Refused here, before planning, so the answer is one line rather than DataFusion's
+    // "not implemented ... for Base table" (the provider refuses the same way for callers
+    // that plan without this check).
+    if let LogicalPlan::Dml(dml) = plan {
+        let op = match dml.op {
+            WriteOp::Delete => Some("DELETE"),
+            WriteOp::Update => Some("UPDATE"),
+            WriteOp::Truncate => Some("TRUNCATE"),
+            WriteOp::MergeInto(_) => Some("MERGE"),
+            _ => None,
+        };
+        if let Some(op) = op {
+            if let Ok(t) = ctx.table_provider(dml.table_name.clone()).await {
+                if is_pulpitum(&t) {
+                    return Err(change_refused(&dml.table_name.to_string(), op));
+                }
             }
         }
     }

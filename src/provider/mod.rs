@@ -267,4 +267,34 @@ impl TableProvider for PulpitumTable {
         );
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
     }
+
+    async fn delete_from(
+        &self,
+        _state: &dyn Session,
+        _filters: Vec<Expr>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        Err(factory::change_refused(
+            self.table.definition().table_id.as_str(),
+            "DELETE",
+        ))
+    }
+
+    async fn update(
+        &self,
+        _state: &dyn Session,
+        _assignments: Vec<(String, Expr)>,
+        _filters: Vec<Expr>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        Err(factory::change_refused(
+            self.table.definition().table_id.as_str(),
+            "UPDATE",
+        ))
+    }
+
+    async fn truncate(&self, _state: &dyn Session) -> DFResult<Arc<dyn ExecutionPlan>> {
+        Err(factory::change_refused(
+            self.table.definition().table_id.as_str(),
+            "TRUNCATE",
+        ))
+    }
 }

@@ -129,6 +129,22 @@ pub enum StoreError {
     /// Migration bookkeeping disagrees with this build (edited or unknown migrations).
     #[error("migration error: {0}")]
     Migration(String),
+    /// The database lacks migrations this build needs (or has no Pulpitum schema at all).
+    /// Starts only check the schema; applying migrations is the schema owner's explicit step.
+    #[error("the hot store's schema is behind this build: {detail}; run `pulpitum migrate` (or `pulpitum-archiver migrate`) with the same database URL, as the role that owns the schema (docs/operations.md, \"Upgrade and rollback\")")]
+    SchemaBehind {
+        /// Which migrations are missing.
+        detail: String,
+    },
+    /// The database role lacks a privilege the operation needs (SQLSTATE 42501). Not
+    /// retryable: the grants must change, or the operation is not this role's.
+    #[error("permission denied during {operation}: {detail}; the database role lacks a grant this needs (docs/operations.md, \"Database\", lists the grants of each role; a read-only role can only read)")]
+    PermissionDenied {
+        /// The operation.
+        operation: &'static str,
+        /// The server's message (which names the table).
+        detail: String,
+    },
     /// Bad connection settings.
     #[error("invalid store configuration: {0}")]
     Config(String),

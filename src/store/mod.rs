@@ -30,8 +30,41 @@ pub use types::*;
 /// Opens the hot store a locator names (see [`crate::locator`]): a `postgres://` /
 /// `postgresql://` URL or key=value string (CockroachDB or PostgreSQL), `sqlite://PATH`,
 /// `sqlite:PATH` or a clear file path (the embedded store; created if absent) or
-/// `sqlite::memory:`. Anything else is [`StoreError::Config`], with secrets redacted.
+/// `sqlite::memory:`. Anything else is [`StoreError::Config`], with secrets redacted. Runs no
+/// schema step: see [`open_started`] for what a process start does.
 pub async fn open(database_url: &str) -> StoreResult<std::sync::Arc<dyn HotStore>> {
+    open_with(database_url, true).await
+}
+
+/// [`open`], except that an embedded store's file must already exist: a locator an operator
+/// typed (`./typo.db`) never silently becomes a new, empty store. `pulpitum migrate` creates
+/// one; the embedded default under `./pulpitum-data` is created by whichever binary first
+/// opens it.
+pub async fn open_existing(database_url: &str) -> StoreResult<std::sync::Arc<dyn HotStore>> {
+    open_with(database_url, false).await
+}
+
+/// What a process start does: with `migrate` (`pulpitum migrate`, or a store the process
+/// itself creates and owns: the embedded default, `sqlite::memory:`) it opens the store,
+/// creating an embedded file if absent, and applies pending migrations; otherwise it opens an
+/// existing store and only checks the schema version ([`Catalog::check_schema`]), which
+/// needs no DDL right.
+pub async fn open_started(
+    database_url: &str,
+    migrate: bool,
+) -> StoreResult<(std::sync::Arc<dyn HotStore>, Option<migrate::Migrated>)> {
+    if migrate {
+        let store = open(database_url).await?;
+        let done = store.migrate().await?;
+        Ok((store, Some(done)))
+    } else {
+        let store = open_existing(database_url).await?;
+        store.check_schema().await?;
+        Ok((store, None))
+    }
+}
+
+async fn open_with(database_url: &str, create: bool) -> StoreResult<std::sync::Arc<dyn HotStore>> {
     use crate::locator::{parse_database_url, DatabaseLocator};
     let locator =
         parse_database_url(database_url).map_err(|e| StoreError::Config(e.to_string()))?;
@@ -43,6 +76,17 @@ pub async fn open(database_url: &str) -> StoreResult<std::sync::Arc<dyn HotStore
             std::sync::Arc::new(embedded::SqliteStore::open_in_memory()?)
         }
         DatabaseLocator::SqliteFile(path) => {
+            if !create && !path.exists() {
+                return Err(StoreError::Config(format!(
+                    "no embedded store at {}: the file does not exist. A database URL is never \
+                     created by an ordinary start; check the path, or create the store with \
+                     `pulpitum migrate --database-url {}` (without a URL, the binaries use the \
+                     embedded default in ./{})",
+                    path.display(),
+                    crate::locator::redact(database_url),
+                    crate::defaults::DATA_DIR
+                )));
+            }
             std::sync::Arc::new(embedded::SqliteStore::open(path)?)
         }
     })

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::migrate::Migrated;
 use super::{
     AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, CompactionClaim,
     Eligibility, HeadPage, HotPage, JobEnd, JobFilter, JobRecord, JobStart, PageRequest,
@@ -31,8 +32,15 @@ use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, Tab
 /// Registrations, migrations and the store's clock.
 #[async_trait]
 pub trait Catalog: Send + Sync + 'static {
-    /// Applies pending migrations; safe when several processes call it at once.
-    async fn migrate(&self) -> StoreResult<()>;
+    /// Applies pending migrations; safe when several processes call it at once. Needs the
+    /// rights to create tables and indexes (the schema owner's step, `pulpitum migrate`).
+    async fn migrate(&self) -> StoreResult<Migrated>;
+
+    /// Checks, reading only, that every migration of this build is applied and that none
+    /// recorded by a newer build forbids this one; returns the schema version. What every
+    /// start that is not `migrate` runs: it needs no DDL right. A missing migration is
+    /// [`StoreError::SchemaBehind`](super::StoreError::SchemaBehind).
+    async fn check_schema(&self) -> StoreResult<i64>;
 
     /// Registers a table. The identical definition twice is a no-op; a different strategy or
     /// surface for an existing id is [`StoreError::TableConflict`]. Returns the stored row.

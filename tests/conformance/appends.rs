@@ -529,6 +529,7 @@ pub async fn sql_insert_is_one_transaction(store: Store) {
         max_insert_rows: 1_300,
         ..SessionOptions::default()
     };
+    store.migrate().await.unwrap();
     let ctx = session(store.clone(), archive, opts).await.unwrap();
     ctx.sql(
         "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \

@@ -9,7 +9,7 @@ use datafusion::prelude::SessionContext;
 use pulpitum::archive::ArchiveStore;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
-use pulpitum::store::HotStore;
+use pulpitum::store::{Catalog, HotStore};
 
 pub const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -32,6 +32,8 @@ impl Env {
                 .await
                 .expect("connect"),
         );
+        // The schema owner's step; the sessions below only check the version.
+        store.migrate().await.expect("migrate");
         let archive = Arc::new(ArchiveStore::from_url("memory://").expect("archive"));
         let ctx = session(store.clone() as Arc<dyn HotStore>, archive.clone(), opts)
             .await

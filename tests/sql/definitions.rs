@@ -9,7 +9,7 @@ use std::sync::Arc;
 use datafusion::prelude::SessionContext;
 use pulpitum::archive::ArchiveStore;
 use pulpitum::store::embedded::SqliteStore;
-use pulpitum::store::HotStore;
+use pulpitum::store::{Catalog, HotStore};
 
 use crate::common::*;
 
@@ -194,5 +194,6 @@ async fn definitions_on_postgres() {
 async fn definitions_on_the_embedded_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("hot.sqlite")).unwrap();
+    store.migrate().await.unwrap();
     definitions_behave(Arc::new(store)).await;
 }

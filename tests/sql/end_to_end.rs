@@ -96,6 +96,21 @@ async fn connect_opens_the_embedded_store_from_a_path() {
     let url = format!("sqlite://{}", db.display());
     let archive = format!("file://{}", dir.path().join("archive").display());
     std::fs::create_dir_all(dir.path().join("archive")).unwrap();
+    // An ordinary connection neither creates the file nor migrates it: it says which step
+    // is missing, and leaves nothing behind.
+    let Err(e) = pulpitum::session::connect(&url, &archive).await else {
+        panic!("a missing embedded file must not be created by connect")
+    };
+    assert!(e.to_string().contains("pulpitum migrate"), "{e}");
+    assert!(!db.exists());
+    // The owner's step: `migrate` (here through the session options) creates and migrates.
+    let owner = pulpitum::session::SessionOptions {
+        migrate: true,
+        ..Default::default()
+    };
+    pulpitum::session::connect_with(&url, &archive, owner)
+        .await
+        .unwrap();
     let ctx = pulpitum::session::connect(&url, &archive).await.unwrap();
     run(
         &ctx,

@@ -41,8 +41,12 @@ impl Counting {
 
 #[async_trait]
 impl Catalog for Counting {
-    async fn migrate(&self) -> StoreResult<()> {
+    async fn migrate(&self) -> StoreResult<pulpitum::store::migrate::Migrated> {
         self.inner.migrate().await
+    }
+
+    async fn check_schema(&self) -> StoreResult<i64> {
+        self.inner.check_schema().await
     }
 
     async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {

@@ -151,7 +151,8 @@ async fn empty_results_and_table_statements() {
 }
 
 /// `\buckets [NAME]` lists the tiering queue (not fully archived buckets) with the reason,
-/// then counts per state; a name is a value, so a quote in it finds nothing and runs nothing.
+/// then counts per state; a name is a value, so a quote in it runs nothing, and a name that
+/// is no table is an error, not an empty answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_shortcut_shows_the_queue() {
     let env = Env::new("replbuckets").await;
@@ -170,8 +171,6 @@ async fn buckets_shortcut_shows_the_queue() {
             "csv",
             "-c",
             "\\buckets chat",
-            "-c",
-            "\\buckets chat'; DROP TABLE chat",
             "-c",
             "\\d chat",
             "-c",
@@ -197,5 +196,176 @@ async fn buckets_shortcut_shows_the_queue() {
         "{out}"
     );
     assert!(out.ends_with("n\n2\n"), "{out}");
+    assert!(
+        !err.contains("queued buckets"),
+        "a short queue is not cut: {err}"
+    );
+
+    for name in ["nosuch", "chat'; DROP TABLE chat"] {
+        let (ok, out, err) = pulpitum(&url, &["-c", &format!("\\buckets {name}")], None);
+        assert!(!ok, "{name}: {out}");
+        let first = name.split_whitespace().next().unwrap();
+        assert!(err.contains(&format!("no table named \"{first}")), "{err}");
+        assert_eq!(out, "", "no empty tables for a missing table");
+    }
+
+    // A queue longer than the shortcut shows: the first 100, and a line that says so.
+    let days: Vec<String> = (0..130)
+        .map(|d| {
+            let t = chrono::DateTime::parse_from_rfc3339("2023-01-01T12:00:00Z").unwrap()
+                + chrono::Duration::days(d);
+            format!("(8, TIMESTAMP '{}', {d}, 'x')", t.to_rfc3339())
+        })
+        .collect();
+    let insert = format!("INSERT INTO chat VALUES {}", days.join(", "));
+    let (ok, out, err) = pulpitum(
+        &url,
+        &["--format", "csv", "-c", &insert, "-c", "\\buckets"],
+        None,
+    );
+    assert!(ok, "{err}");
+    let queue_rows = out
+        .lines()
+        .skip_while(|l| !l.starts_with("table_id,partition"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("table_id,state"))
+        .count();
+    assert_eq!(queue_rows, 100, "{out}");
+    assert!(
+        err.contains("(the oldest 100 of 132 queued buckets;"),
+        "the cut is announced: {err}"
+    );
+    assert!(out.contains("chat,hot,false,132\n"), "{out}");
+    env.cleanup().await;
+}
+
+/// `pulpitum -c ... | head -1`: the reader goes away and the shell ends as a writer to a
+/// closed pipe conventionally does (SIGPIPE), without an error line or a panic.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_ends_the_shell_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let env = Env::new("replpipe").await;
+    let url = url_for(env.store.schema().unwrap());
+    for format in ["table", "csv", "json"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+            .args([
+                "--format",
+                format,
+                "-c",
+                "SELECT * FROM generate_series(1, 200000)",
+            ])
+            .env("PULPITUM_DATABASE_URL", &url)
+            .env("PULPITUM_ARCHIVE_URL", "memory://")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // `head -1`: read one line, then close the pipe.
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(!line.is_empty());
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{format}: {err}");
+        assert!(
+            !err.contains("Error") && !err.contains("panicked"),
+            "{format}: {err}"
+        );
+    }
+    env.cleanup().await;
+}
+
+/// What the shell says to statements it does not run, and to settings it refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_statements_and_refused_settings_say_what_to_do() {
+    let env = Env::new("replrefuse").await;
+    let url = url_for(env.store.schema().unwrap());
+    let (ok, _, err) = pulpitum(
+        &url,
+        &["-c", "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' OPTIONS ('bucket_strategy' 'calendar_day_utc')"],
+        None,
+    );
+    assert!(ok, "{err}");
+    for (sql, needle) in [
+        ("DELETE FROM chat WHERE id = 1", "Deleting data"),
+        ("UPDATE chat SET content = 'x'", "new sort key"),
+        ("TRUNCATE TABLE chat", "Deleting data"),
+    ] {
+        let (ok, _, err) = pulpitum(&url, &["-c", sql], None);
+        assert!(!ok, "{sql}");
+        let verb = sql.split_whitespace().next().unwrap();
+        assert!(
+            err.contains(&format!("{verb} is not supported for Pulpitum tables yet"))
+                && err.contains(needle)
+                && !err.contains("Base table"),
+            "{sql}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    // A setting refused before start exits 2 (as the archiver does, and as clap does for
+    // a flag); a statement that fails exits 1.
+    let status = |args: &[&str], envs: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_pulpitum"));
+        c.args(args)
+            .env("PULPITUM_DATABASE_URL", &url)
+            .env("PULPITUM_ARCHIVE_URL", "memory://");
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = status(&["-c", "SELECT 1"], &[("PULPITUM_LOG", "verbose")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("PULPITUM_LOG"), "{err}");
+    let (code, err) = status(&["-c", "SELECT * FROM nothing_here"], &[]);
+    assert_eq!(code, Some(1), "{err}");
+    // --format prints results; serve and migrate print none, so it is refused there.
+    for args in [
+        &["--format", "csv", "serve"][..],
+        &["--format", "csv", "migrate"],
+    ] {
+        let (code, err) = status(args, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains("--format"), "{err}");
+    }
+    let (code, err) = status(&["serve", "--format", "csv"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unexpected argument '--format'"), "{err}");
+    // Global flags after the subcommand.
+    let (code, err) = status(
+        &[
+            "shell",
+            "--format",
+            "csv",
+            "--max-rows",
+            "1",
+            "-c",
+            "SELECT 1",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "-c belongs before the subcommand: {err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["shell", "--format", "csv", "--database-url", &url])
+        .args(["--archive-url", "memory://"])
+        .env_remove("PULPITUM_DATABASE_URL")
+        .env_remove("PULPITUM_ARCHIVE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(b"SELECT 1 AS one;\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "one\n1\n");
     env.cleanup().await;
 }

@@ -230,6 +230,87 @@ async fn policy_statements_and_their_errors() {
     env.cleanup().await;
 }
 
+/// A held bucket's "eligible from" time, checked against the documented rules rather than
+/// the code's formula: the default cutoff (January 1 of the previous UTC year) reaches a
+/// bucket at the first January 1 whose previous January 1 is at or after the bucket's end;
+/// `archive_after` reaches it at its end plus the duration. The time does not move between
+/// two queries a second apart (it used to shift with the query's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eligible_from_times_follow_the_documented_rules() {
+    use chrono::{Datelike, TimeZone, Utc};
+    let env = Env::new("sysreason").await;
+    for (name, strategy) in [
+        ("byday", "calendar_day_utc"),
+        ("bymonth", "calendar_month_utc"),
+    ] {
+        env.sql(&format!(
+            "CREATE EXTERNAL TABLE {name} STORED AS PULPITUM LOCATION '' \
+             OPTIONS ('surface' 'chat', 'bucket_strategy' '{strategy}')"
+        ))
+        .await;
+    }
+    // Yesterday: hot, and held by both rules whatever the date the test runs on.
+    let at = Utc::now() - chrono::Duration::days(1);
+    let stamp = at.format("%Y-%m-%dT12:00:00Z").to_string();
+    for table in ["byday", "bymonth"] {
+        env.sql(&format!(
+            "INSERT INTO {table} VALUES (1, TIMESTAMP '{stamp}', 1, 'x')"
+        ))
+        .await;
+    }
+    control(&env, "ALTER TABLE bymonth SET (archive_after = '90 days')")
+        .await
+        .unwrap();
+    let read = || async {
+        let b = env
+            .sql("SELECT table_id, bucket_end, reason FROM pulpitum_buckets ORDER BY table_id")
+            .await;
+        let rows: Vec<(String, i64, String)> = (0..b[0].num_rows())
+            .map(|i| {
+                use datafusion::arrow::array::{Array, StringArray, TimestampMicrosecondArray};
+                let s = |c: usize| {
+                    b[0].column(c)
+                        .as_any()
+                        .downcast_ref::<StringArray>()
+                        .unwrap()
+                        .value(i)
+                        .to_string()
+                };
+                let end = b[0]
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<TimestampMicrosecondArray>()
+                    .unwrap();
+                assert!(!end.is_null(i));
+                (s(0), end.value(i), s(2))
+            })
+            .collect();
+        rows
+    };
+    let first = read().await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(read().await, first, "reasons moved between two queries");
+    assert_eq!(first.len(), 2, "{first:?}");
+    let jan1 = |y: i32| Utc.with_ymd_and_hms(y, 1, 1, 0, 0, 0).unwrap();
+    for (table, end, reason) in &first {
+        let end = Utc.timestamp_micros(*end).unwrap();
+        let from = if table == "byday" {
+            // The rule as documented: eligible once January 1 of the previous year >= end.
+            let year = (end.year()..).find(|y| jan1(y - 1) >= end).unwrap();
+            jan1(year)
+        } else {
+            end + chrono::Duration::days(90)
+        };
+        let want = format!("eligible from {}", from.format("%Y-%m-%dT%H:%M:%SZ"));
+        assert!(reason.starts_with("not yet: held by"), "{table}: {reason}");
+        assert!(
+            reason.ends_with(&want),
+            "{table}: {reason} should end with {want}"
+        );
+    }
+    env.cleanup().await;
+}
+
 /// Every query of the runbook in docs/archiver.md runs (the docs quote these texts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runbook_queries_run() {

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::model::{EventTime, TableId};
+use crate::store::migrate::Migrated;
 use crate::store::{Catalog, StoreError, StoreResult, TableDefinition};
 
 use super::decode::{corrupt, time};
@@ -57,11 +58,17 @@ pub(super) fn require_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResul
 
 #[async_trait]
 impl Catalog for SqliteStore {
-    async fn migrate(&self) -> StoreResult<()> {
-        self.run("migrate", Mode::Write, |tx, now| {
-            migrate::apply(tx, now).map(|_| ())
+    async fn migrate(&self) -> StoreResult<Migrated> {
+        let applied = self.run("migrate", Mode::Write, migrate::apply).await?;
+        Ok(Migrated {
+            applied,
+            version: migrate::schema_version(),
         })
-        .await
+    }
+
+    async fn check_schema(&self) -> StoreResult<i64> {
+        self.run("check_schema", Mode::Read, |tx, _| migrate::check(tx))
+            .await
     }
 
     async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {
@@ -187,6 +194,76 @@ mod tests {
             matches!(&err, StoreError::Migration(m) if m.contains("migration 99 (future)")),
             "{err}"
         );
+    }
+
+    /// The check a start runs reads the ledger and changes nothing: a new file, a ledger
+    /// without this build's last migration and one from before `requires_version` are
+    /// behind (naming `pulpitum migrate`), a newer breaking migration is refused.
+    #[tokio::test]
+    async fn the_schema_check_names_what_is_missing_and_changes_nothing() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        let e = s.check_schema().await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::SchemaBehind { detail } if detail.contains("no Pulpitum schema")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("run `pulpitum migrate`"), "{e}");
+        assert!(ledger_absent(&s), "the check created the ledger");
+        s.migrate().await.unwrap();
+        assert_eq!(s.check_schema().await.unwrap(), migrate::schema_version());
+
+        let last = migrate::schema_version();
+        lock(&s.inner.writer)
+            .execute(
+                "DELETE FROM pulpitum_v4_schema_migrations WHERE version = ?1",
+                [last],
+            )
+            .unwrap();
+        let e = s.check_schema().await.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("migration {last} (")) && e.contains("is not applied"),
+            "{e}"
+        );
+        assert_eq!(
+            ledger(&s).len() as i64,
+            last - 1,
+            "the check applied nothing"
+        );
+
+        // (Embedded migrations are plain CREATEs in one transaction, never half applied, so
+        // a ledger row removed by hand is not repaired by `migrate`: a fresh store here.)
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.migrate().await.unwrap();
+        lock(&s.inner.writer)
+            .execute(
+                "INSERT INTO pulpitum_v4_schema_migrations \
+                 (version, name, checksum, applied_at, requires_version) \
+                 VALUES (?1, 'newer', 'x', 0, ?1)",
+                [last + 1],
+            )
+            .unwrap();
+        let e = s.check_schema().await.unwrap_err().to_string();
+        assert!(e.contains("run a newer build"), "{e}");
+
+        let old = SqliteStore::open_in_memory().unwrap();
+        lock(&old.inner.writer)
+            .execute_batch(
+                "CREATE TABLE pulpitum_v4_schema_migrations (version INTEGER PRIMARY KEY, \
+                 name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+            )
+            .unwrap();
+        let e = old.check_schema().await.unwrap_err().to_string();
+        assert!(e.contains("ledger predates this build"), "{e}");
+    }
+
+    fn ledger_absent(s: &SqliteStore) -> bool {
+        lock(&s.inner.writer)
+            .query_row(
+                "SELECT count(*) = 0 FROM sqlite_master WHERE name = 'pulpitum_v4_schema_migrations'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
     }
 
     #[tokio::test]

@@ -6,14 +6,14 @@
 //! used. A migration this build does not know (a newer build ran) is tolerated when it is
 //! recorded as additive or as requiring a schema version this build has, and refused
 //! otherwise, naming both versions: the rule of the PostgreSQL store
-//! ([`crate::store::migrate::check_newer`]). The whole run is one `BEGIN IMMEDIATE`
+//! ([`crate::store::migrate::pending`]). [`check`] is what a start that is not `migrate`
+//! runs: it reads the ledger and changes nothing. The whole run is one `BEGIN IMMEDIATE`
 //! transaction: SQLite DDL is transactional and the write lock serializes processes that
 //! start together, so no advisory lock is needed and a half-applied migration cannot exist.
 
-use rusqlite::{params, OptionalExtension, Transaction};
-use sha2::{Digest, Sha256};
+use rusqlite::{params, Transaction};
 
-use crate::store::migrate::{check_newer, Compat};
+use crate::store::migrate::{behind, pending, Compat, Recorded, Shipped};
 use crate::store::StoreError;
 
 use super::TxError;
@@ -85,71 +85,65 @@ pub(super) fn schema_version() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-/// Hex SHA-256 of a migration's text, as recorded in the ledger.
-pub(super) fn checksum(sql: &str) -> String {
-    hex::encode(Sha256::digest(sql.as_bytes()))
+/// Hex SHA-256 of a migration's text, as recorded in the ledger (the PostgreSQL store's).
+pub(super) use crate::store::migrate::checksum;
+
+fn shipped() -> Vec<Shipped<'static>> {
+    MIGRATIONS
+        .iter()
+        .map(|m| Shipped {
+            version: m.version,
+            name: m.name,
+            sql: m.sql,
+        })
+        .collect()
 }
 
-/// Applies every pending migration inside `tx` (opened with `BEGIN IMMEDIATE`), after
-/// checking that the recorded ones are exactly this build's. Returns how many were applied.
-pub(super) fn apply(tx: &Transaction<'_>, now_micros: i64) -> Result<usize, TxError> {
-    tx.execute(CREATE_LEDGER, [])?;
-    let has_compat: bool = tx.query_row(
+fn ledger_exists(tx: &Transaction<'_>) -> rusqlite::Result<bool> {
+    tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' \
+         AND name = 'pulpitum_v4_schema_migrations')",
+        [],
+        |r| r.get(0),
+    )
+}
+
+fn has_compat_column(tx: &Transaction<'_>) -> rusqlite::Result<bool> {
+    tx.query_row(
         "SELECT EXISTS (SELECT 1 FROM pragma_table_info('pulpitum_v4_schema_migrations') \
          WHERE name = 'requires_version')",
         [],
         |r| r.get(0),
+    )
+}
+
+fn ledger(tx: &Transaction<'_>) -> rusqlite::Result<Vec<Recorded>> {
+    let mut stmt = tx.prepare(
+        "SELECT version, name, checksum, requires_version FROM pulpitum_v4_schema_migrations \
+         ORDER BY version",
     )?;
-    if !has_compat {
+    let rows = stmt.query_map([], |r| {
+        Ok(Recorded {
+            version: r.get(0)?,
+            name: r.get(1)?,
+            checksum: r.get(2)?,
+            requires: r.get(3)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Applies every pending migration inside `tx` (opened with `BEGIN IMMEDIATE`), after
+/// checking that the recorded ones are exactly this build's. Returns the versions applied.
+pub(super) fn apply(tx: &Transaction<'_>, now_micros: i64) -> Result<Vec<i64>, TxError> {
+    tx.execute(CREATE_LEDGER, [])?;
+    if !has_compat_column(tx)? {
         tx.execute(ADD_COMPAT_COLUMN, [])?;
     }
-    let mut applied = 0;
-    {
-        let mut stmt = tx.prepare(
-            "SELECT version, name, checksum, requires_version FROM pulpitum_v4_schema_migrations \
-             ORDER BY version",
-        )?;
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, Option<i64>>(3)?,
-            ))
-        })?;
-        for row in rows {
-            let (version, name, sum, requires) = row?;
-            let Some(known) = MIGRATIONS.iter().find(|m| m.version == version) else {
-                // A requirement beyond i32 can never be met: keep it as the largest one.
-                let requires = requires.map(|r| i32::try_from(r).unwrap_or(i32::MAX));
-                let version32 = i32::try_from(version).unwrap_or(i32::MAX);
-                check_newer(
-                    version,
-                    &name,
-                    Compat::from_recorded(version32, requires),
-                    schema_version(),
-                )?;
-                continue;
-            };
-            if known.name != name || checksum(known.sql) != sum {
-                return Err(StoreError::Migration(format!(
-                    "migration {version} ({name}) was applied with different SQL than this build's \
-                     {:04}_{}.sql; migrations must never be edited once released",
-                    known.version, known.name
-                ))
-                .into());
-            }
-        }
-    }
+    let todo = pending(&ledger(tx)?, &shipped())?;
+    let mut applied = Vec::new();
     for m in MIGRATIONS {
-        let done: Option<i64> = tx
-            .query_row(
-                "SELECT version FROM pulpitum_v4_schema_migrations WHERE version = ?1",
-                [m.version],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if done.is_some() {
+        if !todo.iter().any(|t| t.version == m.version) {
             continue;
         }
         tx.execute_batch(m.sql)?;
@@ -164,9 +158,29 @@ pub(super) fn apply(tx: &Transaction<'_>, now_micros: i64) -> Result<usize, TxEr
                 m.compat.recorded()
             ],
         )?;
-        applied += 1;
+        applied.push(m.version);
     }
     Ok(applied)
+}
+
+/// Checks, reading only, that the file holds every migration of this build (see
+/// [`crate::store::Catalog::check_schema`]); returns the schema version.
+pub(super) fn check(tx: &Transaction<'_>) -> Result<i64, TxError> {
+    let shipped = shipped();
+    if !ledger_exists(tx)? {
+        return Err(behind(&shipped, shipped.len()).into());
+    }
+    if !has_compat_column(tx)? {
+        return Err(StoreError::SchemaBehind {
+            detail: "its migration ledger predates this build".into(),
+        }
+        .into());
+    }
+    let todo = pending(&ledger(tx)?, &shipped)?;
+    if !todo.is_empty() {
+        return Err(behind(&todo, shipped.len()).into());
+    }
+    Ok(schema_version())
 }
 
 #[cfg(test)]

@@ -12,13 +12,23 @@ use tokio_postgres::IsolationLevel;
 use super::decode::{decode_table, event_time};
 use super::{migrate, PgStore, TxError};
 use crate::model::{EventTime, TableId};
+use crate::store::migrate::Migrated;
 use crate::store::{Catalog, StoreError, StoreResult, TableDefinition};
 
 #[async_trait]
 impl Catalog for PgStore {
-    async fn migrate(&self) -> StoreResult<()> {
+    async fn migrate(&self) -> StoreResult<Migrated> {
         let client = self.raw_client().await?;
-        migrate::migrate(&client).await.map(|_| ())
+        let applied = migrate::migrate(&client).await?;
+        Ok(Migrated {
+            applied: applied.into_iter().map(i64::from).collect(),
+            version: migrate::schema_version().into(),
+        })
+    }
+
+    async fn check_schema(&self) -> StoreResult<i64> {
+        let client = self.raw_client().await?;
+        migrate::check(&client, migrate::MIGRATIONS).await
     }
 
     async fn register_table(&self, def: &TableDefinition) -> StoreResult<TableDefinition> {

@@ -12,14 +12,18 @@
 //!
 //! Rolling deploys and rollbacks: the ledger also records each migration's [`Compat`]
 //! (`requires_version`), and migrations recorded by a newer build are judged by the rule
-//! both stores share ([`check_newer`], in [`crate::store::migrate`]; docs/schema.md,
+//! both stores share ([`check_newer`](crate::store::migrate::check_newer); docs/schema.md,
 //! "Upgrade and rollback").
+//!
+//! Only `pulpitum migrate` runs [`migrate`] (the schema owner's step: it needs the rights
+//! to create and alter tables); every other start runs [`check`], one `SELECT` of the
+//! ledger, so the roles an application or an archiver runs as need no DDL right.
 
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::store::migrate::{check_newer, checksum, Compat};
+use crate::store::migrate::{behind, checksum, pending, Compat, Recorded, Shipped};
 use crate::store::{StoreError, StoreResult};
 
 /// One numbered migration step: a single DDL statement.
@@ -46,7 +50,8 @@ impl Migration {
 pub const BOOTSTRAP_SQL: &str = include_str!("../../../sql/0000_schema_migrations.sql");
 
 /// The ledger's compatibility column, added to ledgers created before it existed (run
-/// after [`BOOTSTRAP_SQL`] on every start, and likewise never recorded).
+/// after [`BOOTSTRAP_SQL`] by every `migrate`, and likewise never recorded; an `ALTER
+/// TABLE`, so only the ledger's owner may run it).
 pub const BOOTSTRAP_COMPAT_SQL: &str =
     include_str!("../../../sql/0000_schema_migrations_requires_version.sql");
 
@@ -140,26 +145,26 @@ pub async fn migrate(client: &Client) -> StoreResult<Vec<i32>> {
     apply(client, MIGRATIONS).await
 }
 
+fn shipped(migrations: &[Migration]) -> Vec<Shipped<'_>> {
+    migrations
+        .iter()
+        .map(|m| Shipped {
+            version: m.version.into(),
+            name: m.name,
+            sql: m.sql,
+        })
+        .collect()
+}
+
 /// Applies the given migrations (tests pass edited lists to exercise the checksum guard).
 pub async fn apply(client: &Client, migrations: &[Migration]) -> StoreResult<Vec<i32>> {
     run_ddl(client, BOOTSTRAP_SQL).await?;
     run_ddl(client, BOOTSTRAP_COMPAT_SQL).await?;
-    let applied = ledger(client).await?;
-    let known = migrations.last().map_or(0, |m| m.version);
-    for row in &applied {
-        match migrations.iter().find(|m| m.version == row.version) {
-            None => check_newer(
-                row.version.into(),
-                &row.name,
-                Compat::from_recorded(row.version, row.requires),
-                known.into(),
-            )?,
-            Some(m) => check_checksum(m, &row.checksum)?,
-        }
-    }
+    let applied = ledger(client).await.map_err(|e| backend(&e))?;
+    let todo = pending(&applied, &shipped(migrations))?;
     let mut recorded = Vec::new();
     for m in migrations {
-        if applied.iter().any(|r| r.version == m.version) {
+        if !todo.iter().any(|t| t.version == i64::from(m.version)) {
             continue;
         }
         run_ddl(client, m.sql).await?;
@@ -170,12 +175,72 @@ pub async fn apply(client: &Client, migrations: &[Migration]) -> StoreResult<Vec
     Ok(recorded)
 }
 
-/// One row of the ledger.
-struct Applied {
-    version: i32,
-    name: String,
-    checksum: String,
-    requires: Option<i32>,
+/// The check every start that is not `migrate` runs: one read of the ledger, no DDL (see
+/// [`crate::store::Catalog::check_schema`]). Returns this build's schema version.
+pub async fn check(client: &Client, migrations: &[Migration]) -> StoreResult<i64> {
+    use tokio_postgres::error::SqlState;
+    let shipped = shipped(migrations);
+    let applied = match ledger(client).await {
+        Ok(rows) => rows,
+        // No ledger in the schema the search path names: nothing was migrated there, or the
+        // role looks in another schema than the owner migrated; say which one it looked in.
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+            let schema: Option<String> = client
+                .query_one("SELECT current_schema()::TEXT", &[])
+                .await
+                .ok()
+                .and_then(|r| r.get(0));
+            let detail = match schema {
+                Some(s) => format!(
+                    "the database has no Pulpitum schema yet: schema {s:?}, the first on this \
+                     role's search path, has no pulpitum_v4_schema_migrations (if the owner \
+                     migrated another schema, set the role's search_path to it)"
+                ),
+                None => "no schema on this role's search path exists or is usable (it needs \
+                         USAGE on the schema the owner migrated, and search_path naming it)"
+                    .into(),
+            };
+            return Err(StoreError::SchemaBehind { detail });
+        }
+        // A ledger from before `requires_version`: older than every migration since.
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => {
+            return Err(StoreError::SchemaBehind {
+                detail: "its migration ledger predates this build".into(),
+            })
+        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            return Err(StoreError::PermissionDenied {
+                operation: "the schema version check",
+                detail: describe(&e),
+            })
+        }
+        Err(e) => return Err(backend(&e)),
+    };
+    let todo = pending(&applied, &shipped)?;
+    if !todo.is_empty() {
+        return Err(behind(&todo, shipped.len()));
+    }
+    Ok(shipped.last().map_or(0, |m| m.version))
+}
+
+async fn ledger(client: &Client) -> Result<Vec<Recorded>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT version, name, checksum, requires_version FROM pulpitum_v4_schema_migrations \
+             ORDER BY version",
+            &[],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Recorded {
+                version: r.try_get::<_, i32>(0)?.into(),
+                name: r.try_get(1)?,
+                checksum: r.try_get(2)?,
+                requires: r.try_get::<_, Option<i32>>(3)?.map(i64::from),
+            })
+        })
+        .collect()
 }
 
 fn check_checksum(m: &Migration, stored: &str) -> StoreResult<()> {
@@ -188,27 +253,6 @@ fn check_checksum(m: &Migration, stored: &str) -> StoreResult<()> {
         )));
     }
     Ok(())
-}
-
-async fn ledger(client: &Client) -> StoreResult<Vec<Applied>> {
-    let rows = client
-        .query(
-            "SELECT version, name, checksum, requires_version FROM pulpitum_v4_schema_migrations \
-             ORDER BY version",
-            &[],
-        )
-        .await
-        .map_err(|e| backend(&e))?;
-    rows.iter()
-        .map(|r| {
-            Ok(Applied {
-                version: r.try_get(0).map_err(|e| backend(&e))?,
-                name: r.try_get(1).map_err(|e| backend(&e))?,
-                checksum: r.try_get(2).map_err(|e| backend(&e))?,
-                requires: r.try_get(3).map_err(|e| backend(&e))?,
-            })
-        })
-        .collect()
 }
 
 /// Records `m`; when another process recorded it first, verifies that its checksum agrees.
@@ -266,14 +310,34 @@ async fn pause(attempt: u32) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-fn backend(e: &tokio_postgres::Error) -> StoreError {
-    let detail = match e.as_db_error() {
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
         None => e.to_string(),
-    };
+    }
+}
+
+fn backend(e: &tokio_postgres::Error) -> StoreError {
+    if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_SCHEMA_NAME) {
+        return StoreError::Backend {
+            operation: "migrate",
+            detail: format!(
+                "{}: no schema on the search path exists or is usable by this role (create the \
+                 schema, owned by the role that migrates, and set that role's search_path)",
+                describe(e)
+            ),
+        };
+    }
+    // Only the schema's owner may migrate: a role without the right learns it plainly.
+    if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+        return StoreError::PermissionDenied {
+            operation: "migrate",
+            detail: describe(e),
+        };
+    }
     StoreError::Backend {
         operation: "migrate",
-        detail,
+        detail: describe(e),
     }
 }
 

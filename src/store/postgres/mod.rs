@@ -229,9 +229,10 @@ impl PgStore {
             .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))?;
         // A server or network that stops answering must not hang the caller forever.
         let create_timeout = timeouts::apply_socket(&mut pg);
+        let target = target(&pg);
         if let Some(schema) = &config.schema {
             validate_schema_name(schema)?;
-            create_schema(&pg, schema).await?;
+            create_schema(&pg, schema, &target).await?;
         }
         let mut options = pg.get_options().unwrap_or_default().to_string();
         if let Some(schema) = &config.schema {
@@ -304,8 +305,18 @@ impl PgStore {
             tables: RwLock::new(HashMap::new()),
             refused,
         };
-        // Surface an unreachable server now rather than on the first operation.
-        drop(store.raw_client().await?);
+        // Surface an unreachable server now rather than on the first operation, naming
+        // where it was looked for (the URL may have come from an environment file).
+        match store.pool.get().await {
+            Ok(client) => drop(client),
+            Err(PoolError::Backend(e)) => {
+                return Err(StoreError::Backend {
+                    operation: "connect",
+                    detail: format!("cannot connect to {target}: {}", describe(&e)),
+                })
+            }
+            Err(_) => drop(store.raw_client().await?),
+        }
         Ok(store)
     }
 
@@ -380,6 +391,13 @@ impl PgStore {
             };
             let (disposition, detail) = match err {
                 TxError::Store(e) => return Err(e),
+                // A missing grant: no retry can help, and the operator must learn which.
+                TxError::Db(e) | TxError::Commit(e) if denied(&e) => {
+                    return Err(StoreError::PermissionDenied {
+                        operation: op,
+                        detail: describe(&e),
+                    })
+                }
                 TxError::Pool(detail) => {
                     return Err(StoreError::Backend {
                         operation: op,
@@ -463,10 +481,10 @@ fn validate_schema_name(schema: &str) -> StoreResult<()> {
     }
 }
 
-async fn create_schema(pg: &tokio_postgres::Config, schema: &str) -> StoreResult<()> {
+async fn create_schema(pg: &tokio_postgres::Config, schema: &str, target: &str) -> StoreResult<()> {
     let backend = |e: tokio_postgres::Error| StoreError::Backend {
         operation: "connect",
-        detail: describe(&e),
+        detail: format!("cannot connect to {target}: {}", describe(&e)),
     };
     let (client, connection) = pg.connect(NoTls).await.map_err(backend)?;
     let task = tokio::spawn(connection);
@@ -478,6 +496,43 @@ async fn create_schema(pg: &tokio_postgres::Config, schema: &str) -> StoreResult
     drop(client);
     task.abort();
     result
+}
+
+/// Where a connection goes, for errors: every host with its port, the database and the
+/// user (never the password).
+fn target(pg: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let ports = pg.get_ports();
+    let hosts: Vec<String> = pg
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match h {
+                Host::Tcp(name) if name.contains(':') => format!("[{name}]:{port}"),
+                Host::Tcp(name) => format!("{name}:{port}"),
+                #[cfg(unix)]
+                Host::Unix(path) => format!("{} (port {port})", path.display()),
+            }
+        })
+        .collect();
+    let mut out = if hosts.is_empty() {
+        "the default host".to_string()
+    } else {
+        hosts.join(", ")
+    };
+    let mut about = Vec::new();
+    if let Some(db) = pg.get_dbname() {
+        about.push(format!("database {db}"));
+    }
+    if let Some(user) = pg.get_user() {
+        about.push(format!("user {user}"));
+    }
+    if !about.is_empty() {
+        out.push_str(&format!(" ({})", about.join(", ")));
+    }
+    out
 }
 
 fn describe(e: &tokio_postgres::Error) -> String {
@@ -505,6 +560,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+/// SQLSTATE 42501: the role lacks a privilege (a read-only role writing, a missing grant).
+fn denied(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
 }
 
 fn connection_lost(e: &tokio_postgres::Error) -> bool {

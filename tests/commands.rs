@@ -1,0 +1,264 @@
+//! Both binaries' command lines, as an operator meets them: `policy` and `migrate`, flags
+//! before or after a subcommand, output into a closed pipe, the exit status of a refused
+//! setting, and errors and help that say what to do.
+
+use std::process::Command;
+
+#[path = "support/cli.rs"]
+mod cli;
+
+use cli::{archiver, seeded_store, NOWHERE};
+
+/// `policy` changes what the store holds and what `policy show` prints; bad options, values
+/// and tables fail with exit code 2 and a line naming what was wrong, and change nothing;
+/// the archive URL is never needed.
+#[test]
+fn policy_commands_set_show_pause_and_refuse_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = seeded_store(&dir.path().join("p.db"));
+    let policy = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+            .args(["--database-url", &url, "policy"])
+            .args(args)
+            .env_remove("PULPITUM_ARCHIVE_URL")
+            .env("PULPITUM_LOG", "error")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = policy(&["set", "chat", "archive_after=90 days", "format=json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("| chat     | 90 days       | json   |"),
+        "{out}"
+    );
+    let (code, _, err) = policy(&["pause", "chat"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = policy(&["pause"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = policy(&["show"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("store: paused\n"), "{out}");
+    assert!(
+        out.contains("| chat     | 90 days       | json   |               | true   |"),
+        "{out}"
+    );
+    for (args, needle) in [
+        (
+            &["set", "chat", "archive_after=3 months"][..],
+            "archive_after: \"3 months\"",
+        ),
+        (&["set", "chat", "archive_after"][..], "is not OPTION=VALUE"),
+        (
+            &["set", "chat", "keep=1 day"][..],
+            "unknown table option \"keep\"",
+        ),
+        (
+            &["reset", "nope", "format"][..],
+            "table nope is not registered",
+        ),
+        (&["pause", "Bad-Name"][..], "is not a table name"),
+    ] {
+        let (code, _, err) = policy(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let (code, _, _) = policy(&["resume"]);
+    assert_eq!(code, 0);
+    let (code, _, _) = policy(&["reset", "chat", "archive_after", "paused"]);
+    assert_eq!(code, 0);
+    let (_, out, _) = policy(&["show"]);
+    assert!(out.starts_with("store: archiving\n"), "{out}");
+    assert!(
+        out.contains("| chat     |               | json   |               | false  |"),
+        "{out}"
+    );
+}
+
+/// Flags the subcommands use may follow them (`policy show --database-url X`), and output
+/// into a closed pipe (`policy set ... | head -1`) ends the process by SIGPIPE, without a
+/// panic or an error line.
+#[cfg(unix)]
+#[test]
+fn subcommand_flags_go_anywhere_and_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let url = seeded_store(&dir.path().join("p.db"));
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+        .args([
+            "policy",
+            "show",
+            "--database-url",
+            &url,
+            "--log-format",
+            "json",
+        ])
+        .env_remove("PULPITUM_DATABASE_URL")
+        .env_remove("PULPITUM_ARCHIVE_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("store: archiving\n"), "{stdout}");
+    // A run's flags typed with a subcommand would be ignored: they are refused, by name.
+    let (code, err) = archiver(
+        &[
+            "--once",
+            "--no-gc",
+            "policy",
+            "show",
+            "--database-url",
+            &url,
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--once, --no-gc are for a run"), "{err}");
+    let (code, err) = archiver(
+        &["policy", "show", "--database-url", &url],
+        &[("ARCHIVER_SCAN_LIMIT", "9")],
+    );
+    assert_eq!(
+        code, 0,
+        "a run's setting from the environment is no error: {err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["migrate", "--max-rows", "5", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-rows limits queries"));
+    for args in [
+        &[
+            "policy",
+            "set",
+            "chat",
+            "archive_after=90 days",
+            "--database-url",
+            &url,
+        ][..],
+        &["--database-url", &url, "policy", "show"],
+        &["migrate", "--database-url", &url],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+            .args(args)
+            .env_remove("PULPITUM_DATABASE_URL")
+            .env_remove("PULPITUM_ARCHIVE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before the first line is written.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Both binaries refuse an invalid PULPITUM_LOG with the same status, 2, before any work.
+#[test]
+fn an_invalid_log_filter_exits_2_in_both_binaries() {
+    for bin in [
+        env!("CARGO_BIN_EXE_pulpitum-archiver"),
+        env!("CARGO_BIN_EXE_pulpitum"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(bin)
+            .current_dir(dir.path())
+            .args(["--database-url", NOWHERE, "--archive-url", "memory://"])
+            .env("PULPITUM_LOG", "infoo")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bin}: {err}");
+        assert!(err.contains("PULPITUM_LOG=\"infoo\""), "{bin}: {err}");
+        assert!(!err.contains("database error"), "work was attempted: {err}");
+    }
+}
+
+/// A refused connection names where it went; an archive "URL" that is a path names the URL
+/// it probably meant.
+#[test]
+fn connection_and_archive_errors_name_what_to_fix() {
+    let (code, err) = archiver(
+        &[
+            "--once",
+            "--database-url",
+            NOWHERE,
+            "--archive-url",
+            "file:///tmp/none",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("cannot connect to 127.0.0.1:1 (database none, user nobody)")
+            && err.contains("Connection refused"),
+        "{err}"
+    );
+    assert!(!err.contains("creating a new object"), "{err}");
+    let (code, err) = archiver(
+        &[
+            "--once",
+            "--database-url",
+            NOWHERE,
+            "--archive-url",
+            "/tmp/relative",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("write file:///tmp/relative"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args([
+            "--database-url",
+            NOWHERE,
+            "--archive-url",
+            "/tmp/relative",
+            "-c",
+            "SELECT 1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("write file:///tmp/relative"), "{err}");
+}
+
+/// The help says what the program accepts: every database form, the cleanup delay's real
+/// range.
+#[test]
+fn help_lists_what_is_accepted() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).replace(char::is_whitespace, "");
+    for form in [
+        "postgres://",
+        "postgresql://",
+        "key=valuestring",
+        "sqlite:PATH",
+        "sqlite://PATH",
+        "sqlite::memory:",
+        ".db,.sqliteor.sqlite3",
+    ] {
+        assert!(help.contains(form), "--database-url help lacks {form}");
+    }
+    assert!(help.contains("0to604800"), "cleanup delay range");
+    assert!(!help.contains("route-cacheTTL") && !help.contains("atleastthereaders"));
+}
