@@ -210,7 +210,10 @@ async fn main() {
     let ctx = session(
         store.clone() as Arc<dyn HotStore>,
         archive.clone(),
-        SessionOptions::default(),
+        SessionOptions {
+            migrate: true,
+            ..SessionOptions::default()
+        },
     )
     .await
     .unwrap();

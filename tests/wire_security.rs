@@ -85,9 +85,16 @@ async fn serve(config: ServerConfig) -> Served {
         ))
         .unwrap(),
     );
-    let ctx = session(store.clone(), archive, SessionOptions::default())
-        .await
-        .unwrap();
+    let ctx = session(
+        store.clone(),
+        archive,
+        SessionOptions {
+            migrate: true,
+            ..SessionOptions::default()
+        },
+    )
+    .await
+    .unwrap();
     ctx.sql(
         "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
          OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
