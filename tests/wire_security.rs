@@ -151,7 +151,7 @@ async fn connect(s: &Served, user: &str) -> Client {
         NoTls,
     )
     .await
-    .unwrap_or_else(|e| panic!("{user} connects: {e}"));
+    .unwrap_or_else(|e| panic!("{user} connects: {}", code(&e)));
     tokio::spawn(conn);
     client
 }
@@ -335,7 +335,22 @@ async fn a_silent_client_loses_its_slot_at_the_startup_timeout() {
     );
     let e = msgs.iter().find_map(Msg::error).expect("told why");
     assert!(e.2.contains("authentication due to timeout"), "{e:?}");
-    let c = connect(&s, "carol").await;
+    // The slot is free once the silent connection's task has ended (a moment after the
+    // close the client sees).
+    let mut c = None;
+    for _ in 0..20 {
+        let info = format!(
+            "host=127.0.0.1 port={} user=carol password='{PASSWORD}' dbname=pulpitum sslmode=disable",
+            s.port
+        );
+        if let Ok((client, conn)) = tokio_postgres::connect(&info, NoTls).await {
+            tokio::spawn(conn);
+            c = Some(client);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let c = c.expect("the slot serves the next client");
     assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10);
 }
 
@@ -791,4 +806,259 @@ async fn results_stream_to_the_client() {
     drop(c);
     let d = connect(&s, "carol").await;
     assert_eq!(count(&d, "SELECT count(*) FROM chat").await, 10);
+}
+
+/// Statements deep enough to overflow a thread's stack, or to plan for ever, are refused
+/// before they are parsed (54001); statements just under the limits run; the server lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_too_deep_or_too_costly_to_plan_are_refused() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "carol").await;
+    let chain = |n: usize| format!("SELECT {}", vec!["1"; n].join("+"));
+    let unions = |n: usize| vec!["SELECT 1"; n].join(" UNION ALL ");
+    let nested = |n: usize| format!("SELECT {}1{}", "coalesce(".repeat(n), ")".repeat(n));
+    for sql in [chain(5_000), unions(2_000), nested(40)] {
+        for extended in [false, true] {
+            let e = if extended {
+                c.query(sql.as_str(), &[])
+                    .await
+                    .map(|_| ())
+                    .expect_err("refused")
+            } else {
+                c.simple_query(&sql).await.map(|_| ()).expect_err("refused")
+            };
+            assert!(
+                code(&e).starts_with("54001: statement too complex"),
+                "{}",
+                code(&e)
+            );
+        }
+    }
+    // Just under the limits: planned and answered on the server's threads.
+    let n: i64 = c.query_one(&chain(900), &[]).await.unwrap().get(0);
+    assert_eq!(n, 900);
+    let rows = c.simple_query(&unions(400)).await.unwrap();
+    assert_eq!(
+        rows.iter()
+            .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+            .count(),
+        400
+    );
+    let n: i64 = c.query_one(&nested(16), &[]).await.unwrap().get(0);
+    assert_eq!(n, 1);
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        count(&connect(&s, "alice").await, "SELECT count(*) FROM chat").await,
+        10
+    );
+}
+
+/// A cursor's query runs the plan that was judged (a text re-parsed by another dialect
+/// created a table), FETCH streams, and a FETCH's count leaves the rest in the cursor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors_run_the_judged_plan_and_stream() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "carol").await;
+    for space in ['\u{a0}', '\u{3000}', '\u{2003}', '\u{85}'] {
+        let sql = format!("DECLARE c CURSOR FOR SELECT 'pwned' AS x{space}INTO{space}squat");
+        let _ = c.simple_query(&sql).await;
+        let _ = c.query(sql.as_str(), &[]).await;
+        let _ = c.simple_query("CLOSE ALL").await;
+    }
+    let e = c
+        .simple_query("SELECT * FROM squat")
+        .await
+        .expect_err("no table");
+    assert!(code(&e).starts_with("42P01"), "{}", code(&e));
+    let e = c
+        .simple_query("DECLARE d CURSOR FOR SELECT 1 INTO squat2")
+        .await
+        .expect_err("refused");
+    assert!(code(&e).starts_with("42501"), "{}", code(&e));
+
+    // FETCH n, then FETCH n again, continues where it stopped.
+    c.simple_query("DECLARE k CURSOR FOR SELECT value FROM generate_series(1, 10)")
+        .await
+        .unwrap();
+    let values = |m: Vec<SimpleQueryMessage>| -> Vec<String> {
+        m.iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap().to_string()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        values(c.simple_query("FETCH 3 FROM k").await.unwrap()),
+        ["1", "2", "3"]
+    );
+    assert_eq!(
+        values(c.simple_query("FETCH 2 FROM k").await.unwrap()),
+        ["4", "5"]
+    );
+    assert_eq!(
+        values(c.simple_query("FETCH ALL FROM k").await.unwrap()).len(),
+        5
+    );
+    assert!(values(c.simple_query("FETCH ALL FROM k").await.unwrap()).is_empty());
+
+    // FETCH ALL of an endless cursor: rows arrive while it runs.
+    let mut sock = raw(&s).await;
+    rawpg::login(&mut sock, "carol", PASSWORD).await.unwrap();
+    sock.write_all(&rawpg::query(
+        "DECLARE e CURSOR FOR SELECT value FROM generate_series(1, 100000000000)",
+    ))
+    .await
+    .unwrap();
+    rawpg::until_ready(&mut sock, Duration::from_secs(10)).await;
+    sock.write_all(&rawpg::query("FETCH ALL FROM e"))
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut rows = 0;
+        while rows < 1000 {
+            let m = rawpg::read(&mut sock, Duration::from_secs(20))
+                .await
+                .expect("a row");
+            rows += usize::from(m.kind == b'D');
+        }
+        rows
+    })
+    .await
+    .expect("the first rows of FETCH ALL arrive while it runs");
+    assert_eq!(first, 1000);
+}
+
+/// Before a login, no frame larger than an authentication message is buffered: a header
+/// declaring a large Query is refused at once, its body never awaited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_frames_before_a_login_are_refused_at_their_header() {
+    let s = serve(with_users()).await;
+    let mut sock = raw(&s).await;
+    let mut header = vec![b'Q'];
+    header.extend_from_slice(&(1_000_000i32).to_be_bytes());
+    sock.write_all(&[rawpg::startup("alice"), header].concat())
+        .await
+        .unwrap();
+    let (msgs, closed) = read_all(&mut sock, Duration::from_secs(5)).await;
+    assert!(closed, "closed without the body: {msgs:?}");
+    let e = msgs.iter().find_map(Msg::error).expect("refused");
+    assert!(e.2.contains("Query declares 1000000 bytes"), "{e:?}");
+}
+
+/// Bound values arrow-pg would decode past their end, or convert with an overflow or to a
+/// silent NULL, are refused with the parameter named; the connection carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_out_of_range_parameters_are_refused() {
+    let s = serve(with_users()).await;
+    let mut sock = raw(&s).await;
+    rawpg::login(&mut sock, "carol", PASSWORD).await.unwrap();
+    let short_interval: &[u8] = &[0, 0, 1];
+    let huge_interval: &[u8] = &[[0x7f; 8], [0; 8]].concat();
+    for (sql, oid, value, want) in [
+        (
+            "SELECT CAST($1 AS interval)",
+            1186u32,
+            short_interval,
+            "22P03",
+        ),
+        ("SELECT CAST($1 AS interval)", 1186, huge_interval, "22008"),
+        ("SELECT $1 + 1", 20, &[1, 2, 3][..], "22P03"),
+        (
+            "SELECT count(*) FROM chat WHERE timestamp < $1",
+            20,
+            &i64::MAX.to_be_bytes()[..],
+            "22008",
+        ),
+    ] {
+        sock.write_all(&rawpg::extended_binary(sql, &[oid], &[Some(value)]))
+            .await
+            .unwrap();
+        let msgs = rawpg::until_ready(&mut sock, Duration::from_secs(10)).await;
+        let e = msgs.iter().find_map(Msg::error).expect("refused");
+        assert_eq!(e.1, want, "{sql}: {e:?}");
+        assert_eq!(e.0, "ERROR");
+    }
+    // A timestamp beyond a nanosecond's range compares exactly (the column is in
+    // microseconds), neither NULL nor wrapped.
+    let c = connect(&s, "carol").await;
+    let far: chrono::DateTime<chrono::Utc> = "2500-01-01T00:00:00Z".parse().unwrap();
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM chat WHERE timestamp < $1", &[&far])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 10);
+    // Against a nanosecond timestamp it cannot be represented: refused, not NULL (a NULL
+    // would match nothing and answer 0).
+    let e = c
+        .query(
+            "SELECT count(*) FROM (SELECT CAST('2020-01-01' AS TIMESTAMP) AS t) AS x WHERE t < $1",
+            &[&far.naive_utc()],
+        )
+        .await
+        .expect_err("out of range");
+    assert!(code(&e).starts_with("22008"), "{}", code(&e));
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
+    // The raw connection still answers.
+    sock.write_all(&rawpg::query("SELECT 1")).await.unwrap();
+    let msgs = rawpg::until_ready(&mut sock, Duration::from_secs(5)).await;
+    assert!(msgs.iter().any(|m| m.kind == b'D'), "{msgs:?}");
+}
+
+/// Smaller protocol matters: one statement per Parse, SHOW of what is not a setting,
+/// savepoints, and process ids that differ between connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_per_parse_show_savepoints_and_process_ids() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "bob").await;
+    let e = c
+        .query(
+            "SELECT 1; INSERT INTO chat VALUES (5, TIMESTAMP '2026-01-01T00:00:00Z', 1, 'x')",
+            &[],
+        )
+        .await
+        .expect_err("two statements");
+    assert!(code(&e).starts_with("42601"), "{}", code(&e));
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM chat WHERE channel_id = 5").await,
+        0
+    );
+    for extended in [false, true] {
+        let all = if extended {
+            c.query("SHOW ALL", &[]).await.unwrap().len()
+        } else {
+            c.simple_query("SHOW ALL")
+                .await
+                .unwrap()
+                .iter()
+                .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+                .count()
+        };
+        assert_eq!(all, pulpitum::server::vars::ALLOWED.len());
+        let e = if extended {
+            c.query("SHOW datafusion.execution.batch_size", &[])
+                .await
+                .map(|_| ())
+        } else {
+            c.simple_query("SHOW datafusion.execution.batch_size")
+                .await
+                .map(|_| ())
+        }
+        .expect_err("not a setting");
+        assert!(code(&e).starts_with("42704"), "{}", code(&e));
+    }
+    let e = c
+        .simple_query("ROLLBACK TO SAVEPOINT a")
+        .await
+        .expect_err("no savepoints");
+    assert!(code(&e).starts_with("0A000"), "{}", code(&e));
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let mut sock = raw(&s).await;
+        pids.push(rawpg::login(&mut sock, "carol", PASSWORD).await.unwrap());
+    }
+    pids.sort();
+    pids.dedup();
+    assert_eq!(pids.len(), 3, "each connection its own process id");
 }

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
@@ -30,12 +31,11 @@ use async_trait::async_trait;
 use futures::{FutureExt, Sink, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use datafusion_postgres::pgwire::api::auth::noop::NoopStartupHandler;
 use datafusion_postgres::pgwire::api::auth::sasl::scram::ScramAuth;
@@ -43,6 +43,7 @@ use datafusion_postgres::pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use datafusion_postgres::pgwire::api::auth::{DefaultServerParameterProvider, StartupHandler};
 use datafusion_postgres::pgwire::api::{
     ClientInfo, DefaultClient, ErrorHandler, NoopHandler, PgWireConnectionState,
+    PidSecretKeyGenerator, RandomPidSecretKeyGenerator,
 };
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::response::ErrorResponse;
@@ -57,6 +58,9 @@ use super::frames::{self, Checked, StartupPacket};
 use super::guard::Role;
 use super::handlers::{self, DfStatement};
 use super::{ServerError, Shared};
+
+/// Longest a connection may take to send its StartupMessage (TLS negotiation included).
+pub(super) const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The connection's byte stream: plain TCP, or TLS over it.
 pub(super) enum Stream {
@@ -322,6 +326,8 @@ pub(super) struct ConnState {
     pub(super) shared: Arc<Shared>,
     /// Set once, by the [`Gate`], when the authenticator reports success.
     login: OnceLock<Login>,
+    /// Mirrors `login` for the frame checker (which lifts its pre-login size limit).
+    logged_in: Arc<AtomicBool>,
     pub(super) statement: Arc<StatementSlot>,
     cancel_key: Mutex<Option<CancelKey>>,
 }
@@ -352,9 +358,15 @@ impl Drop for ConnState {
 }
 
 /// Startup without passwords (only on loopback, with `--insecure-no-auth`).
-struct Open;
+struct Open {
+    pids: Arc<RandomPidSecretKeyGenerator>,
+}
 
-impl NoopStartupHandler for Open {}
+impl NoopStartupHandler for Open {
+    fn pid_secret_key_generator(&self) -> &dyn PidSecretKeyGenerator {
+        &*self.pids
+    }
+}
 
 /// The startup handler: refuses plaintext when TLS is required, checks the shape of SASL
 /// messages pgwire would otherwise decode unchecked, runs SCRAM (or nothing), and on
@@ -363,7 +375,7 @@ pub(super) struct Gate {
     conn: Arc<ConnState>,
     scram: Option<SASLAuthStartupHandler<DefaultServerParameterProvider>>,
     open: Open,
-    sasl_started: std::sync::atomic::AtomicBool,
+    sasl_started: AtomicBool,
 }
 
 impl Gate {
@@ -373,11 +385,14 @@ impl Gate {
             scram.set_iterations(SCRAM_ITERATIONS);
             SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default()))
                 .with_scram(scram)
+                .with_pid_secret_key_generator(conn.shared.pids.clone())
         });
         Self {
+            open: Open {
+                pids: conn.shared.pids.clone(),
+            },
             conn,
             scram,
-            open: Open,
             sasl_started: false.into(),
         }
     }
@@ -412,6 +427,7 @@ impl Gate {
         if self.conn.login.set(Login { role, session }).is_err() {
             return Err(Self::fatal("08P01", "authentication completed twice"));
         }
+        self.conn.logged_in.store(true, Ordering::Release);
         debug!(user, role = role.name(), "logged in");
         Ok(())
     }
@@ -445,10 +461,7 @@ impl StartupHandler for Gate {
                 if self.scram.is_none() {
                     return Err(Self::fatal("08P01", "no password was asked for"));
                 }
-                if !self
-                    .sasl_started
-                    .swap(true, std::sync::atomic::Ordering::SeqCst)
-                {
+                if !self.sasl_started.swap(true, Ordering::SeqCst) {
                     frames::sasl_initial_response(body)
                         .map_err(|e| Self::fatal("08P01", &e.to_string()))?;
                 }
@@ -481,11 +494,14 @@ pub(super) async fn serve(
     tcp: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared>,
-    handshake: OwnedSemaphorePermit,
+    handshake: super::handshake::Handshake,
 ) {
     let deadline = Instant::now() + shared.config.startup_timeout;
+    // The start (TLS, the StartupMessage) is quick for any real client; a socket that stays
+    // silent is dropped well before the login's own timeout.
+    let start_deadline = deadline.min(Instant::now() + HANDSHAKE_TIMEOUT);
     let (mut stream, startup) =
-        match tokio::time::timeout_at(deadline, negotiate(tcp, &shared)).await {
+        match tokio::time::timeout_at(start_deadline, negotiate(tcp, &shared)).await {
             Ok(Ok(Started::Serve(stream, startup))) => (stream, startup),
             Ok(Ok(Started::Done)) => return,
             Ok(Err(e)) => {
@@ -506,12 +522,13 @@ pub(super) async fn serve(
     let _slot = slot;
     let secure = matches!(stream, Stream::Tls(_));
     let client: DefaultClient<DfStatement> = DefaultClient::new(peer, secure);
+    let logged_in = Arc::new(AtomicBool::new(false));
     let mut socket = Framed::new(
-        Checked::new(stream, shared.config.max_message_bytes),
+        Checked::new(stream, shared.config.max_message_bytes, logged_in.clone()),
         PgWireMessageServerCodec::new(client),
     );
     socket.set_state(PgWireConnectionState::AwaitingStartup);
-    if let Err(e) = run(&mut socket, startup, shared, deadline).await {
+    if let Err(e) = run(&mut socket, startup, shared, deadline, logged_in).await {
         debug!(%peer, error = %e, "connection ended with an error");
     }
     // Dropping the socket closes both directions.
@@ -534,9 +551,21 @@ fn admissible(message: &PgWireFrontendMessage, logged_in: bool) -> bool {
     }
 }
 
-/// Sends a FATAL error and flushes; the caller then drops the connection.
+/// Sends a FATAL error and flushes; the caller then drops the connection. Logged at info:
+/// who (address, user name) and why, never what they sent.
 async fn fatal(socket: &mut Conn, mut info: ErrorInfo) {
     info.severity = "FATAL".into();
+    let user = socket.metadata().get("user").cloned().unwrap_or_default();
+    let peer = socket.socket_addr();
+    let during = if matches!(
+        socket.state(),
+        PgWireConnectionState::AwaitingStartup | PgWireConnectionState::AuthenticationInProgress
+    ) {
+        "login failed"
+    } else {
+        "connection closed"
+    };
+    info!(%peer, user, code = info.code, reason = info.message, "{during}");
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
         let _ = socket
             .send(PgWireBackendMessage::ErrorResponse(ErrorResponse::from(
@@ -554,10 +583,12 @@ async fn run(
     startup: Startup,
     shared: Arc<Shared>,
     deadline: Instant,
+    logged_in: Arc<AtomicBool>,
 ) -> Result<(), ServerError> {
     let conn = Arc::new(ConnState {
         shared: shared.clone(),
         login: OnceLock::new(),
+        logged_in,
         statement: Arc::new(StatementSlot::default()),
         cancel_key: Mutex::new(None),
     });

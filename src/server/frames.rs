@@ -17,6 +17,8 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
@@ -391,6 +393,9 @@ pub fn sasl_initial_response(body: &[u8]) -> Result<(), FrameError> {
 pub struct Checked<S> {
     inner: S,
     max_message: usize,
+    /// Until it is set, every frame is held to [`MAX_AUTH_BYTES`]: before a login nothing
+    /// but authentication is handled, so nothing larger is buffered either.
+    logged_in: Arc<AtomicBool>,
     /// Bytes read from the client, not yet checked.
     raw: BytesMut,
     /// Checked frames not yet handed on.
@@ -401,10 +406,11 @@ pub struct Checked<S> {
 
 impl<S> Checked<S> {
     /// Wraps a stream positioned just after the StartupMessage.
-    pub fn new(inner: S, max_message: usize) -> Self {
+    pub fn new(inner: S, max_message: usize, logged_in: Arc<AtomicBool>) -> Self {
         Self {
             inner,
             max_message,
+            logged_in,
             raw: BytesMut::with_capacity(8 * 1024),
             ready: BytesMut::new(),
             failed: None,
@@ -420,7 +426,12 @@ impl<S> Checked<S> {
     /// Moves every complete, valid frame from `raw` to `ready`; records the first refusal.
     fn check_buffered(&mut self) {
         while self.failed.is_none() {
-            match typed_frame(&self.raw, self.max_message) {
+            let max = if self.logged_in.load(Ordering::Acquire) {
+                self.max_message
+            } else {
+                MAX_AUTH_BYTES
+            };
+            match typed_frame(&self.raw, max) {
                 Ok(Some(n)) => {
                     let frame = self.raw.split_to(n);
                     self.ready.unsplit(frame);

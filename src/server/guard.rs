@@ -117,6 +117,16 @@ pub fn statement_kind(s: &Statement) -> Result<Kind, PgWireError> {
         | Statement::ShowColumns { .. } => Kind::Plan,
         Statement::Set(_) | Statement::Reset(_) => Kind::Variable,
         Statement::ShowVariable { .. } | Statement::ShowStatus { .. } => Kind::Show,
+        Statement::Rollback {
+            savepoint: Some(_), ..
+        }
+        | Statement::Savepoint { .. }
+        | Statement::ReleaseSavepoint { .. } => {
+            return Err(refuse(
+                "0A000",
+                "savepoints are not supported: each statement commits on its own".into(),
+            ))
+        }
         Statement::StartTransaction { .. }
         | Statement::Commit { .. }
         | Statement::Rollback { .. } => Kind::Transaction,

@@ -37,7 +37,6 @@ use datafusion::sql::parser::Statement as DFStatementAst;
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
 use datafusion_postgres::arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
-use datafusion_postgres::hooks::cursor::CursorStatementHook;
 use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::pgwire::api::portal::{Format, Portal};
@@ -186,7 +185,6 @@ impl ConnSession {
         let ctx = Arc::new(SessionContext::new_with_state(state));
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(Guard::new(role)),
-            Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),
             Arc::new(Unhandled),
@@ -408,6 +406,14 @@ fn refine_parse_error(e: PgWireError, text: &str) -> PgWireError {
     }
 }
 
+/// The types a plan expects of its parameters, `$1` first.
+fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
+    let types = plan.get_parameter_types().map_err(api)?;
+    Ok((1..=types.len())
+        .map(|i| types.get(&format!("${i}")).cloned().flatten())
+        .collect())
+}
+
 /// The simple protocol: control statements first, then datafusion-postgres's statement
 /// loop with the hooks.
 pub(super) struct Simple {
@@ -430,6 +436,7 @@ impl SimpleQueryHandler for Simple {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let login = self.conn.login()?;
+        super::shape::check(query)?;
         let token = self.conn.statement.begin();
         let deadline = deadline(self.conn.shared.config.statement_timeout, &*client);
         let mut out = bounded(deadline, &token, async {
@@ -515,6 +522,13 @@ impl QueryParser for ControlAwareParser {
         C: ClientInfo + Unpin + Send + Sync,
     {
         self.conn.login()?;
+        if super::shape::check(sql)?.statements > 1 {
+            return Err(error(
+                "ERROR",
+                "42601",
+                "cannot insert multiple commands into a prepared statement".into(),
+            ));
+        }
         if let Some(statement) = control_statement(sql)? {
             let answer = crate::control::answer_schema(&statement);
             let schema = DFSchema::try_from(answer.as_ref().clone()).map_err(api)?;
@@ -607,7 +621,7 @@ impl ExtendedQueryHandler for Extended {
         let token = self.conn.statement.begin();
         let deadline = deadline(self.conn.shared.config.statement_timeout, &*client);
         let sql = portal.statement.statement.0.as_str();
-        let mut r = bounded(deadline, &token, async {
+        let work = bounded(deadline, &token, async {
             if let Some(statement) = control_statement(sql)? {
                 return run_control(
                     &login.session.ctx,
@@ -617,20 +631,42 @@ impl ExtendedQueryHandler for Extended {
                 )
                 .await;
             }
-            if let Some(p) = login.session.prepared(sql).await? {
+            // Only a query takes the prepared path: anything else (SHOW, which DataFusion
+            // would also plan as a query) is the hooks' to answer.
+            let is_query = matches!(
+                &portal.statement.statement.1,
+                Some((Statement::Query(_), _))
+            );
+            let prepared = match is_query {
+                true => login.session.prepared(sql).await?,
+                false => None,
+            };
+            if let Some(p) = prepared {
+                let expected: Vec<Option<DataType>> = p
+                    .query
+                    .parameter_types()
+                    .iter()
+                    .cloned()
+                    .map(Some)
+                    .collect();
+                super::params::check(portal, &expected)?;
                 let types: Vec<Option<&DataType>> =
                     p.query.parameter_types().iter().map(Some).collect();
                 let values: Vec<ScalarValue> = match deserialize_parameters(portal, &types)? {
                     ParamValues::List(v) => v.into_iter().map(|s| s.value).collect(),
                     ParamValues::Map(_) => Vec::new(),
                 };
+                super::params::check_decoded(portal, &values)?;
                 let batches = p.query.execute_stream(&values).await.map_err(api)?;
                 let fields = p.fields(&portal.result_column_format)?;
                 return Ok(stream_response(fields, batches));
             }
+            if let (_, Some((_, plan))) = &portal.statement.statement {
+                super::params::check(portal, &parameter_types(plan)?)?;
+            }
             ExtendedQueryHandler::do_query(&*login.session.service, client, portal, max_rows).await
-        })
-        .await?;
+        });
+        let mut r = super::params::guarded(work).await?;
         bound_rows(&mut r, deadline, &token);
         Ok(r)
     }

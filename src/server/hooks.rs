@@ -43,20 +43,6 @@ impl Guard {
         Self { role }
     }
 
-    /// A `DECLARE`'s queries must pass the plan gate too: the cursor hook executes them.
-    async fn check_cursor(&self, statement: &Statement, ctx: &SessionContext) -> PgWireResult<()> {
-        if let Statement::Declare { stmts } = statement {
-            for declare in stmts {
-                if let Some(q) = &declare.for_query {
-                    let plan = plan_of(ctx, &Statement::Query(q.clone())).await?;
-                    let need = guard::plan_need(&plan)?;
-                    authorize(self.role, need, "this cursor's query")?;
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Plans `statement`, judges the plan and runs it (the simple protocol).
     async fn run_plan(
         &self,
@@ -86,7 +72,10 @@ fn what(statement: &Statement) -> &'static str {
     }
 }
 
-async fn plan_of(ctx: &SessionContext, statement: &Statement) -> PgWireResult<LogicalPlan> {
+pub(super) async fn plan_of(
+    ctx: &SessionContext,
+    statement: &Statement,
+) -> PgWireResult<LogicalPlan> {
     ctx.state()
         .statement_to_plan(DFStatementAst::Statement(Box::new(statement.clone())))
         .await
@@ -131,37 +120,108 @@ async fn set_variable(
     })))
 }
 
-/// The variable a `SHOW` names, and its answer's column, when it is one of the allow-list.
-fn show_target(statement: &Statement) -> Option<(String, String)> {
+/// What a `SHOW` asks for.
+enum Show {
+    /// A variable of the allow-list (or `ALL`): its name and the answer's columns.
+    Ours(String, Vec<String>),
+    /// One datafusion-postgres's SHOW hook answers (server_version, transaction_isolation).
+    Theirs,
+    /// Anything else: 42704, as PostgreSQL answers an unknown parameter.
+    Unknown(datafusion_postgres::pgwire::error::PgWireError),
+}
+
+/// The SHOWs datafusion-postgres answers, and we let it.
+const THEIRS: [&str; 3] = [
+    "server_version",
+    "transaction_isolation",
+    "transaction isolation level",
+];
+
+fn show_target(statement: &Statement) -> Show {
     let Statement::ShowVariable { variable } = statement else {
-        return None;
+        return Show::Theirs;
     };
     let name = variable
         .iter()
         .map(|i| i.value.to_lowercase())
         .collect::<Vec<_>>()
         .join(" ");
-    vars::show(&name, &Default::default())?;
+    if name == "all" {
+        let columns = ["name", "setting", "description"]
+            .map(String::from)
+            .to_vec();
+        return Show::Ours(name, columns);
+    }
+    if THEIRS.contains(&name.as_str()) {
+        return Show::Theirs;
+    }
+    if vars::show(&name, &Default::default()).is_none() {
+        return Show::Unknown(datafusion_postgres::pgwire::error::PgWireError::UserError(
+            Box::new(datafusion_postgres::pgwire::error::ErrorInfo::new(
+                "ERROR".into(),
+                "42704".into(),
+                format!("unrecognized configuration parameter \"{name}\""),
+            )),
+        ));
+    }
     let column = if name == "time zone" {
         "TimeZone".to_string()
     } else {
         name.clone()
     };
-    Some((name, column))
+    Show::Ours(name, vec![column])
 }
 
-/// `SHOW name` for a variable of the allow-list; `None` for anything else (datafusion-
-/// postgres's SHOW hook answers those: server_version, transaction_isolation, ...).
+/// An empty relation with these text columns: the plan of a statement answered by a hook.
+fn empty_plan(fields: Vec<Field>) -> PgWireResult<LogicalPlan> {
+    DFSchema::try_from(Schema::new(fields))
+        .map(|schema| {
+            LogicalPlan::EmptyRelation(EmptyRelation {
+                produce_one_row: false,
+                schema: Arc::new(schema),
+            })
+        })
+        .map_err(api)
+}
+
+/// `SHOW name` for a variable of the allow-list, or `SHOW ALL`; `None` for the SHOWs
+/// datafusion-postgres answers; 42704 for anything else.
 fn show_variable(statement: &Statement, client: &dyn HookClient) -> Option<PgWireResult<Response>> {
-    let (name, column) = show_target(statement)?;
-    let value = vars::show(&name, client.metadata())?;
-    let schema = Arc::new(Schema::new(vec![Field::new(column, DataType::Utf8, false)]));
-    let batch = RecordBatch::try_new(
-        schema,
-        vec![Arc::new(datafusion::arrow::array::StringArray::from(vec![
-            value,
-        ]))],
-    );
+    let (name, _) = match show_target(statement) {
+        Show::Ours(name, columns) => (name, columns),
+        Show::Theirs => return None,
+        Show::Unknown(e) => return Some(Err(e)),
+    };
+    let text = |v: Vec<String>| Arc::new(datafusion::arrow::array::StringArray::from(v)) as _;
+    let batch = if name == "all" {
+        let names: Vec<String> = vars::ALLOWED.iter().map(|n| n.to_string()).collect();
+        let values: Vec<String> = vars::ALLOWED
+            .iter()
+            .map(|n| vars::show(n, client.metadata()).unwrap_or_default())
+            .collect();
+        let schema = Schema::new(vec![
+            Field::new("name", DataType::Utf8, false),
+            Field::new("setting", DataType::Utf8, false),
+            Field::new("description", DataType::Utf8, false),
+        ]);
+        RecordBatch::try_new(
+            Arc::new(schema),
+            vec![
+                text(names),
+                text(values),
+                text(vec![String::new(); vars::ALLOWED.len()]),
+            ],
+        )
+    } else {
+        let value = vars::show(&name, client.metadata()).unwrap_or_default();
+        let column = if name == "time zone" {
+            "TimeZone".to_string()
+        } else {
+            name
+        };
+        let schema = Schema::new(vec![Field::new(column, DataType::Utf8, false)]);
+        RecordBatch::try_new(Arc::new(schema), vec![text(vec![value])])
+    };
     Some(
         batch
             .map_err(api)
@@ -182,7 +242,7 @@ impl QueryHook for Guard {
             Ok(Kind::Variable) => Some(set_variable(statement, ctx, client).await),
             Ok(Kind::Show) => show_variable(statement, client),
             Ok(Kind::Transaction) => None,
-            Ok(Kind::Cursor) => self.check_cursor(statement, ctx).await.err().map(Err),
+            Ok(Kind::Cursor) => Some(super::cursors::run(statement, self.role, ctx, client).await),
             Ok(Kind::Plan) => Some(self.run_plan(statement, ctx, client).await),
         }
     }
@@ -195,27 +255,38 @@ impl QueryHook for Guard {
     ) -> Option<PgWireResult<LogicalPlan>> {
         match guard::statement_kind(statement) {
             Err(e) => Some(Err(e)),
-            Ok(Kind::Variable) => Some(
-                DFSchema::try_from(datafusion::arrow::datatypes::Schema::empty())
-                    .map(|schema| {
-                        LogicalPlan::EmptyRelation(EmptyRelation {
-                            produce_one_row: false,
-                            schema: Arc::new(schema),
-                        })
-                    })
-                    .map_err(api),
-            ),
-            Ok(Kind::Show) => show_target(statement).map(|(_, column)| {
-                let schema = Schema::new(vec![Field::new(column, DataType::Utf8, false)]);
-                DFSchema::try_from(schema).map_err(api).map(|schema| {
-                    LogicalPlan::EmptyRelation(EmptyRelation {
-                        produce_one_row: false,
-                        schema: Arc::new(schema),
-                    })
-                })
-            }),
+            Ok(Kind::Variable) => Some(empty_plan(vec![])),
+            Ok(Kind::Show) => match show_target(statement) {
+                Show::Ours(_, columns) => Some(empty_plan(
+                    columns
+                        .iter()
+                        .map(|c| Field::new(c, DataType::Utf8, false))
+                        .collect(),
+                )),
+                Show::Theirs => None,
+                Show::Unknown(e) => Some(Err(e)),
+            },
             Ok(Kind::Transaction) => None,
-            Ok(Kind::Cursor) => self.check_cursor(statement, ctx).await.err().map(Err),
+            // A cursor statement answers no rows at Execute time from the plan; its query is
+            // planned and judged when it runs (`cursors::run`), and here already, to fail early.
+            Ok(Kind::Cursor) => Some(
+                async {
+                    if let Statement::Declare { stmts } = statement {
+                        for d in stmts {
+                            if let Some(q) = &d.for_query {
+                                let plan = plan_of(ctx, &Statement::Query(q.clone())).await?;
+                                authorize(
+                                    self.role,
+                                    guard::plan_need(&plan)?,
+                                    "this cursor's query",
+                                )?;
+                            }
+                        }
+                    }
+                    empty_plan(vec![])
+                }
+                .await,
+            ),
             Ok(Kind::Plan) => Some(
                 async {
                     let plan = plan_of(ctx, statement).await?;
@@ -241,7 +312,7 @@ impl QueryHook for Guard {
             Ok(Kind::Variable) => Some(set_variable(statement, ctx, client).await),
             Ok(Kind::Show) => show_variable(statement, client),
             Ok(Kind::Transaction) => None,
-            Ok(Kind::Cursor) => self.check_cursor(statement, ctx).await.err().map(Err),
+            Ok(Kind::Cursor) => Some(super::cursors::run(statement, self.role, ctx, client).await),
             // The plan made at Parse, judged again; datafusion-postgres executes it as is.
             Ok(Kind::Plan) => match guard::plan_need(plan)
                 .and_then(|need| authorize(self.role, need, what(statement)))

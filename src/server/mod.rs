@@ -28,12 +28,16 @@
 
 pub mod auth;
 mod conn;
+mod cursors;
 mod execute;
 pub mod frames;
 pub mod guard;
 mod handlers;
+mod handshake;
 mod hooks;
 pub mod memory;
+mod params;
+mod shape;
 pub mod tls;
 pub mod vars;
 
@@ -144,14 +148,34 @@ pub(crate) struct Shared {
     cancels: conn::Cancels,
     /// The parser used before a login (never, in practice): its only hook refuses.
     refusing: Arc<DfSessionService>,
+    /// Process ids and cancel keys for every connection: ids unique for the server's life
+    /// (pgwire's default gives every connection the same first id), keys random.
+    pids: Arc<datafusion_postgres::pgwire::api::RandomPidSecretKeyGenerator>,
 }
+
+/// Stack of the threads that run connections: planning and optimising recurse over a
+/// statement's expression tree, and [`shape`] bounds that depth with this stack in mind.
+pub const CONNECTION_STACK_BYTES: usize = 32 << 20;
 
 /// A bound server, ready to run.
 pub struct Server {
-    listener: TcpListener,
+    /// Taken by `run`, dropped when shutdown begins (new connections are refused at once).
+    listener: Option<TcpListener>,
     shared: Arc<Shared>,
     /// Connections between accept and their slot (the start, before the limit applies).
-    handshakes: Arc<Semaphore>,
+    handshakes: Arc<handshake::Handshakes>,
+    /// The connections' own runtime, whatever runtime the caller runs `run` on: its threads
+    /// have [`CONNECTION_STACK_BYTES`] of stack.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // A runtime may not be dropped from async code; let it wind down on its own.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 fn config_error(setting: &'static str, reason: String) -> ServerError {
@@ -234,9 +258,18 @@ impl Server {
             Arc::new(ctx.clone()),
             refusing_hooks,
         ));
-        let handshakes = Arc::new(Semaphore::new(config.max_connections.max(16)));
+        let handshakes = Arc::new(handshake::Handshakes::new(
+            config.max_connections.saturating_mul(2).max(64),
+        ));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("pulpitum-conn")
+            .thread_stack_size(CONNECTION_STACK_BYTES)
+            .enable_all()
+            .build()
+            .map_err(|e| ServerError::Io(format!("cannot start the connection threads: {e}")))?;
         Ok(Self {
-            listener,
+            runtime: Some(runtime),
+            listener: Some(listener),
             shared: Arc::new(Shared {
                 base: ctx,
                 users,
@@ -245,6 +278,7 @@ impl Server {
                 pool: Arc::new(memory::ServerPool::new(config.memory_limit)),
                 cancels: conn::Cancels::default(),
                 refusing,
+                pids: Arc::new(Default::default()),
                 config,
             }),
             handshakes,
@@ -253,19 +287,29 @@ impl Server {
 
     /// The address actually bound (port 0 picks a free one).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        match &self.listener {
+            Some(l) => l.local_addr(),
+            None => Err(std::io::Error::other("the server has stopped")),
+        }
     }
 
     /// Serves until `shutdown` fires, then stops accepting and gives running connections
     /// the grace period before closing them.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let mut running = JoinSet::new();
+        let listener = self.listener.take().expect("run is called once");
+        let handle = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives until run ends")
+            .handle()
+            .clone();
         let mut backoff = Duration::ZERO;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(_) = running.join_next(), if !running.is_empty() => {}
-                accepted = self.listener.accept() => {
+                accepted = listener.accept() => {
                     let (socket, peer) = match accepted {
                         Ok(a) => {
                             backoff = Duration::ZERO;
@@ -283,15 +327,27 @@ impl Server {
                             continue;
                         }
                     };
-                    let Ok(handshake) = self.handshakes.clone().try_acquire_owned() else {
+                    let Some(handshake) = self.handshakes.enter(peer.ip()) else {
                         warn!(%peer, "connection dropped: too many connections are starting");
                         continue;
                     };
-                    running.spawn(conn::serve(socket, peer, self.shared.clone(), handshake));
+                    // Moved to the connections' runtime (its reactor, its large stacks).
+                    let Ok(socket) = socket.into_std() else {
+                        continue;
+                    };
+                    let shared = self.shared.clone();
+                    running.spawn_on(
+                        async move {
+                            if let Ok(socket) = tokio::net::TcpStream::from_std(socket) {
+                                conn::serve(socket, peer, shared, handshake).await;
+                            }
+                        },
+                        &handle,
+                    );
                 }
             }
         }
-        drop(self.listener);
+        drop(listener);
         info!(
             connections = running.len(),
             grace_ms = self.shared.config.shutdown_grace.as_millis() as u64,
@@ -308,6 +364,9 @@ impl Server {
             );
             running.abort_all();
             while running.join_next().await.is_some() {}
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
         }
         info!("server stopped");
     }

@@ -212,19 +212,75 @@ pub async fn scram_until_final(
     (sasl_response(scram.message()), server_first)
 }
 
-/// A complete login; `Ok` once ReadyForQuery arrives, else the FATAL error.
-pub async fn login(stream: &mut TcpStream, user: &str, password: &str) -> Result<(), Msg> {
+/// A complete login; the backend's process id once ReadyForQuery arrives, else the FATAL
+/// error.
+pub async fn login(stream: &mut TcpStream, user: &str, password: &str) -> Result<i32, Msg> {
     let (last, _) = scram_until_final(stream, user, password).await;
     stream.write_all(&last).await.unwrap();
+    let mut pid = 0;
     loop {
         let m = read(stream, Duration::from_secs(5))
             .await
             .expect("login answer");
+        if m.kind == b'K' {
+            pid = i32::from_be_bytes([m.body[0], m.body[1], m.body[2], m.body[3]]);
+        }
         if m.kind == b'Z' {
-            return Ok(());
+            return Ok(pid);
         }
         if m.kind == b'E' {
             return Err(m);
         }
     }
+}
+
+/// Parse (with parameter type OIDs), Bind (binary parameters, text results), Execute and
+/// Sync of `sql`.
+pub fn extended_binary(sql: &str, types: &[u32], params: &[Option<&[u8]>]) -> Vec<u8> {
+    let mut parse = Vec::new();
+    cstr(&mut parse, "");
+    cstr(&mut parse, sql);
+    parse.extend_from_slice(&(types.len() as i16).to_be_bytes());
+    for t in types {
+        parse.extend_from_slice(&t.to_be_bytes());
+    }
+    let mut bind = Vec::new();
+    cstr(&mut bind, "");
+    cstr(&mut bind, "");
+    bind.extend_from_slice(&1i16.to_be_bytes());
+    bind.extend_from_slice(&1i16.to_be_bytes());
+    bind.extend_from_slice(&(params.len() as i16).to_be_bytes());
+    for p in params {
+        match p {
+            None => bind.extend_from_slice(&(-1i32).to_be_bytes()),
+            Some(b) => {
+                bind.extend_from_slice(&(b.len() as i32).to_be_bytes());
+                bind.extend_from_slice(b);
+            }
+        }
+    }
+    bind.extend_from_slice(&0i16.to_be_bytes());
+    let mut execute = Vec::new();
+    cstr(&mut execute, "");
+    execute.extend_from_slice(&0i32.to_be_bytes());
+    [
+        frame(b'P', &parse),
+        frame(b'B', &bind),
+        frame(b'E', &execute),
+        frame(b'S', &[]),
+    ]
+    .concat()
+}
+
+/// Messages until ReadyForQuery (inclusive), or until `wait` of silence.
+pub async fn until_ready(stream: &mut TcpStream, wait: Duration) -> Vec<Msg> {
+    let mut out = Vec::new();
+    while let Some(m) = read(stream, wait).await {
+        let done = m.kind == b'Z';
+        out.push(m);
+        if done {
+            break;
+        }
+    }
+    out
 }

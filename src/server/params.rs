@@ -1,0 +1,159 @@
+//! Bound parameter values, checked around arrow-pg's decoding of them.
+//!
+//! arrow-pg (0.16) decodes a binary value by its type without checking its length (an
+//! `interval` of fewer than 16 bytes panics), multiplies without checking (an `int8` bound
+//! where a timestamp is compared overflows: a panic in a debug build, a silently wrapped,
+//! wrong value in a release build), and turns a timestamp it cannot represent into NULL (a
+//! comparison with NULL matches nothing: wrong rows, silently). So:
+//!
+//! - [`check`], before decoding: a binary value of a fixed-width type must have exactly its
+//!   width (22P03); an integer bound where a timestamp is expected, or an interval, must fit
+//!   the conversion arrow-pg makes of it (22008);
+//! - [`check_decoded`], after: a value the client sent may not have become NULL (22008);
+//! - [`guarded`]: a panic that still happens in decoding or executing fails the statement
+//!   instead of the connection.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::common::ScalarValue;
+use datafusion_postgres::arrow_pg::datatypes::into_pg_type;
+use datafusion_postgres::pgwire::api::portal::Portal;
+use datafusion_postgres::pgwire::api::Type;
+use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use futures::FutureExt;
+
+fn error(code: &str, message: String) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".into(),
+        code.into(),
+        message,
+    )))
+}
+
+/// The exact binary width of a fixed-width type.
+fn width(t: &Type) -> Option<usize> {
+    Some(match *t {
+        Type::BOOL | Type::CHAR => 1,
+        Type::INT2 => 2,
+        Type::INT4 | Type::OID | Type::FLOAT4 | Type::DATE => 4,
+        Type::INT8 | Type::FLOAT8 | Type::TIME | Type::TIMESTAMP | Type::TIMESTAMPTZ => 8,
+        Type::INTERVAL | Type::UUID => 16,
+        _ => return None,
+    })
+}
+
+/// The integer a parameter holds, binary or text.
+fn integer(t: &Type, binary: bool, bytes: &[u8]) -> Option<i64> {
+    if binary {
+        match (t, bytes.len()) {
+            (&Type::INT2, 2) => Some(i16::from_be_bytes([bytes[0], bytes[1]]).into()),
+            (&Type::INT4, 4) => Some(i32::from_be_bytes(bytes.try_into().ok()?).into()),
+            (&Type::INT8, 8) => Some(i64::from_be_bytes(bytes.try_into().ok()?)),
+            _ => None,
+        }
+    } else {
+        std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+    }
+}
+
+/// Checks each parameter of `portal` against the type it will be decoded as, before it is.
+/// `inferred` are the types the plan expects, `$1` first.
+pub(super) fn check<S>(portal: &Portal<S>, inferred: &[Option<DataType>]) -> PgWireResult<()> {
+    for (i, value) in portal.parameters.iter().enumerate() {
+        let Some(bytes) = value else { continue };
+        let target = inferred.get(i).cloned().flatten();
+        let pg_type = match portal.statement.parameter_types.get(i).cloned().flatten() {
+            Some(t) => t,
+            None => match target.as_ref().map(into_pg_type) {
+                Some(Ok(t)) => t,
+                _ => continue,
+            },
+        };
+        let binary = portal.parameter_format.is_binary(i);
+        let n = i + 1;
+        if binary {
+            if let Some(w) = width(&pg_type) {
+                if bytes.len() != w {
+                    return Err(error(
+                        "22P03",
+                        format!(
+                            "incorrect binary data format in bind parameter {n}: {} takes {w} \
+                             bytes, {} were sent",
+                            pg_type.name(),
+                            bytes.len()
+                        ),
+                    ));
+                }
+            }
+        }
+        // An integer bound to a timestamp is scaled to the timestamp's unit.
+        let factor = match &target {
+            Some(DataType::Timestamp(TimeUnit::Millisecond, _)) => 1_000,
+            Some(DataType::Timestamp(TimeUnit::Microsecond, _)) => 1_000_000,
+            Some(DataType::Timestamp(TimeUnit::Nanosecond, _)) => 1_000_000_000,
+            _ => 1,
+        };
+        if factor > 1 {
+            if let Some(v) = integer(&pg_type, binary, bytes) {
+                if v.checked_mul(factor).is_none() {
+                    return Err(error(
+                        "22008",
+                        format!("bind parameter {n}: {v} is out of range for a timestamp"),
+                    ));
+                }
+            }
+        }
+        // An interval's microseconds become nanoseconds.
+        if pg_type == Type::INTERVAL {
+            let fits = if binary {
+                let micros = i64::from_be_bytes(bytes[..8].try_into().expect("16 bytes"));
+                micros.checked_mul(1_000).is_some()
+            } else {
+                // A run of more than 12 digits may hold more hours or seconds than the
+                // conversion can carry; no interval a client means needs one.
+                bytes
+                    .split(|b| !b.is_ascii_digit())
+                    .all(|run| run.len() <= 12)
+            };
+            if !fits {
+                return Err(error(
+                    "22008",
+                    format!("bind parameter {n}: interval out of range"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses decoded values that are NULL where the client sent a value.
+pub(super) fn check_decoded<S>(portal: &Portal<S>, values: &[ScalarValue]) -> PgWireResult<()> {
+    for (i, (sent, decoded)) in portal.parameters.iter().zip(values).enumerate() {
+        if sent.is_some() && decoded.is_null() {
+            return Err(error(
+                "22008",
+                format!(
+                    "bind parameter {}: the value is out of the range this server can compare \
+                     ({})",
+                    i + 1,
+                    decoded.data_type()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `work`, turning a panic inside it into an error of the statement.
+pub(super) async fn guarded<T>(work: impl Future<Output = PgWireResult<T>>) -> PgWireResult<T> {
+    match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(r) => r,
+        Err(_) => Err(error(
+            "XX000",
+            "internal error while decoding or running the statement; the connection is intact"
+                .into(),
+        )),
+    }
+}

@@ -1,0 +1,226 @@
+//! The shape of a statement's text, checked before anything parses or plans it.
+//!
+//! Parsing, planning and optimising recurse over a statement's expression tree, and so do
+//! cloning, printing and dropping it: a short text can build a tree deep enough to overflow a
+//! thread's stack (`SELECT 1+1+...` with a few thousand terms; 606 bytes were enough on a
+//! 2 MiB stack in a debug build), which aborts the process, or one whose planning time grows
+//! exponentially with its depth (DataFusion's simplifier on `coalesce(coalesce(...))`), which
+//! no statement timeout can interrupt since planning never yields. A wire client must not be
+//! able to do either, so [`check`] walks the tokens (an iterative scan, no recursion) and
+//! refuses, with SQLSTATE 54001, a text whose nesting, operator chains, function nesting or
+//! number of queries is past the limits below. The limits are far above what applications
+//! and BI tools send, and far below what the server's threads (32 MiB stacks, see
+//! [`super::Server`]) can hold. It also counts the statements in the text, since the extended
+//! protocol takes exactly one.
+
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError};
+
+/// Deepest expression, counted as the operators chained on the way down plus the
+/// parentheses around it.
+pub const MAX_DEPTH: usize = 1_000;
+/// Deepest nesting of function calls (`f(g(h(...)))`).
+pub const MAX_FUNCTION_NESTING: usize = 16;
+/// Most `SELECT`s (subqueries, set operations, common table expressions) in one text.
+pub const MAX_QUERIES: usize = 500;
+
+/// What the scan found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Shape {
+    /// Statements in the text (separated by semicolons, empty ones not counted).
+    pub statements: usize,
+    /// The deepest expression, as estimated by [`check`].
+    pub depth: usize,
+    /// The deepest nesting of function calls.
+    pub function_nesting: usize,
+    /// `SELECT` keywords.
+    pub queries: usize,
+}
+
+fn too_complex(what: &str, found: usize, limit: usize) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".into(),
+        "54001".into(),
+        format!(
+            "statement too complex: {what} is {found}, the server takes at most {limit}; \
+             split the statement or use IN lists and joins"
+        ),
+    )))
+}
+
+fn is_operator(t: &Token) -> bool {
+    match t {
+        Token::Word(w) => {
+            w.quote_style.is_none()
+                && ["AND", "OR", "UNION", "EXCEPT", "INTERSECT"]
+                    .iter()
+                    .any(|k| w.value.eq_ignore_ascii_case(k))
+        }
+        Token::Whitespace(_)
+        | Token::Comma
+        | Token::LParen
+        | Token::RParen
+        | Token::SemiColon
+        | Token::Period
+        | Token::Placeholder(_)
+        | Token::LBracket
+        | Token::RBracket
+        | Token::EOF => false,
+        Token::Number(..)
+        | Token::Char(_)
+        | Token::SingleQuotedString(_)
+        | Token::DoubleQuotedString(_)
+        | Token::DollarQuotedString(_)
+        | Token::NationalStringLiteral(_)
+        | Token::EscapedStringLiteral(_)
+        | Token::UnicodeStringLiteral(_)
+        | Token::HexStringLiteral(_)
+        | Token::SingleQuotedByteStringLiteral(_)
+        | Token::DoubleQuotedByteStringLiteral(_) => false,
+        _ => true,
+    }
+}
+
+/// Scans `sql`'s tokens and refuses a text past the limits. A text that does not tokenize
+/// is let through: the parser will say what is wrong with it.
+pub fn check(sql: &str) -> Result<Shape, PgWireError> {
+    let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {
+        return Ok(Shape {
+            statements: 1,
+            ..Shape::default()
+        });
+    };
+    let mut shape = Shape::default();
+    // One frame per open parenthesis (the outermost for the text itself): the operators
+    // chained in it since its last comma, and whether it is a function call's.
+    let mut frames: Vec<(usize, bool)> = vec![(0, false)];
+    let (mut chained, mut functions) = (0usize, 0usize);
+    let mut in_statement = false;
+    let mut previous_word = false;
+    for t in &tokens {
+        if matches!(t, Token::Whitespace(_)) {
+            continue;
+        }
+        match t {
+            Token::LParen => {
+                functions += usize::from(previous_word);
+                frames.push((0, previous_word));
+            }
+            Token::RParen => {
+                if frames.len() > 1 {
+                    let (count, function) = frames.pop().expect("more than one frame");
+                    chained -= count;
+                    functions -= usize::from(function);
+                }
+            }
+            Token::Comma => {
+                let top = frames.last_mut().expect("the outer frame");
+                chained -= top.0;
+                top.0 = 0;
+            }
+            Token::SemiColon if frames.len() == 1 => {
+                chained -= frames[0].0;
+                frames[0].0 = 0;
+                shape.statements += usize::from(in_statement);
+                in_statement = false;
+                previous_word = false;
+                continue;
+            }
+            other => {
+                if is_operator(other) {
+                    frames.last_mut().expect("the outer frame").0 += 1;
+                    chained += 1;
+                }
+                if let Token::Word(w) = other {
+                    if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("SELECT") {
+                        shape.queries += 1;
+                    }
+                }
+            }
+        }
+        in_statement = true;
+        previous_word = matches!(t, Token::Word(_));
+        shape.depth = shape.depth.max(chained + frames.len() - 1);
+        shape.function_nesting = shape.function_nesting.max(functions);
+    }
+    shape.statements += usize::from(in_statement);
+    if shape.depth > MAX_DEPTH {
+        return Err(too_complex("its expression depth", shape.depth, MAX_DEPTH));
+    }
+    if shape.function_nesting > MAX_FUNCTION_NESTING {
+        return Err(too_complex(
+            "its function nesting",
+            shape.function_nesting,
+            MAX_FUNCTION_NESTING,
+        ));
+    }
+    if shape.queries > MAX_QUERIES {
+        return Err(too_complex(
+            "its number of queries",
+            shape.queries,
+            MAX_QUERIES,
+        ));
+    }
+    Ok(shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(sql: &str) -> String {
+        match check(sql) {
+            Ok(_) => "ok".into(),
+            Err(PgWireError::UserError(i)) => i.code.clone(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn ordinary_statements_pass_and_are_counted() {
+        let s = check("SELECT a, b + 1 FROM t WHERE x = 1 AND (y < 2 OR z IN (1, 2, 3))").unwrap();
+        assert_eq!(s.statements, 1);
+        assert!(s.depth < 10, "{s:?}");
+        assert_eq!(check("SELECT 1; SELECT 2;;").unwrap().statements, 2);
+        assert_eq!(check("  ; ").unwrap().statements, 0);
+        // Long lists are wide, not deep.
+        let list: Vec<String> = (0..20_000).map(|i| format!("({i}, -{i})")).collect();
+        assert_eq!(
+            code(&format!("INSERT INTO t VALUES {}", list.join(", "))),
+            "ok"
+        );
+        let ins: Vec<String> = (0..20_000).map(|i| i.to_string()).collect();
+        assert_eq!(
+            code(&format!("SELECT 1 WHERE a IN ({})", ins.join(", "))),
+            "ok"
+        );
+        // Operators inside string literals do not count.
+        assert_eq!(code(&format!("SELECT '{}'", "+".repeat(10_000))), "ok");
+    }
+
+    #[test]
+    fn deep_chains_nesting_and_many_queries_are_refused() {
+        let terms = vec!["1"; MAX_DEPTH + 2].join("+");
+        assert_eq!(code(&format!("SELECT {terms}")), "54001");
+        let ors = vec!["a = 1"; MAX_DEPTH].join(" OR ");
+        assert_eq!(code(&format!("SELECT 1 WHERE {ors}")), "54001");
+        let parens = format!(
+            "SELECT {}1{}",
+            "(".repeat(MAX_DEPTH + 1),
+            ")".repeat(MAX_DEPTH + 1)
+        );
+        assert_eq!(code(&parens), "54001");
+        let n = MAX_FUNCTION_NESTING + 1;
+        let nested = format!("SELECT {}1{}", "coalesce(".repeat(n), ")".repeat(n));
+        assert_eq!(code(&nested), "54001");
+        let ok = MAX_FUNCTION_NESTING;
+        let nested = format!("SELECT {}1{}", "coalesce(".repeat(ok), ")".repeat(ok));
+        assert_eq!(code(&nested), "ok");
+        let unions = vec!["SELECT 1"; MAX_QUERIES + 1].join(" UNION ALL ");
+        assert_eq!(code(&unions), "54001");
+        // A chain split by commas is not one chain.
+        let wide: Vec<String> = (0..MAX_DEPTH).map(|_| "1+1".to_string()).collect();
+        assert_eq!(code(&format!("SELECT {}", wide.join(", "))), "ok");
+    }
+}
