@@ -63,7 +63,7 @@ fn s3_raw_operator() -> opendal::Operator {
         .access_key_id(&env_or("AWS_ACCESS_KEY_ID", "AKTEST"))
         .secret_access_key(&env_or("AWS_SECRET_ACCESS_KEY", "SKTESTSECRET"))
         .disable_config_load();
-    opendal::Operator::new(b).unwrap().finish()
+    opendal::Operator::new(b).unwrap()
 }
 
 fn s3_store(prefix: &str) -> ArchiveStore {
