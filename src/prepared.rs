@@ -95,6 +95,10 @@ pub struct PreparedQuery {
     /// planned from here (see [`PreparedQuery::physical_plan`]).
     parsed: LogicalPlan,
     plan: LogicalPlan,
+    /// The statement calls a function that is not immutable (`now()`, `random()`): its
+    /// optimiser would fold it to the value at preparation, so each execution optimises
+    /// the parsed plan anew instead, and no physical plan is kept.
+    unstable: bool,
     params: Vec<DataType>,
     task: Arc<TaskContext>,
     plans: Mutex<Lru<Vec<ScalarValue>, Arc<dyn ExecutionPlan>>>,
@@ -155,11 +159,57 @@ fn narrows(given: &ScalarValue, converted: &ScalarValue) -> bool {
 /// Prepares `sql` against the tables of `ctx`. Parameters are `$1..$n`; each one's type is
 /// taken from what it is compared with (`channel_id = $1` makes `$1` a BIGINT).
 pub async fn prepare(ctx: &SessionContext, sql: &str) -> Result<PreparedQuery, PreparedError> {
+    let state = preparing(ctx);
+    let plan = state.create_logical_plan(sql).await?;
+    finish(state, plan)
+}
+
+/// Prepares a statement its caller has parsed already (the wire server, whose parser is
+/// PostgreSQL's: parsing its text again with another dialect could read another
+/// statement than the one the server judged).
+pub async fn prepare_parsed(
+    ctx: &SessionContext,
+    statement: &datafusion::sql::sqlparser::ast::Statement,
+) -> Result<PreparedQuery, PreparedError> {
+    let state = preparing(ctx);
+    let plan = state
+        .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
+            statement.clone(),
+        )))
+        .await?;
+    finish(state, plan)
+}
+
+fn preparing(ctx: &SessionContext) -> SessionState {
     let mut state = ctx.state();
     state.config_mut().set_extension(Arc::new(ScanPlanning {
         list_at_execution: true,
     }));
-    let plan = state.create_logical_plan(sql).await?;
+    state
+}
+
+/// Whether `plan` calls a function whose value may change between executions.
+fn calls_unstable_functions(plan: &LogicalPlan) -> bool {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::{Expr, Volatility};
+    let mut found = false;
+    let _ = plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                if let Expr::ScalarFunction(f) = e {
+                    if f.func.signature().volatility != Volatility::Immutable {
+                        found = true;
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    });
+    found
+}
+
+fn finish(state: SessionState, plan: LogicalPlan) -> Result<PreparedQuery, PreparedError> {
     if matches!(
         plan,
         LogicalPlan::Ddl(_)
@@ -185,12 +235,14 @@ pub async fn prepare(ctx: &SessionContext, sql: &str) -> Result<PreparedQuery, P
         }
     }
     let parsed = plan.clone();
+    let unstable = calls_unstable_functions(&plan);
     let plan = state.optimize(&plan)?;
     let task = state.task_ctx();
     Ok(PreparedQuery {
         state,
         parsed,
         plan,
+        unstable,
         params,
         task,
         plans: Mutex::new(Lru::new(PLAN_CACHE_CAPACITY)),
@@ -231,20 +283,23 @@ impl PreparedQuery {
         values: &[ScalarValue],
     ) -> Result<Arc<dyn ExecutionPlan>, PreparedError> {
         let bound = self.bind(values)?;
-        if values
+        let narrowed = values
             .iter()
             .zip(&bound)
-            .any(|(given, converted)| narrows(given, converted))
-        {
+            .any(|(given, converted)| narrows(given, converted));
+        if narrowed || self.unstable {
+            let exact = if narrowed { values.to_vec() } else { bound };
             let logical = self
                 .parsed
                 .clone()
-                .with_param_values(ParamValues::from(values.to_vec()))?;
-            let logical = self.state.optimize(&logical)?;
-            return Ok(self
-                .state
+                .with_param_values(ParamValues::from(exact))?;
+            // `now()` is the start of this execution, not of the preparation.
+            let mut state = self.state.clone();
+            state.mark_start_execution();
+            let logical = state.optimize(&logical)?;
+            return Ok(state
                 .query_planner()
-                .create_physical_plan(&logical, &self.state)
+                .create_physical_plan(&logical, &state)
                 .await?);
         }
         let cached = self.plans.lock().expect("plan cache lock").get(&bound);

@@ -741,6 +741,53 @@ async fn a_client_changes_only_its_own_session() {
     a.simple_query("RESET ALL").await.unwrap();
     let back = first_value(&a.simple_query("SHOW timezone").await.unwrap());
     assert_eq!(back, "UTC");
+
+    // A prepared statement (cached per connection) sees the clock and the time zone of each
+    // execution: the cache once folded `now()` at its first execution and kept its zone.
+    let now = "SELECT CAST(now() AS VARCHAR)";
+    let first: String = a.query_one(now, &[]).await.unwrap().get(0);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let second: String = a.query_one(now, &[]).await.unwrap().get(0);
+    assert_ne!(first, second, "now() frozen by the prepared cache");
+    assert!(
+        !second.contains("-05:00") && !second.contains("-04:00"),
+        "{second}"
+    );
+    a.simple_query("SET TIME ZONE 'America/New_York'")
+        .await
+        .unwrap();
+    let zoned: String = a.query_one(now, &[]).await.unwrap().get(0);
+    assert!(
+        zoned.contains("-05:00") || zoned.contains("-04:00"),
+        "{zoned}"
+    );
+}
+
+/// A write the client was told did not happen did not happen: an INSERT stopped by its
+/// statement timeout while the store writes its rows rolls back (the store's blocking call
+/// once committed them after the client had its 57014).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_stopped_by_its_timeout_leaves_nothing() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "bob").await;
+    c.simple_query("SET statement_timeout = '300ms'")
+        .await
+        .unwrap();
+    let e = c
+        .simple_query(
+            "INSERT INTO chat SELECT 7, TIMESTAMP '2026-01-01T00:00:00Z', value, 'x' \
+             FROM generate_series(1, 49000)",
+        )
+        .await
+        .expect_err("over its timeout");
+    assert!(code(&e).starts_with("57014"), "{}", code(&e));
+    c.simple_query("RESET statement_timeout").await.unwrap();
+    // Long enough for the abandoned write to have finished, had it gone on.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM chat WHERE channel_id = 7").await,
+        0
+    );
 }
 
 /// A query over its memory share fails with 53200 naming the limit; another connection
@@ -817,7 +864,23 @@ async fn statements_too_deep_or_too_costly_to_plan_are_refused() {
     let chain = |n: usize| format!("SELECT {}", vec!["1"; n].join("+"));
     let unions = |n: usize| vec!["SELECT 1"; n].join(" UNION ALL ");
     let nested = |n: usize| format!("SELECT {}1{}", "coalesce(".repeat(n), ")".repeat(n));
-    for sql in [chain(5_000), unions(2_000), nested(40)] {
+    // Keyword operators nest as deep as symbols: each of these aborted the server before
+    // they were counted (a tester's finding).
+    let keywords = |each: &str, n: usize| format!("SELECT 1{}", each.repeat(n));
+    let nbsp = format!(
+        "WITH t(k) AS (SELECT true) SELECT k{} FROM t",
+        "\u{a0}and\u{a0}k".repeat(100_000)
+    );
+    for sql in [
+        chain(5_000),
+        unions(2_000),
+        nested(40),
+        keywords(" IS NULL", 8_000),
+        keywords(" IS TRUE", 20_000),
+        keywords(" LIKE 'a'", 20_000),
+        keywords(" AT TIME ZONE 'UTC'", 20_000),
+        keywords(" IN (1)", 20_000),
+    ] {
         for extended in [false, true] {
             let e = if extended {
                 c.query(sql.as_str(), &[])
@@ -846,6 +909,30 @@ async fn statements_too_deep_or_too_costly_to_plan_are_refused() {
     );
     let n: i64 = c.query_one(&nested(16), &[]).await.unwrap().get(0);
     assert_eq!(n, 1);
+    // U+00A0 is part of an identifier to PostgreSQL's tokenizer and whitespace to
+    // DataFusion's generic one: the prepared path once re-parsed the text with the latter,
+    // so the extended protocol answered `k AND k` (and a 100,000-term one overflowed the
+    // stack) where the simple protocol answered the column named by the whole word.
+    let word = "k\u{a0}and\u{a0}k";
+    let differ = format!("WITH t(k, \"{word}\") AS (SELECT true, false) SELECT {word} FROM t");
+    assert_eq!(first_value(&c.simple_query(&differ).await.unwrap()), "f");
+    let v: bool = c.query_one(&differ, &[]).await.unwrap().get(0);
+    assert!(
+        !v,
+        "the extended protocol read another statement than the simple one"
+    );
+    c.query(&nbsp, &[]).await.expect_err("no such column");
+    c.simple_query(&nbsp).await.expect_err("no such column");
+    // Just under the depth limit (each term is one operator, or two for IS NOT).
+    for (each, n) in [
+        (" IS NULL", 990),
+        (" IN (true)", 990),
+        (" IS NOT TRUE", 495),
+    ] {
+        let sql = format!("SELECT true{}", each.repeat(n));
+        c.query(&sql, &[]).await.unwrap();
+        c.simple_query(&sql).await.unwrap();
+    }
     assert_eq!(PANICS.load(Ordering::SeqCst), 0);
     assert_eq!(
         count(&connect(&s, "alice").await, "SELECT count(*) FROM chat").await,
@@ -1024,6 +1111,44 @@ async fn one_statement_per_parse_show_savepoints_and_process_ids() {
         count(&c, "SELECT count(*) FROM chat WHERE channel_id = 5").await,
         0
     );
+    // Several statements in one Query message: a refusal of any is decided before any runs,
+    // and the first error ends the message (the INSERTs below must not commit).
+    let insert = "INSERT INTO chat VALUES (6, TIMESTAMP '2026-01-01T00:00:00Z', 1, 'x')";
+    for (text, state) in [
+        (format!("{insert}; CREATE TABLE zz AS SELECT 1"), "42501"),
+        (format!("{insert}; SELECT 1 INTO squat"), "42501"),
+        (format!("SELECT 1 / (id - id) FROM chat; {insert}"), ""),
+    ] {
+        let e = c.simple_query(&text).await.expect_err(&text);
+        assert!(code(&e).starts_with(state), "{text}: {}", code(&e));
+        assert_eq!(
+            count(&c, "SELECT count(*) FROM chat WHERE channel_id = 6").await,
+            0,
+            "{text}"
+        );
+    }
+    let carol = connect(&s, "carol").await;
+    let e = carol
+        .simple_query(&format!("SELECT 1; {insert}"))
+        .await
+        .expect_err("read role");
+    assert!(code(&e).starts_with("42501"), "{}", code(&e));
+    // What succeeds answers every statement, in order.
+    let all = c
+        .simple_query(&format!(
+            "SELECT 7; {insert}; SELECT count(*) FROM chat WHERE channel_id = 6"
+        ))
+        .await
+        .unwrap();
+    let values: Vec<String> = all
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap().to_string()),
+            SimpleQueryMessage::CommandComplete(n) => Some(format!("tag {n}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(values, ["7", "tag 1", "tag 1", "1", "tag 1"]);
     for extended in [false, true] {
         let all = if extended {
             c.query("SHOW ALL", &[]).await.unwrap().len()

@@ -61,7 +61,7 @@ use super::vars;
 use super::Shared;
 use crate::control::{ControlHandle, ControlStatement};
 use crate::lru::Lru;
-use crate::prepared::{prepare, PreparedError, PreparedQuery};
+use crate::prepared::{prepare_parsed, PreparedError, PreparedQuery};
 
 /// Statements kept prepared per connection (least recently used out).
 const PREPARED_PER_CONNECTION: usize = 64;
@@ -201,11 +201,28 @@ impl ConnSession {
     /// The prepared query for `sql`, or `None` when it is not a query (an INSERT, a
     /// statement a hook answers): those go to datafusion-postgres every time. A query whose
     /// plan the gates refuse is refused here.
-    async fn prepared(&self, sql: &str) -> PgWireResult<Option<Arc<Prepared>>> {
-        if let Some(hit) = self.prepared.lock().expect("prepared lock").get(sql) {
+    ///
+    /// The query is planned from the statement the server's PostgreSQL parser produced (and
+    /// judged), never from its text again; it is cached under its text and the connection's
+    /// time zone, which the plan depends on.
+    async fn prepared(
+        &self,
+        sql: &str,
+        statement: &Statement,
+    ) -> PgWireResult<Option<Arc<Prepared>>> {
+        let zone = self
+            .ctx
+            .state()
+            .config()
+            .options()
+            .execution
+            .time_zone
+            .clone();
+        let key = format!("{}\0{sql}", zone.as_deref().unwrap_or(""));
+        if let Some(hit) = self.prepared.lock().expect("prepared lock").get(&key) {
             return Ok(hit);
         }
-        let p = match prepare(&self.ctx, sql).await {
+        let p = match prepare_parsed(&self.ctx, statement).await {
             Ok(p) if p.is_query() => {
                 let need = guard::plan_need(p.logical_plan())?;
                 authorize(self.role, need, "this statement")?;
@@ -223,7 +240,7 @@ impl ConnSession {
         self.prepared
             .lock()
             .expect("prepared lock")
-            .insert(sql.to_string(), p.clone());
+            .insert(key, p.clone());
         Ok(p)
     }
 }
@@ -436,10 +453,13 @@ impl SimpleQueryHandler for Simple {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let login = self.conn.login()?;
-        super::shape::check(query)?;
+        let shape = super::shape::check(query)?;
         let token = self.conn.statement.begin();
         let deadline = deadline(self.conn.shared.config.statement_timeout, &*client);
         let mut out = bounded(deadline, &token, async {
+            if shape.statements > 1 {
+                return several(login, client, query).await;
+            }
             if let Some(statement) = control_statement(query)? {
                 let ctx = &login.session.ctx;
                 return Ok(vec![
@@ -456,6 +476,85 @@ impl SimpleQueryHandler for Simple {
         }
         Ok(out)
     }
+}
+
+/// A Query message holding several statements, run the way PostgreSQL runs them as far as
+/// statements that each commit on their own allow: every statement is judged (its kind and
+/// the role it needs, on its plan) before any runs, so a refusal leaves nothing done; then
+/// they run one after another, each one's answer sent in full before the next starts, and
+/// the first error ends the message (datafusion-postgres ran them all, then sent the
+/// answers, so a failing SELECT was reported after the INSERT behind it had committed).
+async fn several<C>(
+    login: &super::conn::Login,
+    client: &mut C,
+    query: &str,
+) -> PgWireResult<Vec<Response>>
+where
+    C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+    C::PortalStore: PortalStore,
+    C::Error: Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser as SqlParser;
+    use datafusion_postgres::pgwire::api::query::{send_execution_response, send_query_response};
+
+    let ctx = &login.session.ctx;
+    let pieces = super::shape::split(query);
+    for piece in &pieces {
+        if control_statement(piece)?.is_some() {
+            authorize(
+                login.role,
+                Role::Admin,
+                "a control statement (ALTER TABLE ... SET, SYSTEM ... MOVES)",
+            )?;
+            continue;
+        }
+        // A statement that does not parse is reported when its turn comes, by the same
+        // path as a single one.
+        let Ok(statements) = SqlParser::parse_sql(&PostgreSqlDialect {}, piece) else {
+            continue;
+        };
+        for s in &statements {
+            if matches!(guard::statement_kind(s)?, guard::Kind::Plan) {
+                let plan = super::hooks::plan_of(ctx, s).await?;
+                authorize(login.role, guard::plan_need(&plan)?, "this statement")?;
+            }
+        }
+    }
+    let last = pieces.len() - 1;
+    for (i, piece) in pieces.iter().enumerate() {
+        let answers = match control_statement(piece)? {
+            Some(statement) => {
+                vec![run_control(ctx, login.role, &statement, &Format::UnifiedText).await?]
+            }
+            None => SimpleQueryHandler::do_query(&*login.session.service, client, piece)
+                .await
+                .map_err(|e| refine_parse_error(e, piece))?,
+        };
+        if i == last {
+            return Ok(answers);
+        }
+        for answer in answers {
+            match answer {
+                Response::Query(rows) => send_query_response(client, rows, true).await?,
+                Response::Execution(tag)
+                | Response::TransactionStart(tag)
+                | Response::TransactionEnd(tag) => send_execution_response(client, tag).await?,
+                // The split leaves out empty statements; nothing to send.
+                Response::EmptyQuery => {}
+                Response::Error(e) => return Err(PgWireError::UserError(e)),
+                _ => {
+                    return Err(error(
+                        "ERROR",
+                        "0A000",
+                        "COPY is not supported over the wire".into(),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(Vec::new())
 }
 
 /// A prepared query with its result columns as PostgreSQL fields, per result format (text
@@ -633,13 +732,11 @@ impl ExtendedQueryHandler for Extended {
             }
             // Only a query takes the prepared path: anything else (SHOW, which DataFusion
             // would also plan as a query) is the hooks' to answer.
-            let is_query = matches!(
-                &portal.statement.statement.1,
-                Some((Statement::Query(_), _))
-            );
-            let prepared = match is_query {
-                true => login.session.prepared(sql).await?,
-                false => None,
+            let prepared = match &portal.statement.statement.1 {
+                Some((statement @ Statement::Query(_), _)) => {
+                    login.session.prepared(sql, statement).await?
+                }
+                _ => None,
             };
             if let Some(p) = prepared {
                 let expected: Vec<Option<DataType>> = p

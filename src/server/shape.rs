@@ -24,6 +24,10 @@ pub const MAX_DEPTH: usize = 1_000;
 pub const MAX_FUNCTION_NESTING: usize = 16;
 /// Most `SELECT`s (subqueries, set operations, common table expressions) in one text.
 pub const MAX_QUERIES: usize = 500;
+/// Most tokens in one expression between commas: the backstop for any construct that
+/// nests without an operator counted above (a 5,000-token run is far from the depth that
+/// overflows a connection's stack; a `CASE` of 800 branches fits).
+pub const MAX_RUN_TOKENS: usize = 5_000;
 
 /// What the scan found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,6 +40,8 @@ pub struct Shape {
     pub function_nesting: usize,
     /// `SELECT` keywords.
     pub queries: usize,
+    /// The most tokens in one expression (between commas, in one pair of brackets).
+    pub longest_run: usize,
 }
 
 fn too_complex(what: &str, found: usize, limit: usize) -> PgWireError {
@@ -49,11 +55,47 @@ fn too_complex(what: &str, found: usize, limit: usize) -> PgWireError {
     )))
 }
 
+/// Keywords that wrap the expression before or after them in another node: each one in a
+/// chain is a level of the tree (`x IS NULL IS NULL`, `NOT NOT x`, `x IN (1) IN (1)`,
+/// `CASE WHEN CASE WHEN ...`). Clause keywords (`SELECT`, `FROM`, `WHERE`, `THEN`) and
+/// names are not counted: they do not nest.
+const OPERATOR_KEYWORDS: &[&str] = &[
+    "AND",
+    "OR",
+    "UNION",
+    "EXCEPT",
+    "INTERSECT",
+    "NOT",
+    "IS",
+    "IN",
+    "LIKE",
+    "ILIKE",
+    "SIMILAR",
+    "RLIKE",
+    "REGEXP",
+    "BETWEEN",
+    "AT",
+    "COLLATE",
+    "CASE",
+    "OVERLAPS",
+    "ESCAPE",
+    "DIV",
+    "XOR",
+    "ANY",
+    "ALL",
+    "SOME",
+    "EXISTS",
+    "INTERVAL",
+    "OPERATOR",
+    "ISNULL",
+    "NOTNULL",
+];
+
 fn is_operator(t: &Token) -> bool {
     match t {
         Token::Word(w) => {
             w.quote_style.is_none()
-                && ["AND", "OR", "UNION", "EXCEPT", "INTERSECT"]
+                && OPERATOR_KEYWORDS
                     .iter()
                     .any(|k| w.value.eq_ignore_ascii_case(k))
         }
@@ -95,6 +137,8 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
     // One frame per open parenthesis (the outermost for the text itself): the operators
     // chained in it since its last comma, and whether it is a function call's.
     let mut frames: Vec<(usize, bool)> = vec![(0, false)];
+    // Tokens since the last comma, per frame.
+    let mut runs: Vec<usize> = vec![0];
     let (mut chained, mut functions) = (0usize, 0usize);
     let mut in_statement = false;
     let mut previous_word = false;
@@ -102,24 +146,39 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
         if matches!(t, Token::Whitespace(_)) {
             continue;
         }
+        // Whatever the construct, an expression is no deeper than its tokens: a run of more
+        // than MAX_RUN_TOKENS without a comma or bracket is refused even if no operator
+        // above was counted in it (a keyword this list misses cannot overflow a stack).
+        if !matches!(
+            t,
+            Token::Comma | Token::LParen | Token::RParen | Token::LBracket | Token::RBracket
+        ) {
+            let run = runs.last_mut().expect("the outer run");
+            *run += 1;
+            shape.longest_run = shape.longest_run.max(*run);
+        }
         match t {
-            Token::LParen => {
-                functions += usize::from(previous_word);
-                frames.push((0, previous_word));
+            Token::LParen | Token::LBracket => {
+                let call = previous_word && matches!(t, Token::LParen);
+                functions += usize::from(call);
+                frames.push((0, call));
+                runs.push(0);
             }
-            Token::RParen => {
-                if frames.len() > 1 {
-                    let (count, function) = frames.pop().expect("more than one frame");
-                    chained -= count;
-                    functions -= usize::from(function);
-                }
+            Token::RParen | Token::RBracket if frames.len() > 1 => {
+                runs.pop();
+                let (count, function) = frames.pop().expect("more than one frame");
+                chained -= count;
+                functions -= usize::from(function);
             }
+            Token::RParen | Token::RBracket => {}
             Token::Comma => {
+                *runs.last_mut().expect("the outer run") = 0;
                 let top = frames.last_mut().expect("the outer frame");
                 chained -= top.0;
                 top.0 = 0;
             }
             Token::SemiColon if frames.len() == 1 => {
+                runs[0] = 0;
                 chained -= frames[0].0;
                 frames[0].0 = 0;
                 shape.statements += usize::from(in_statement);
@@ -148,6 +207,13 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
     if shape.depth > MAX_DEPTH {
         return Err(too_complex("its expression depth", shape.depth, MAX_DEPTH));
     }
+    if shape.longest_run > MAX_RUN_TOKENS {
+        return Err(too_complex(
+            "its longest expression in tokens",
+            shape.longest_run,
+            MAX_RUN_TOKENS,
+        ));
+    }
     if shape.function_nesting > MAX_FUNCTION_NESTING {
         return Err(too_complex(
             "its function nesting",
@@ -163,6 +229,45 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
         ));
     }
     Ok(shape)
+}
+
+/// The statements of `sql`, each as the client wrote it (split at the semicolons between
+/// statements; those inside literals, quoted names and comments are tokens of their own and
+/// do not split). A text that does not tokenize is returned whole, for the parser to refuse.
+pub fn split(sql: &str) -> Vec<&str> {
+    let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize_with_location() else {
+        return vec![sql];
+    };
+    // Byte offset of each line's start: locations are (line, column), 1-based, in chars.
+    let mut lines = vec![0usize];
+    lines.extend(sql.match_indices('\n').map(|(i, _)| i + 1));
+    let offset = |line: u64, column: u64| -> Option<usize> {
+        let start = *lines.get(usize::try_from(line).ok()?.checked_sub(1)?)?;
+        let skip = usize::try_from(column).ok()?.checked_sub(1)?;
+        Some(match sql[start..].char_indices().nth(skip) {
+            Some((i, _)) => start + i,
+            None => sql.len(),
+        })
+    };
+    let mut out = Vec::new();
+    let mut from = 0;
+    for t in &tokens {
+        if t.token == Token::SemiColon {
+            let Some(at) = offset(t.span.start.line, t.span.start.column) else {
+                return vec![sql];
+            };
+            if sql[from..at].trim().is_empty() {
+                from = at + 1;
+                continue;
+            }
+            out.push(&sql[from..at]);
+            from = at + 1;
+        }
+    }
+    if !sql[from..].trim().is_empty() || out.is_empty() {
+        out.push(&sql[from..]);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -197,6 +302,64 @@ mod tests {
         );
         // Operators inside string literals do not count.
         assert_eq!(code(&format!("SELECT '{}'", "+".repeat(10_000))), "ok");
+        // A CASE of hundreds of branches is wide, not deep.
+        let branches: String = (0..600)
+            .map(|i| format!(" WHEN x = {i} THEN 'b{i}'"))
+            .collect();
+        assert_eq!(code(&format!("SELECT CASE{branches} END FROM t")), "ok");
+    }
+
+    #[test]
+    fn statements_split_where_they_end() {
+        assert_eq!(split("SELECT 1; SELECT 2"), vec!["SELECT 1", " SELECT 2"]);
+        assert_eq!(
+            split("SELECT 1;;\n ; SELECT 2;"),
+            vec!["SELECT 1", " SELECT 2"]
+        );
+        assert_eq!(
+            split("SELECT ';' AS \"a;b\" -- c;d\n; SELECT $$x;y$$"),
+            vec!["SELECT ';' AS \"a;b\" -- c;d\n", " SELECT $$x;y$$"]
+        );
+        assert_eq!(
+            split("SELECT 'é'; SELECT 'ü'"),
+            vec!["SELECT 'é'", " SELECT 'ü'"]
+        );
+        assert_eq!(split("SELECT 'unterminated"), vec!["SELECT 'unterminated"]);
+    }
+
+    /// Chains of keyword operators nest as deep as symbol ones (a tester's `SELECT 1 IS NULL
+    /// IS NULL ...` of 8,000 terms overflowed a 32 MiB stack), and `IN (...)` chains keep
+    /// their depth past the closing parenthesis.
+    #[test]
+    fn keyword_chains_and_bracket_nesting_are_refused() {
+        for (each, n) in [
+            (" IS NULL", 1_500),
+            (" IS TRUE", 1_500),
+            (" LIKE 'a'", 1_500),
+            (" AT TIME ZONE 'UTC'", 1_500),
+            (" IN (1)", 1_500),
+            (" ISNULL", 1_500),
+            (" COLLATE \"C\"", 1_500),
+        ] {
+            assert_eq!(
+                code(&format!("SELECT 1{}", each.repeat(n))),
+                "54001",
+                "{each}"
+            );
+            assert_eq!(
+                code(&format!("SELECT 1{}", each.repeat(50))),
+                "ok",
+                "{each}"
+            );
+        }
+        assert_eq!(code(&format!("SELECT {}1", "NOT ".repeat(1_500))), "54001");
+        let cases = "CASE WHEN true THEN ".repeat(1_500);
+        assert_eq!(code(&format!("SELECT {cases}1")), "54001");
+        let arrays = format!("SELECT {}1{}", "[".repeat(1_500), "]".repeat(1_500));
+        assert_eq!(code(&arrays), "54001");
+        // The backstop: a run of tokens no listed operator joins.
+        let words = "x ".repeat(MAX_RUN_TOKENS + 1);
+        assert_eq!(code(&format!("SELECT {words}")), "54001");
     }
 
     #[test]

@@ -65,7 +65,7 @@ mod reads;
 mod test_support;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -253,9 +253,37 @@ impl SqliteStore {
         F: FnMut(&Transaction<'_>, i64) -> TxResult<T> + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || inner.run_blocking(operation, mode, &mut body))
-            .await
-            .map_err(|e| backend(operation, format!("store worker failed: {e}")))?
+        // A caller that stops waiting (a statement timed out or cancelled) drops this future,
+        // but not the blocking call: without a word it would commit what its caller was told
+        // did not happen. The flag tells the transaction to roll back instead, if it has not
+        // committed yet.
+        let abandoned = Abandoned::default();
+        let flag = Arc::clone(&abandoned.0);
+        let result = tokio::task::spawn_blocking(move || {
+            inner.run_blocking(operation, mode, &mut body, &flag)
+        })
+        .await
+        .map_err(|e| backend(operation, format!("store worker failed: {e}")))?;
+        abandoned.disarm();
+        result
+    }
+}
+
+/// Set when the future waiting for a store call is dropped before the call returned.
+#[derive(Default)]
+struct Abandoned(Arc<AtomicBool>, bool);
+
+impl Abandoned {
+    fn disarm(mut self) {
+        self.1 = true;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.store(true, Ordering::SeqCst);
+        }
     }
 }
 
@@ -271,6 +299,7 @@ impl Inner {
         operation: &'static str,
         mode: Mode,
         body: &mut dyn FnMut(&Transaction<'_>, i64) -> TxResult<T>,
+        abandoned: &AtomicBool,
     ) -> StoreResult<T> {
         let mut last = String::new();
         for attempt in 1..=MAX_ATTEMPTS {
@@ -292,6 +321,11 @@ impl Inner {
                     // write lock) is held, so commit order and clock order agree.
                     let now = clock_micros();
                     match body(&tx, now) {
+                        // Nobody waits for this write any more: roll it back (dropping
+                        // `tx`) rather than commit what its caller reported as not done.
+                        Ok(_) if mode == Mode::Write && abandoned.load(Ordering::SeqCst) => {
+                            return Err(backend(operation, "abandoned by its caller; rolled back"));
+                        }
                         Ok(v) => match tx.commit() {
                             Ok(()) => return Ok(v),
                             Err(e) if mode == Mode::Write => {
