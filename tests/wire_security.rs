@@ -1213,3 +1213,201 @@ async fn one_statement_per_parse_show_savepoints_and_process_ids() {
         "open server: each connection its own process id"
     );
 }
+
+/// A connection from `local` (any loopback address: 127.0.0.0/8 is all loopback on Linux)
+/// to the server, so one test can play clients at different addresses.
+async fn raw_from(s: &Served, local: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+    socket
+        .connect(([127, 0, 0, 1], s.port).into())
+        .await
+        .unwrap()
+}
+
+/// Issue 25 (third round), A: connections that sent a StartupMessage and then nothing hold
+/// no connection slot; from one address they are bounded (a quarter of the start bound)
+/// and cannot keep a real user out. The limit still applies to logins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_logins_from_one_address_cannot_take_the_slots() {
+    let s = serve(ServerConfig {
+        max_connections: 2,
+        ..with_users()
+    })
+    .await;
+    let mut silent = Vec::new();
+    let mut asked_password = 0;
+    for _ in 0..24 {
+        let mut sock = raw_from(&s, "127.0.0.2").await;
+        sock.write_all(&rawpg::startup("alice")).await.unwrap();
+        if let Some(m) = rawpg::read(&mut sock, Duration::from_millis(500)).await {
+            if m.auth_code() == Some(10) {
+                asked_password += 1;
+            }
+        }
+        silent.push(sock);
+    }
+    let alice = connect(&s, "alice").await;
+    assert_eq!(count(&alice, "SELECT count(*) FROM chat").await, 10);
+    let carol = connect(&s, "carol").await;
+    assert_eq!(count(&carol, "SELECT count(*) FROM chat").await, 10);
+    // 64 starts in all for this server, 16 per address, until their login.
+    assert_eq!(asked_password, 16, "one address's share of the starts");
+    // Both slots are logged in: the next login is refused, before its password.
+    let info = format!(
+        "host=127.0.0.1 port={} user=bob password='{PASSWORD}' dbname=pulpitum sslmode=disable",
+        s.port
+    );
+    let e = tokio_postgres::connect(&info, NoTls)
+        .await
+        .err()
+        .expect("the server is full");
+    assert!(code(&e).starts_with("53300"), "{}", code(&e));
+    drop(silent);
+}
+
+/// Issue 25 (third round), B: StartupMessage parameters go through the rules of SET; a bad
+/// value or an unknown name refuses the connection, what is taken applies to the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_parameters_follow_the_rules_of_set() {
+    let s = serve(with_users()).await;
+    for (name, value, want) in [
+        ("client_encoding", "LATIN1", "22023"),
+        ("extra_float_digits", "-128", "22023"),
+        ("intervalstyle", "nonsense", "22023"),
+        ("bytea_output", "nonsense", "22023"),
+        ("DateStyle", "nonsense", "22023"),
+        ("statement_timeout_ms", "99999999", "42704"),
+        ("datafusion.execution.batch_size", "1", "42704"),
+        ("options", "-c intervalstyle=nonsense", "22023"),
+    ] {
+        let (got, message) = refused_in_one_write(
+            &s,
+            &rawpg::startup_with("alice", &[(name, value)]),
+            &format!("{name}={value}"),
+        )
+        .await;
+        assert_eq!(got, want, "{name}={value}: {message}");
+        let shown = name.to_ascii_lowercase();
+        let shown = shown.trim_start_matches("options");
+        assert!(message.contains(shown), "{name}={value}: {message}");
+    }
+    // What JDBC sends, taken; the values reach the session and its login report.
+    let mut sock = raw(&s).await;
+    sock.write_all(&rawpg::startup_with(
+        "alice",
+        &[
+            ("client_encoding", "UTF8"),
+            ("DateStyle", "ISO"),
+            ("TimeZone", "America/New_York"),
+            ("extra_float_digits", "3"),
+            ("IntervalStyle", "iso_8601"),
+        ],
+    ))
+    .await
+    .unwrap();
+    let m = rawpg::read(&mut sock, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(m.auth_code(), Some(10), "{m:?}");
+    drop(sock);
+    let (c, conn) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=alice password='{PASSWORD}' dbname=pulpitum \
+             sslmode=disable options='-c TimeZone=America/New_York -c intervalstyle=iso_8601 \
+             -c bytea_output=escape'",
+            s.port
+        ),
+        NoTls,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}", code(&e)));
+    tokio::spawn(conn);
+    let rows = c
+        .simple_query("SHOW timezone; SELECT interval '1 day' AS i; SELECT 'ab'::bytea")
+        .await
+        .unwrap();
+    let values: Vec<String> = rows
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(values, ["America/New_York", "P1D", "ab"], "{values:?}");
+}
+
+/// Issue 25 (third round), C: a connection keeps at most 1,000 prepared statements and
+/// portals, and at most its budget of their text (here `--max-message-bytes`, 1 MiB); a
+/// Parse past either is refused with 54000, and Close releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_a_connection_keeps_are_bounded() {
+    let s = serve(ServerConfig {
+        max_message_bytes: 1 << 20,
+        ..with_users()
+    })
+    .await;
+    let mut sock = raw(&s).await;
+    rawpg::login(&mut sock, "carol", PASSWORD).await.unwrap();
+    let big = format!("SELECT '{}' AS filler", "x".repeat(300_000));
+    let answers = |msgs: &[Msg]| -> Vec<String> {
+        msgs.iter()
+            .filter(|m| m.kind != b'Z')
+            .map(|m| match m.error() {
+                Some(e) => e.1,
+                None => (m.kind as char).to_string(),
+            })
+            .collect()
+    };
+    let mut sent = Vec::new();
+    for name in ["a", "b", "c", "d"] {
+        sent.extend(rawpg::parse(name, &big));
+        sent.extend(rawpg::sync());
+    }
+    sock.write_all(&sent).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.extend(answers(
+            &rawpg::until_ready(&mut sock, Duration::from_secs(10)).await,
+        ));
+    }
+    assert_eq!(
+        got,
+        ["1", "1", "1", "54000"],
+        "three fit in 1 MiB, not four"
+    );
+    let sent = [
+        rawpg::close_statement("a"),
+        rawpg::parse("d", &big),
+        rawpg::sync(),
+    ]
+    .concat();
+    sock.write_all(&sent).await.unwrap();
+    let got = answers(&rawpg::until_ready(&mut sock, Duration::from_secs(10)).await);
+    assert_eq!(got, ["3", "1"], "Close releases");
+
+    let mut sock = raw(&s).await;
+    rawpg::login(&mut sock, "carol", PASSWORD).await.unwrap();
+    let mut sent = Vec::new();
+    for i in 0..=1_000 {
+        sent.extend(rawpg::parse(&format!("s{i}"), "SELECT 1"));
+    }
+    sent.extend(rawpg::sync());
+    sock.write_all(&sent).await.unwrap();
+    let got = answers(&rawpg::until_ready(&mut sock, Duration::from_secs(60)).await);
+    assert_eq!(
+        got.len(),
+        1_001,
+        "{:?}",
+        &got[got.len().saturating_sub(3)..]
+    );
+    assert!(got[..1_000].iter().all(|a| a == "1"));
+    assert_eq!(got[1_000], "54000");
+    // Still usable once below the limit.
+    sock.write_all(&[rawpg::close_statement("s0"), rawpg::extended("SELECT 7")].concat())
+        .await
+        .unwrap();
+    let msgs = rawpg::until_ready(&mut sock, Duration::from_secs(10)).await;
+    assert!(msgs.iter().all(|m| m.error().is_none()), "{msgs:?}");
+    assert!(msgs.iter().any(|m| m.kind == b'D'), "{msgs:?}");
+}

@@ -9,7 +9,12 @@
 //!   after an SSLRequest can be carried into the TLS stream: it is refused if already there,
 //!   and otherwise read by the TLS handshake, which fails on it. A CancelRequest is served
 //!   before the connection limit is consulted (it needs no slot; the limit is when it is
-//!   needed most). Until the login completes, a startup timeout applies.
+//!   needed most). Until the login completes, a startup timeout applies, and the connection
+//!   counts against the bounds of [`super::handshake`], not against `--max-connections`: it
+//!   takes a slot only when its login completes, so silent half-open logins cannot hold
+//!   the slots.
+//! - **Startup parameters** are checked with the rules of `SET` ([`vars::startup`]) before
+//!   the password is asked for, and applied to the session at the login.
 //! - **The login marker** is set by the [`Gate`] alone, when the authenticator reports
 //!   success; it holds the user's role and the connection's own session. Before it is set,
 //!   the loop passes nothing but authentication messages to pgwire, and the query handlers
@@ -31,6 +36,7 @@ use async_trait::async_trait;
 use futures::{FutureExt, Sink, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 use tokio_util::codec::Framed;
@@ -40,14 +46,16 @@ use tracing::{debug, info, warn};
 use datafusion_postgres::pgwire::api::auth::noop::NoopStartupHandler;
 use datafusion_postgres::pgwire::api::auth::sasl::scram::ScramAuth;
 use datafusion_postgres::pgwire::api::auth::sasl::SASLAuthStartupHandler;
-use datafusion_postgres::pgwire::api::auth::{DefaultServerParameterProvider, StartupHandler};
+use datafusion_postgres::pgwire::api::auth::StartupHandler;
 use datafusion_postgres::pgwire::api::{
     ClientInfo, DefaultClient, ErrorHandler, NoopHandler, PgWireConnectionState,
     PidSecretKeyGenerator, RandomPidSecretKeyGenerator,
 };
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::response::ErrorResponse;
-use datafusion_postgres::pgwire::messages::startup::{PasswordMessageFamily, Startup};
+use datafusion_postgres::pgwire::messages::startup::{
+    ParameterStatus, PasswordMessageFamily, Startup,
+};
 use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use datafusion_postgres::pgwire::tokio::server::{
     process_error, process_message, PgWireMessageServerCodec,
@@ -57,6 +65,9 @@ use super::auth::SCRAM_ITERATIONS;
 use super::frames::{self, Checked, StartupPacket};
 use super::guard::Role;
 use super::handlers::{self, DfStatement};
+use super::handshake::Handshake;
+use super::retained::Retained;
+use super::vars::{self, Change};
 use super::{ServerError, Shared};
 
 /// Longest a connection may take to send its StartupMessage (TLS negotiation included).
@@ -330,6 +341,10 @@ pub(super) struct ConnState {
     logged_in: Arc<AtomicBool>,
     pub(super) statement: Arc<StatementSlot>,
     cancel_key: Mutex<Option<CancelKey>>,
+    /// The connection's place among those not yet logged in; released at the login.
+    start: Mutex<Option<Handshake>>,
+    /// Its `--max-connections` slot, taken at the login.
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl ConnState {
@@ -362,9 +377,32 @@ struct Open {
     pids: Arc<RandomPidSecretKeyGenerator>,
 }
 
+#[async_trait]
 impl NoopStartupHandler for Open {
     fn pid_secret_key_generator(&self) -> &dyn PidSecretKeyGenerator {
         &*self.pids
+    }
+
+    /// Reports the values the client set at its start (pgwire's own report has only the
+    /// defaults on this path).
+    async fn post_startup<C>(
+        &self,
+        client: &mut C,
+        _message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: std::fmt::Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        for (name, value) in vars::Reported::overrides(client.metadata()) {
+            client
+                .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
+                    name, value,
+                )))
+                .await?;
+        }
+        Ok(())
     }
 }
 
@@ -373,9 +411,11 @@ impl NoopStartupHandler for Open {
 /// success sets the login marker.
 pub(super) struct Gate {
     conn: Arc<ConnState>,
-    scram: Option<SASLAuthStartupHandler<DefaultServerParameterProvider>>,
+    scram: Option<SASLAuthStartupHandler<vars::Reported>>,
     open: Open,
     sasl_started: AtomicBool,
+    /// What the StartupMessage's parameters change, applied to the session at the login.
+    settings: Mutex<Option<Change>>,
 }
 
 impl Gate {
@@ -383,7 +423,7 @@ impl Gate {
         let scram = conn.shared.users.as_ref().map(|users| {
             let mut scram = ScramAuth::new(users.clone());
             scram.set_iterations(SCRAM_ITERATIONS);
-            SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default()))
+            SASLAuthStartupHandler::new(Arc::new(vars::Reported::default()))
                 .with_scram(scram)
                 .with_pid_secret_key_generator(conn.shared.pids.clone())
         });
@@ -394,6 +434,7 @@ impl Gate {
             conn,
             scram,
             sasl_started: false.into(),
+            settings: Mutex::new(None),
         }
     }
 
@@ -405,8 +446,32 @@ impl Gate {
         )))
     }
 
-    /// Sets the login marker after the authenticator reported success.
-    fn log_in<C: ClientInfo>(&self, client: &C) -> PgWireResult<()> {
+    /// Takes a connection slot before the message that may complete the login is handled
+    /// (so that the login, once reported to the client, holds one), or refuses with 53300.
+    /// A failed proof closes the connection and frees the slot at once.
+    fn take_slot<C: ClientInfo>(&self, client: &C) -> PgWireResult<()> {
+        let mut slot = self.conn.slot.lock().expect("slot lock");
+        if slot.is_some() {
+            return Ok(());
+        }
+        let Ok(permit) = self.conn.shared.slots.clone().try_acquire_owned() else {
+            warn!(
+                peer = %client.socket_addr(),
+                limit = self.conn.shared.config.max_connections,
+                "connection refused: limit reached"
+            );
+            return Err(Self::fatal("53300", "sorry, too many clients already"));
+        };
+        *slot = Some(permit);
+        Ok(())
+    }
+
+    /// Applies the startup settings and sets the login marker after the authenticator
+    /// reported success.
+    fn log_in<C: ClientInfo>(&self, client: &mut C) -> PgWireResult<()> {
+        self.take_slot(&*client)?;
+        // Logged in: no longer counted among the starts.
+        drop(self.conn.start.lock().expect("start lock").take());
         let user = client.metadata().get("user").cloned().unwrap_or_default();
         let role = match &self.conn.shared.users {
             Some(users) => users
@@ -417,6 +482,9 @@ impl Gate {
         };
         let session = handlers::ConnSession::new(&self.conn.shared, role)
             .map_err(|e| Self::fatal("53000", &format!("cannot start a session: {e}")))?;
+        if let Some(change) = self.settings.lock().expect("settings lock").take() {
+            vars::apply(&change, client.metadata_mut(), &session.ctx);
+        }
         let (pid, key) = client.pid_and_secret_key();
         let key = key.to_bytes().to_vec();
         self.conn
@@ -448,13 +516,28 @@ impl StartupHandler for Gate {
         if self.conn.logged_in() {
             return Err(Self::fatal("08P01", "authentication message after login"));
         }
-        match &message {
-            PgWireFrontendMessage::Startup(_) => {
+        let mut message = message;
+        match &mut message {
+            PgWireFrontendMessage::Startup(startup) => {
                 if self.conn.shared.tls.is_some() && !client.is_secure() {
                     return Err(Self::fatal(
                         "28000",
                         "this server requires TLS: connect with sslmode=require",
                     ));
+                }
+                let (kept, change) = vars::startup(
+                    startup
+                        .parameters
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str())),
+                )?;
+                // pgwire copies these into the connection's metadata: only the checked
+                // values, under the names the formatters and SHOW read.
+                startup.parameters = kept.into_iter().collect();
+                *self.settings.lock().expect("settings lock") = Some(change);
+                if self.scram.is_none() {
+                    // Without passwords the StartupMessage completes the login.
+                    self.take_slot(&*client)?;
                 }
             }
             PgWireFrontendMessage::PasswordMessageFamily(PasswordMessageFamily::Raw(body)) => {
@@ -464,6 +547,9 @@ impl StartupHandler for Gate {
                 if !self.sasl_started.swap(true, Ordering::SeqCst) {
                     frames::sasl_initial_response(body)
                         .map_err(|e| Self::fatal("08P01", &e.to_string()))?;
+                } else {
+                    // The proof: success completes the login.
+                    self.take_slot(&*client)?;
                 }
             }
             _ => return Err(Self::fatal("08P01", "expected an authentication message")),
@@ -482,7 +568,7 @@ impl StartupHandler for Gate {
             None => self.open.on_startup(client, message).await?,
         }
         if matches!(client.state(), PgWireConnectionState::ReadyForQuery) {
-            self.log_in(&*client)?;
+            self.log_in(client)?;
         }
         Ok(())
     }
@@ -494,7 +580,7 @@ pub(super) async fn serve(
     tcp: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared>,
-    handshake: super::handshake::Handshake,
+    handshake: Handshake,
 ) {
     let deadline = Instant::now() + shared.config.startup_timeout;
     // The start (TLS, the StartupMessage) is quick for any real client; a socket that stays
@@ -513,13 +599,13 @@ pub(super) async fn serve(
                 return;
             }
         };
-    let Ok(slot) = shared.slots.clone().try_acquire_owned() else {
+    // Full already: refused before the password is asked for. The slot itself is taken
+    // at the login (see `Gate::take_slot`), the start bounds apply until then.
+    if shared.slots.available_permits() == 0 {
         warn!(%peer, limit = shared.config.max_connections, "connection refused: limit reached");
         refuse(&mut stream, "53300", "sorry, too many clients already").await;
         return;
-    };
-    drop(handshake);
-    let _slot = slot;
+    }
     let secure = matches!(stream, Stream::Tls(_));
     let client: DefaultClient<DfStatement> = DefaultClient::new(peer, secure);
     let logged_in = Arc::new(AtomicBool::new(false));
@@ -528,7 +614,7 @@ pub(super) async fn serve(
         PgWireMessageServerCodec::new(client),
     );
     socket.set_state(PgWireConnectionState::AwaitingStartup);
-    if let Err(e) = run(&mut socket, startup, shared, deadline, logged_in).await {
+    if let Err(e) = run(&mut socket, startup, shared, deadline, logged_in, handshake).await {
         debug!(%peer, error = %e, "connection ended with an error");
     }
     // Dropping the socket closes both directions.
@@ -584,6 +670,7 @@ async fn run(
     shared: Arc<Shared>,
     deadline: Instant,
     logged_in: Arc<AtomicBool>,
+    handshake: Handshake,
 ) -> Result<(), ServerError> {
     let conn = Arc::new(ConnState {
         shared: shared.clone(),
@@ -591,6 +678,8 @@ async fn run(
         logged_in,
         statement: Arc::new(StatementSlot::default()),
         cancel_key: Mutex::new(None),
+        start: Mutex::new(Some(handshake)),
+        slot: Mutex::new(None),
     });
     let gate = Arc::new(Gate::new(conn.clone()));
     let simple = Arc::new(handlers::Simple::new(conn.clone()));
@@ -598,6 +687,7 @@ async fn run(
     let copy = Arc::new(NoopHandler);
     let cancel = Arc::new(NoopHandler);
     let errors = handlers::SqlStates;
+    let mut retained = Retained::new(shared.config.max_message_bytes);
     let mut first = Some(PgWireFrontendMessage::Startup(startup));
     loop {
         let message = match first.take() {
@@ -652,6 +742,28 @@ async fn run(
             PgWireConnectionState::CopyInProgress(e) => e,
             _ => message.is_extended_query(),
         };
+        // What the message keeps (statements, portals), checked against the limits before
+        // pgwire keeps it; nothing while pgwire discards messages until a Sync.
+        let effect = match socket.state() {
+            PgWireConnectionState::ReadyForQuery | PgWireConnectionState::QueryInProgress => {
+                retained.check(&message)
+            }
+            PgWireConnectionState::AwaitingSync
+                if matches!(message, PgWireFrontendMessage::Sync(_)) =>
+            {
+                retained.check(&message)
+            }
+            _ => Ok(None),
+        };
+        let effect = match effect {
+            Ok(effect) => effect,
+            Err(info) => {
+                process_error(socket, PgWireError::UserError(Box::new(info)), true)
+                    .await
+                    .map_err(|e| ServerError::Io(e.to_string()))?;
+                continue;
+            }
+        };
         let result = process_message(
             message,
             socket,
@@ -662,6 +774,9 @@ async fn run(
             cancel.clone(),
         )
         .await;
+        if let (Ok(()), Some(effect)) = (&result, effect) {
+            retained.apply(effect);
+        }
         if let Err(mut e) = result {
             errors.on_error(&*socket, &mut e);
             let info = ErrorInfo::from(e);

@@ -37,6 +37,7 @@ mod handshake;
 mod hooks;
 pub mod memory;
 mod params;
+mod retained;
 mod shape;
 pub mod tls;
 pub mod vars;
@@ -162,7 +163,7 @@ pub struct Server {
     /// Taken by `run`, dropped when shutdown begins (new connections are refused at once).
     listener: Option<TcpListener>,
     shared: Arc<Shared>,
-    /// Connections between accept and their slot (the start, before the limit applies).
+    /// Connections between accept and their login (they hold no slot yet).
     handshakes: Arc<handshake::Handshakes>,
     /// The connections' own runtime, whatever runtime the caller runs `run` on: its threads
     /// have [`CONNECTION_STACK_BYTES`] of stack.
@@ -258,9 +259,7 @@ impl Server {
             Arc::new(ctx.clone()),
             refusing_hooks,
         ));
-        let handshakes = Arc::new(handshake::Handshakes::new(
-            config.max_connections.saturating_mul(2).max(64),
-        ));
+        let handshakes = Arc::new(handshake::Handshakes::for_server(config.max_connections));
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .thread_name("pulpitum-conn")
             .thread_stack_size(CONNECTION_STACK_BYTES)

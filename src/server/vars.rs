@@ -8,6 +8,13 @@
 //! is taken only when it has the meaning PostgreSQL gives it here: `client_encoding` is
 //! UTF8 and nothing else, `standard_conforming_strings` is on, `search_path` may only name
 //! the schemas the server resolves (`public`, `pg_catalog`, `"$user"`).
+//!
+//! A StartupMessage's parameters go through the same rules ([`startup`]): a known variable
+//! with a value it does not take refuses the connection (FATAL 22023, as PostgreSQL refuses
+//! a bad startup option), a name that is not a variable a client may set refuses it with
+//! 42704, and what is taken is reported back in the login's ParameterStatus messages
+//! ([`Reported`]). Without this, `intervalstyle=nonsense` at the start broke every later
+//! statement of the connection.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -19,6 +26,10 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{
     Expr, ObjectName, Reset, ResetStatement, Set, Statement, Value,
 };
+use datafusion_postgres::pgwire::api::auth::{
+    DefaultServerParameterProvider, ServerParameterProvider,
+};
+use datafusion_postgres::pgwire::api::ClientInfo;
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError};
 
 /// Metadata key of the client's own statement timeout, in milliseconds (the key
@@ -145,7 +156,14 @@ fn canonical(name: &str, value: &str) -> Result<String, PgWireError> {
         },
         "client_encoding" => match lower.replace(['-', '_'], "").as_str() {
             "utf8" | "unicode" => Ok("UTF8".into()),
-            _ => Err(bad_value(name, value, "this server speaks UTF8 only")),
+            // No conversion, as PostgreSQL does for SQL_ASCII (what libpq's `auto` picks in
+            // the C locale, so psql sends it).
+            "sqlascii" => Ok("SQL_ASCII".into()),
+            _ => Err(bad_value(
+                name,
+                value,
+                "this server speaks UTF8 only (SQL_ASCII: bytes as they are)",
+            )),
         },
         "client_min_messages" => match lower.as_str() {
             "debug5" | "debug4" | "debug3" | "debug2" | "debug1" | "debug" | "log" | "notice"
@@ -368,6 +386,168 @@ pub fn apply(change: &Change, metadata: &mut HashMap<String, String>, ctx: &Sess
     }
 }
 
+/// Startup parameters PostgreSQL takes that are not variables: who, where, and the
+/// connection's kind.
+const CONNECTION_PARAMETERS: [&str; 2] = ["user", "database"];
+
+fn fatal(code: &str, message: String) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "FATAL".into(),
+        code.into(),
+        message,
+    )))
+}
+
+/// A variable's error at the start, where every error is FATAL.
+fn at_start(e: PgWireError) -> PgWireError {
+    match e {
+        PgWireError::UserError(mut info) => {
+            info.severity = "FATAL".into();
+            PgWireError::UserError(info)
+        }
+        other => other,
+    }
+}
+
+/// The `name=value` settings of a StartupMessage's `options` (PostgreSQL's `-c name=value`,
+/// `-cname=value` and `--name=value`; a backslash escapes the next character, a space
+/// included); anything else in it refuses the connection.
+fn options(text: &str) -> Result<Vec<(String, String)>, PgWireError> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => word.extend(chars.next()),
+            c if c.is_ascii_whitespace() => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    let invalid = |w: &str| {
+        fatal(
+            "42601",
+            format!(
+                "invalid command-line argument in startup option \"options\": \"{w}\" (only \
+                 -c name=value and --name=value are taken)"
+            ),
+        )
+    };
+    let mut out = Vec::new();
+    let mut words = words.into_iter();
+    while let Some(w) = words.next() {
+        let setting = if w == "-c" {
+            words.next().ok_or_else(|| invalid(&w))?
+        } else if let Some(rest) = w.strip_prefix("--") {
+            rest.replace('-', "_")
+        } else if let Some(rest) = w.strip_prefix("-c") {
+            rest.to_string()
+        } else {
+            return Err(invalid(&w));
+        };
+        let (name, value) = setting.split_once('=').ok_or_else(|| invalid(&setting))?;
+        out.push((name.to_string(), value.to_string()));
+    }
+    Ok(out)
+}
+
+/// Checks a StartupMessage's parameters with the rules of `SET`: the parameters pgwire is
+/// to keep (`user`, `database`, and each variable under its own name, in canonical form)
+/// and the change to apply to the session at the login, or the FATAL refusal.
+pub fn startup<'a>(
+    params: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(Vec<(String, String)>, Change), PgWireError> {
+    let mut kept = Vec::new();
+    let mut settings = Vec::new();
+    for (name, value) in params {
+        let lower = name.to_ascii_lowercase();
+        if CONNECTION_PARAMETERS.contains(&lower.as_str()) {
+            kept.push((lower, value.to_string()));
+        } else if lower == "options" {
+            settings.extend(options(value)?);
+        } else if lower == "replication" {
+            if !matches!(
+                value.to_ascii_lowercase().as_str(),
+                "false" | "off" | "no" | "0"
+            ) {
+                return Err(fatal(
+                    "0A000",
+                    "replication connections are not supported by this server".into(),
+                ));
+            }
+        } else if lower.starts_with("_pq_.") {
+            // Protocol extensions: none is supported, and a client that asks must cope
+            // without (PostgreSQL reports them unsupported; pgwire does not negotiate).
+        } else {
+            settings.push((name.to_string(), value.to_string()));
+        }
+    }
+    let mut change = Change::default();
+    for (name, value) in settings {
+        let lower = name.to_ascii_lowercase();
+        if !ALLOWED.contains(&lower.as_str()) {
+            return Err(fatal(
+                "42704",
+                format!(
+                    "unrecognized configuration parameter \"{name}\" in the startup packet; a \
+                     client may set {}",
+                    ALLOWED.join(", ")
+                ),
+            ));
+        }
+        assign(&mut change, &lower, Some(&value)).map_err(at_start)?;
+    }
+    for (name, value) in &change.metadata {
+        if let Some(v) = value {
+            kept.push((name.clone(), v.clone()));
+        }
+    }
+    Ok((kept, change))
+}
+
+/// The ParameterStatus messages of a login: pgwire's defaults, with the values the client
+/// set in its StartupMessage (kept in the connection's metadata by [`startup`]).
+#[derive(Default)]
+pub struct Reported {
+    defaults: DefaultServerParameterProvider,
+}
+
+/// The variables a login reports, by their metadata key and their reported name.
+const REPORTED_AT_LOGIN: [(&str, &str); 4] = [
+    ("client_encoding", "client_encoding"),
+    ("datestyle", "DateStyle"),
+    ("intervalstyle", "IntervalStyle"),
+    ("timezone", "TimeZone"),
+];
+
+impl Reported {
+    /// The values the client set that differ from what pgwire reports by default.
+    pub fn overrides(metadata: &HashMap<String, String>) -> Vec<(String, String)> {
+        REPORTED_AT_LOGIN
+            .iter()
+            .filter_map(|(key, shown)| {
+                metadata
+                    .get(*key)
+                    .map(|v| (shown.to_string(), v.to_string()))
+            })
+            .collect()
+    }
+}
+
+impl ServerParameterProvider for Reported {
+    fn server_parameters<C: ClientInfo>(&self, client: &C) -> Option<HashMap<String, String>> {
+        let mut params = self.defaults.server_parameters(client)?;
+        params.extend(Self::overrides(client.metadata()));
+        Some(params)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,5 +628,67 @@ mod tests {
         let c = of("RESET ALL").unwrap();
         assert_eq!(c.metadata.len(), ALLOWED.len());
         assert_eq!(c.time_zone, Some(None));
+    }
+
+    fn start(params: &[(&str, &str)]) -> Result<(Vec<(String, String)>, Change), String> {
+        startup(params.iter().copied()).map_err(|e| match e {
+            PgWireError::UserError(i) => format!("{} {} {}", i.severity, i.code, i.message),
+            o => o.to_string(),
+        })
+    }
+
+    #[test]
+    fn startup_parameters_follow_the_rules_of_set() {
+        // What JDBC, libpq (psql, psycopg), node-postgres and tokio-postgres send.
+        let (kept, change) = start(&[
+            ("user", "alice"),
+            ("database", "db"),
+            ("client_encoding", "UTF8"),
+            ("DateStyle", "ISO"),
+            ("TimeZone", "Europe/Paris"),
+            ("extra_float_digits", "3"),
+            ("application_name", "psql"),
+            ("statement_timeout", "5000"),
+            (
+                "options",
+                "-c search_path=public --intervalstyle=iso_8601 -cbytea_output=escape",
+            ),
+            ("replication", "false"),
+            ("_pq_.something", "x"),
+        ])
+        .unwrap();
+        let kept: HashMap<_, _> = kept.into_iter().collect();
+        assert_eq!(kept["user"], "alice");
+        assert_eq!(kept["datestyle"], "ISO, YMD");
+        assert_eq!(kept["timezone"], "Europe/Paris");
+        assert_eq!(kept["extra_float_digits"], "3");
+        assert_eq!(kept[TIMEOUT_KEY], "5000");
+        assert_eq!(kept["intervalstyle"], "iso_8601");
+        assert_eq!(kept["bytea_output"], "escape");
+        assert_eq!(kept["search_path"], "public");
+        assert!(!kept.contains_key("replication") && !kept.contains_key("_pq_.something"));
+        assert_eq!(change.time_zone, Some(Some("Europe/Paris".into())));
+        assert!(start(&[("client_encoding", "SQL_ASCII")]).is_ok());
+        for (name, value, code) in [
+            ("client_encoding", "LATIN1", "FATAL 22023"),
+            ("extra_float_digits", "-128", "FATAL 22023"),
+            ("IntervalStyle", "nonsense", "FATAL 22023"),
+            ("bytea_output", "nonsense", "FATAL 22023"),
+            ("statement_timeout_ms", "1", "FATAL 42704"),
+            ("work_mem", "1GB", "FATAL 42704"),
+            ("datafusion.execution.batch_size", "1", "FATAL 42704"),
+            ("options", "-d 5", "FATAL 42601"),
+            ("options", "-c work_mem=1GB", "FATAL 42704"),
+            ("options", "-c intervalstyle=bad", "FATAL 22023"),
+            ("replication", "database", "FATAL 0A000"),
+        ] {
+            let e = start(&[("user", "a"), (name, value)]).unwrap_err();
+            assert!(e.starts_with(code), "{name}={value}: {e}");
+        }
+        let e = start(&[("bytea_output", "nonsense")]).unwrap_err();
+        assert!(
+            e.contains("bytea_output") && e.contains("hex or escape"),
+            "{e}"
+        );
     }
 }

@@ -26,11 +26,20 @@ fn cstr(out: &mut Vec<u8>, s: &str) {
 
 /// StartupMessage (protocol 3.0) for `user`.
 pub fn startup(user: &str) -> Vec<u8> {
+    startup_with(user, &[])
+}
+
+/// StartupMessage (protocol 3.0) for `user`, with more parameters.
+pub fn startup_with(user: &str, params: &[(&str, &str)]) -> Vec<u8> {
     let mut body = 196_608i32.to_be_bytes().to_vec();
     cstr(&mut body, "user");
     cstr(&mut body, user);
     cstr(&mut body, "database");
     cstr(&mut body, "pulpitum");
+    for (k, v) in params {
+        cstr(&mut body, k);
+        cstr(&mut body, v);
+    }
     body.push(0);
     let mut f = ((body.len() + 4) as i32).to_be_bytes().to_vec();
     f.extend_from_slice(&body);
@@ -83,6 +92,27 @@ pub fn extended(sql: &str) -> Vec<u8> {
         frame(b'S', &[]),
     ]
     .concat()
+}
+
+/// Parse of `sql` as the statement `name` (no parameter types).
+pub fn parse(name: &str, sql: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    cstr(&mut body, name);
+    cstr(&mut body, sql);
+    body.extend_from_slice(&0i16.to_be_bytes());
+    frame(b'P', &body)
+}
+
+/// Close of the statement `name`.
+pub fn close_statement(name: &str) -> Vec<u8> {
+    let mut body = vec![b'S'];
+    cstr(&mut body, name);
+    frame(b'C', &body)
+}
+
+/// Sync.
+pub fn sync() -> Vec<u8> {
+    frame(b'S', &[])
 }
 
 /// SASLInitialResponse naming `mechanism`, with `data`.
