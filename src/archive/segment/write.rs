@@ -6,8 +6,9 @@
 //! boundary once the group holds [`GROUP_MIN_ROWS`] rows or [`GROUP_MAX_BYTES`] bytes, so a
 //! small partition shares a group and a large one starts its own. The payload is created
 //! with create-if-absent in one PUT, read back whole and compared by SHA-256, and then every
-//! partition is decoded from the stored bytes through the same verified-range reader that
-//! queries use and compared, row for row, with the rows handed in. Only then is the
+//! partition is read again through the reader queries use (ranged reads of the footer and
+//! of each of its row groups, each checked against its digest) and compared, row for row,
+//! with the rows handed in. Only then is the
 //! manifest created (one conditional PUT, read back and parsed): a manifest key that this
 //! function returns names a segment that is known to hold exactly those rows.
 
@@ -19,11 +20,11 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::{ParquetMetaDataReader, SortingColumn};
 
 use super::manifest::{segment_dir, ByteRange, PartitionEntry, RowGroupEntry, SegmentManifest};
-use super::read::{check_range, decode_partition, footer_metadata, VerifiedRanges};
+use super::read::{partition_rows, SegmentCache};
 use crate::archive::integrity::sha256_hex;
 use crate::archive::parquet::{writer_properties, ENCODE_BATCH_ROWS, ROW_GROUP_ROWS};
 use crate::archive::write::is_condition_failure;
-use crate::archive::{retry_transient, ArchiveError, ArchiveStore};
+use crate::archive::{retry_transient, ArchiveError, ArchiveScanMetrics, ArchiveStore};
 use crate::model::envelope::{COL_PARTITION, COL_SORT, COL_TIME};
 use crate::model::{
     batch_to_records, envelope_schema, records_to_batch, BucketKey, BucketStrategy, Record, TableId,
@@ -321,7 +322,8 @@ pub(crate) async fn write_segment(
             actual,
         });
     }
-    verify_decoded(&manifest, &stored, records, &parts)?;
+    drop(stored);
+    verify_decoded(op, &manifest, records, &parts).await?;
 
     match create_once(op, &manifest_key, Bytes::from(manifest_bytes)).await {
         Ok(()) => {}
@@ -352,34 +354,30 @@ pub(crate) async fn write_segment(
     })
 }
 
-/// Decodes every partition of the stored payload (its row groups verified against their
-/// digests) and compares it with the rows the segment was written from.
-fn verify_decoded(
+/// Decodes every partition of the stored payload through the reader queries use (the
+/// footer and each row group fetched with its own ranged read and checked against its
+/// digest, nothing cached across partitions) and compares it with the rows the segment was
+/// written from. Checking the whole file as one buffer would pass a payload whose ranged
+/// reads cannot be decoded (a partition spanning row groups once was one).
+async fn verify_decoded(
+    op: &opendal::Operator,
     m: &SegmentManifest,
-    stored: &Bytes,
     records: &[Record],
     parts: &[(PartitionEntry, usize)],
 ) -> Result<(), ArchiveError> {
     let key = m.payload_key.as_str();
-    check_range(
-        key,
-        "footer",
-        &m.footer,
-        &stored[m.footer.offset as usize..],
-    )?;
-    for (i, g) in m.row_groups.iter().enumerate() {
-        let r = &g.range;
-        check_range(
-            key,
-            &format!("row group {i}"),
-            r,
-            &stored[r.offset as usize..r.end() as usize],
-        )?;
-    }
-    let meta = footer_metadata(key, &stored[m.footer.offset as usize..])?;
+    let cache = SegmentCache::with_partition_bytes(0);
+    let metrics = ArchiveScanMetrics::default();
     for (p, start) in parts {
-        let input = VerifiedRanges::new(m.byte_length, vec![(0, stored.clone())]);
-        let batch = decode_partition(m, meta.clone(), input, p)?;
+        // Each partition's reads are retried on their own (a transient failure of one
+        // ranged read should not restart the whole segment).
+        let mut attempt = 0;
+        let batch = loop {
+            match partition_rows(op, &cache, m, p, &metrics).await {
+                Err(e) if retry_transient(&e, &mut attempt).await => {}
+                other => break other?,
+            }
+        };
         let decoded = batch_to_records(&batch)?;
         let want = &records[*start..*start + p.rows as usize];
         if decoded.len() != want.len() {
