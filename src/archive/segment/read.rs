@@ -341,6 +341,17 @@ impl SegmentCache {
         self.manifests.lock().expect("segment cache").get(key)
     }
 
+    pub(super) fn cached(&self, key: &CacheKey) -> Option<RecordBatch> {
+        self.partitions.lock().expect("segment cache").get(key)
+    }
+
+    pub(super) fn keep(&self, key: CacheKey, rows: RecordBatch) {
+        self.partitions
+            .lock()
+            .expect("segment cache")
+            .insert(key, rows);
+    }
+
     pub(crate) fn keep_manifest(&self, key: &str, m: Arc<SegmentManifest>) {
         self.manifests
             .lock()
@@ -349,21 +360,26 @@ impl SegmentCache {
     }
 }
 
-/// Decoded partitions, oldest evicted first, bounded by their Arrow memory.
+/// `(payload key, partition key, row group)`: a partition's rows in one row group (v6
+/// reads), or all of them (`WHOLE`, v5 reads).
+pub(super) type CacheKey = (String, Vec<u8>, usize);
+const WHOLE: usize = usize::MAX;
+
+/// Decoded partition slices, oldest evicted first, bounded by their Arrow memory.
 #[derive(Debug, Default)]
 struct PartitionCache {
-    order: VecDeque<(String, Vec<u8>)>,
-    entries: std::collections::HashMap<(String, Vec<u8>), (RecordBatch, usize)>,
+    order: VecDeque<CacheKey>,
+    entries: std::collections::HashMap<CacheKey, (RecordBatch, usize)>,
     bytes: usize,
     limit: usize,
 }
 
 impl PartitionCache {
-    fn get(&self, key: &(String, Vec<u8>)) -> Option<RecordBatch> {
+    fn get(&self, key: &CacheKey) -> Option<RecordBatch> {
         self.entries.get(key).map(|(b, _)| b.clone())
     }
 
-    fn insert(&mut self, key: (String, Vec<u8>), batch: RecordBatch) {
+    fn insert(&mut self, key: CacheKey, batch: RecordBatch) {
         let size = batch.get_array_memory_size();
         if size > self.limit / 4 || self.entries.contains_key(&key) {
             return;
@@ -394,6 +410,7 @@ pub(crate) async fn partition_rows(
     let cache_key = (
         m.payload_key.clone(),
         entry.partition_key.as_bytes().to_vec(),
+        WHOLE,
     );
     if let Some(b) = cache
         .partitions
@@ -404,21 +421,7 @@ pub(crate) async fn partition_rows(
         return Ok(b);
     }
     let key = m.payload_key.as_str();
-    let cached = cache.footers.lock().expect("segment cache").get(key);
-    let meta = match cached {
-        Some(meta) => meta,
-        None => {
-            let tail = ranged(op, key, &m.footer, metrics).await?;
-            check_range(key, "footer", &m.footer, &tail)?;
-            let meta = footer_metadata(key, &tail)?;
-            cache
-                .footers
-                .lock()
-                .expect("segment cache")
-                .insert(key.to_string(), meta.clone());
-            meta
-        }
-    };
+    let meta = footer(op, cache, m, metrics).await?;
     let (groups, _) = m.row_groups_of(entry);
     ArchiveScanMetrics::add(&metrics.row_groups_total, groups.len() as u64);
     let mut ranges = Vec::with_capacity(groups.len());
@@ -437,7 +440,31 @@ pub(crate) async fn partition_rows(
     Ok(rows)
 }
 
-async fn ranged(
+/// The payload's Parquet metadata: cached, or its tail fetched with one ranged read and
+/// checked against the manifest's digest.
+pub(super) async fn footer(
+    op: &opendal::Operator,
+    cache: &SegmentCache,
+    m: &SegmentManifest,
+    metrics: &ArchiveScanMetrics,
+) -> Result<Arc<ParquetMetaData>, ArchiveError> {
+    let key = m.payload_key.as_str();
+    let cached = cache.footers.lock().expect("segment cache").get(key);
+    if let Some(meta) = cached {
+        return Ok(meta);
+    }
+    let tail = ranged(op, key, &m.footer, metrics).await?;
+    check_range(key, "footer", &m.footer, &tail)?;
+    let meta = footer_metadata(key, &tail)?;
+    cache
+        .footers
+        .lock()
+        .expect("segment cache")
+        .insert(key.to_string(), meta.clone());
+    Ok(meta)
+}
+
+pub(super) async fn ranged(
     op: &opendal::Operator,
     key: &str,
     r: &ByteRange,

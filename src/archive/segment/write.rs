@@ -19,8 +19,12 @@ use chrono::{DateTime, Utc};
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::{ParquetMetaDataReader, SortingColumn};
 
-use super::manifest::{segment_dir, ByteRange, PartitionEntry, RowGroupEntry, SegmentManifest};
-use super::read::{partition_rows, SegmentCache};
+use super::manifest::{
+    segment_dir, slices_of, ByteRange, PartitionEntry, RowGroupEntry, SegmentManifest,
+    SEGMENT_MANIFEST_VERSION,
+};
+use super::pruned::slice_rows;
+use super::read::SegmentCache;
 use crate::archive::integrity::sha256_hex;
 use crate::archive::parquet::{writer_properties, ENCODE_BATCH_ROWS, ROW_GROUP_ROWS};
 use crate::archive::write::is_condition_failure;
@@ -136,6 +140,7 @@ fn partitions(strategy: BucketStrategy, records: &[Record]) -> Vec<(PartitionEnt
                     first_row: i as u64,
                     rows: 1,
                     buckets: vec![(bucket, 1)],
+                    slices: Vec::new(),
                 },
                 i,
             )),
@@ -281,8 +286,22 @@ pub(crate) async fn write_segment(
     let parts = partitions(spec.strategy, records);
     let encoded = Bytes::from(encode(spec, records, &parts, store.lossy_encoder())?);
     let (row_groups, footer) = layout(&payload_key, &encoded)?;
+    let mut parts = parts;
+    for (p, start) in &mut parts {
+        p.slices = slices_of(&row_groups, p.first_row, p.rows);
+        let mut at = *start;
+        for g in &mut p.slices {
+            let (f, l) = (&records[at], &records[at + g.rows as usize - 1]);
+            g.bounds = Some((
+                (f.event_time, f.sort_key.clone()),
+                (l.event_time, l.sort_key.clone()),
+            ));
+            at += g.rows as usize;
+        }
+    }
     let now = Utc::now();
     let manifest = SegmentManifest {
+        version: SEGMENT_MANIFEST_VERSION,
         table_id: spec.table_id.clone(),
         bucket_strategy: spec.strategy,
         window: spec.window,
@@ -356,9 +375,10 @@ pub(crate) async fn write_segment(
 
 /// Decodes every partition of the stored payload through the reader queries use (the
 /// footer and each row group fetched with its own ranged read and checked against its
-/// digest, nothing cached across partitions) and compares it with the rows the segment was
-/// written from. Checking the whole file as one buffer would pass a payload whose ranged
-/// reads cannot be decoded (a partition spanning row groups once was one).
+/// digest, each group cut to the partition's rows and checked against the manifest's
+/// bounds, nothing cached) and compares it with the rows the segment was written from.
+/// Checking the whole file as one buffer would pass a payload whose ranged reads cannot be
+/// decoded (a partition spanning row groups once was one). Memory holds one row group.
 async fn verify_decoded(
     op: &opendal::Operator,
     m: &SegmentManifest,
@@ -369,32 +389,38 @@ async fn verify_decoded(
     let cache = SegmentCache::with_partition_bytes(0);
     let metrics = ArchiveScanMetrics::default();
     for (p, start) in parts {
-        // Each partition's reads are retried on their own (a transient failure of one
-        // ranged read should not restart the whole segment).
-        let mut attempt = 0;
-        let batch = loop {
-            match partition_rows(op, &cache, m, p, &metrics).await {
-                Err(e) if retry_transient(&e, &mut attempt).await => {}
-                other => break other?,
+        let mut at = *start;
+        for g in &p.slices {
+            // Each group's reads are retried on their own (a transient failure of one
+            // ranged read should not restart the whole segment).
+            let mut attempt = 0;
+            let batch = loop {
+                match slice_rows(op, &cache, m, p, g, &metrics).await {
+                    Err(e) if retry_transient(&e, &mut attempt).await => {}
+                    other => break other?,
+                }
+            };
+            let decoded = batch_to_records(&batch)?;
+            let want = &records[at..at + g.rows as usize];
+            at += g.rows as usize;
+            if decoded.len() != want.len() {
+                return Err(ArchiveError::RowCountMismatch {
+                    key: key.to_string(),
+                    expected: want.len() as u64,
+                    actual: decoded.len() as u64,
+                });
             }
-        };
-        let decoded = batch_to_records(&batch)?;
-        let want = &records[*start..*start + p.rows as usize];
-        if decoded.len() != want.len() {
-            return Err(ArchiveError::RowCountMismatch {
-                key: key.to_string(),
-                expected: want.len() as u64,
-                actual: decoded.len() as u64,
-            });
-        }
-        if decoded.as_slice() != want {
-            return Err(ArchiveError::decode(
-                key,
-                format!(
-                    "partition {} decodes to rows that differ from the rows written",
-                    p.partition_key.to_hex()
-                ),
-            ));
+            if decoded.as_slice() != want {
+                return Err(ArchiveError::decode(
+                    key,
+                    format!(
+                        "partition {} decodes to rows that differ from the rows written \
+                         (row group {})",
+                        p.partition_key.to_hex(),
+                        g.row_group
+                    ),
+                ));
+            }
         }
     }
     Ok(())
