@@ -58,7 +58,12 @@ pub(crate) async fn slice_rows(
     }
     let g = &m.row_groups[slice.row_group];
     let bytes = ranged(op, key, &g.range, metrics).await?;
-    check_range(key, &format!("row group {}", slice.row_group), &g.range, &bytes)?;
+    check_range(
+        key,
+        &format!("row group {}", slice.row_group),
+        &g.range,
+        &bytes,
+    )?;
     let input = VerifiedRanges::new(m.byte_length, vec![(g.range.offset, bytes)]);
     let arrow_meta = ArrowReaderMetadata::try_new(meta, ArrowReaderOptions::new())
         .map_err(|e| ArchiveError::decode(key, e))?;

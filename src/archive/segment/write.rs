@@ -177,9 +177,16 @@ fn encode(
             w.flush().map_err(fail)?;
         }
         let mut rows = &records[*start..*start + p.rows as usize];
+        let altered: Vec<Record>;
         if lossy && n == 0 {
-            // Test hook: the encoder silently drops the partition's last row.
-            rows = &rows[..rows.len() - 1];
+            // Test hook: the encoder silently alters one value of the first partition. Row
+            // counts and keys stay right, so the manifest is consistent and only the
+            // writer's decoded comparison can tell.
+            let mut v = rows.to_vec();
+            let mid = v.len() / 2;
+            v[mid].value.push(b'!');
+            altered = v;
+            rows = &altered;
         }
         for chunk in rows.chunks(ENCODE_BATCH_ROWS) {
             w.write(&records_to_batch(chunk, true)).map_err(fail)?;
