@@ -68,7 +68,12 @@ struct Setup {
 async fn setup(label: &str) -> Setup {
     let db = fresh_database(label).await;
     let archive_url = fresh_archive_url(label);
-    let (store, archive) = open(&db, &archive_url).await;
+    setup_on(&db, &archive_url).await
+}
+
+/// [`setup`] on given stores (PostgreSQL and S3, or the embedded store and a local archive).
+async fn setup_on(db: &str, archive_url: &str) -> Setup {
+    let (store, archive) = open(db, archive_url).await;
     let opts = SessionOptions {
         page_rows: 7,
         ..SessionOptions::default()
@@ -477,4 +482,112 @@ async fn gc_keeps_the_segments_of_a_window_being_compacted() {
     let keys: Vec<String> = object_keys(&s).await;
     assert!(!keys.iter().any(|k| k.contains("/segments/")), "{keys:?}");
     check_queries(&s.ctx, 3, 30, 0).await;
+}
+
+/// Channels 1 and 2 with 100,000 and 200,000 messages in one day: after compaction each
+/// partition spans several row groups of one segment (a partition with more than 65,536
+/// rows could not be read back once), and SQL still counts every row and pages the latest
+/// 50, on PostgreSQL with S3 and on the embedded store with a local archive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitions_of_several_row_groups_read_back_through_sql() {
+    let dir = tempfile::tempdir().unwrap();
+    let stacks = [
+        (
+            "postgres+s3",
+            fresh_database("compactbig").await,
+            fresh_archive_url("compactbig"),
+        ),
+        (
+            "embedded+fs",
+            format!("sqlite://{}", dir.path().join("hot.db").display()),
+            format!("file://{}", dir.path().join("archive").display()),
+        ),
+    ];
+    for (name, db, archive_url) in stacks {
+        let s = setup_on(&db, &archive_url).await;
+        let base = EventTime::parse_rfc3339("2021-05-10T00:00:00Z")
+            .unwrap()
+            .as_micros();
+        let sizes = [(1i64, 100_000i64), (2, 200_000)];
+        for (ch, n) in sizes {
+            let rows: Vec<Record> = (0..n)
+                .map(|i| Record {
+                    partition_key: PartitionKey::from_i64(ch),
+                    event_time: EventTime::from_micros(base + i * 400).unwrap(),
+                    sort_key: SortKey::new(encode_i64(ch * 1_000_000 + i).to_vec()).unwrap(),
+                    value: format!("c{ch} m{i}").into_bytes(),
+                })
+                .collect();
+            for chunk in rows.chunks(20_000) {
+                s.store.append_batch(&s.table, chunk).await.unwrap();
+            }
+        }
+        archive_only(&s).await;
+        let runner = Runner::new(s.store.clone(), s.archive.clone(), config()).unwrap();
+        let report = runner.compact_pass().await.unwrap();
+        assert_eq!(
+            (report.windows, report.failed),
+            (1, 0),
+            "{name}: {report:?}"
+        );
+        assert!(
+            routes(&s).await.iter().all(|(_, st)| in_segment(st)),
+            "{name}"
+        );
+        // The per-bucket objects are gone: only the segment holds the rows.
+        collect_garbage_with(
+            &*s.store,
+            &s.archive,
+            GcDelays {
+                orphans: Duration::ZERO,
+                retired: Duration::ZERO,
+            },
+            &ArchiverMetrics::default(),
+        )
+        .await
+        .unwrap();
+        assert!(
+            object_keys(&s)
+                .await
+                .iter()
+                .all(|k| k.contains("/segments/")),
+            "{name}"
+        );
+        let fresh = session(
+            s.store.clone(),
+            s.archive.clone(),
+            SessionOptions::default(),
+        )
+        .await
+        .unwrap();
+        for (ch, n) in sizes {
+            let b = query(
+                &fresh,
+                &format!("SELECT count(*), sum(id) FROM chat WHERE channel_id = {ch}"),
+            )
+            .await;
+            let ids = (0..n).map(|i| ch * 1_000_000 + i);
+            assert_eq!(
+                (ints(&b, 0), ints(&b, 1)),
+                (vec![n], vec![ids.sum::<i64>()]),
+                "{name}: channel {ch}"
+            );
+            let b = query(
+                &fresh,
+                &format!(
+                    "SELECT id FROM chat WHERE channel_id = {ch} \
+                     ORDER BY timestamp DESC, id DESC LIMIT 50"
+                ),
+            )
+            .await;
+            assert_eq!(
+                ints(&b, 0),
+                (n - 50..n)
+                    .rev()
+                    .map(|i| ch * 1_000_000 + i)
+                    .collect::<Vec<_>>(),
+                "{name}: channel {ch} latest 50"
+            );
+        }
+    }
 }

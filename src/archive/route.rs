@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 use super::{
     batches_to_records, check_scan, segment, ArchiveError, ArchiveScan, ArchiveScanMetrics,
@@ -79,7 +79,11 @@ impl ArchiveStore {
         let version = serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
             .and_then(|v| v.get("manifest_version").and_then(|v| v.as_u64()));
-        if version == Some(u64::from(segment::SEGMENT_MANIFEST_VERSION)) {
+        if version.is_some_and(|v| {
+            segment::SEGMENT_MANIFEST_VERSIONS
+                .iter()
+                .any(|s| u64::from(*s) == v)
+        }) {
             let m = Arc::new(SegmentManifest::parse(&bytes, key)?);
             m.entry_for(key, bucket)?;
             self.segments.keep_manifest(key, m.clone());
@@ -104,6 +108,16 @@ impl ArchiveStore {
             RouteManifest::Segment(m) => m,
         };
         check_scan(req)?;
+        if m.version >= 6 {
+            return segment::pruned::bucket_stream(
+                self.op.clone(),
+                self.segments.clone(),
+                m.clone(),
+                bucket.clone(),
+                req.clone(),
+                metrics,
+            );
+        }
         let batches = self.segment_bucket(m, bucket, req, &metrics).await?;
         let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
         ArchiveScanMetrics::add(&metrics.rows_returned, rows);
@@ -112,11 +126,22 @@ impl ArchiveStore {
 
     async fn segment_bucket(
         &self,
-        m: &SegmentManifest,
+        m: &Arc<SegmentManifest>,
         bucket: &BucketId,
         req: &ArchiveScan,
         metrics: &ArchiveScanMetrics,
     ) -> Result<Vec<RecordBatch>, ArchiveError> {
+        if m.version >= 6 {
+            let stream = segment::pruned::bucket_stream(
+                self.op.clone(),
+                self.segments.clone(),
+                m.clone(),
+                bucket.clone(),
+                req.clone(),
+                Arc::new(ArchiveScanMetrics::default()),
+            )?;
+            return stream.try_collect().await;
+        }
         let (entry, _) = m.entry_for(&m.payload_key, bucket)?;
         let rows =
             segment::read::partition_rows(&self.op, &self.segments, m, entry, metrics).await?;

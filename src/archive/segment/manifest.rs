@@ -12,11 +12,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::archive::ArchiveError;
 use crate::model::{
-    BucketId, BucketKey, BucketStrategy, EventTime, PartitionKey, TableId, RECORD_SCHEMA_VERSION,
+    BucketId, BucketKey, BucketStrategy, EventTime, PartitionKey, SortKey, TableId,
+    RECORD_SCHEMA_VERSION,
 };
 
-/// The manifest version of segments.
-pub const SEGMENT_MANIFEST_VERSION: u32 = 5;
+/// The manifest version of segments written now (v6: v5 plus each partition's first and
+/// last `(event_time, sort_key)` in every row group it spans, for pruned reads).
+pub const SEGMENT_MANIFEST_VERSION: u32 = 6;
+/// Segment manifest versions still read: v5 segments (written before v6) are read whole per
+/// partition, without pruning. Any other version is refused with
+/// [`ArchiveError::UnsupportedManifestVersion`].
+pub const SEGMENT_MANIFEST_VERSIONS: [u32; 2] = [5, 6];
 /// The `kind` every v5 manifest carries.
 pub const SEGMENT_KIND: &str = "segment";
 
@@ -60,6 +66,20 @@ pub struct BucketEntry {
     pub rows: u64,
 }
 
+/// A partition's rows inside one row group: where they are and (v6) the first and last
+/// `(event_time, sort_key)` among them, so a bounded read skips groups outside its bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSlice {
+    /// The row group.
+    pub row_group: usize,
+    /// Rows of the group before the partition's first row in it.
+    pub skip: u64,
+    /// The partition's rows in the group.
+    pub rows: u64,
+    /// First and last clustering key of those rows (None in a v5 manifest).
+    pub bounds: Option<((EventTime, SortKey), (EventTime, SortKey))>,
+}
+
 /// One partition inside a segment: a contiguous run of rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionEntry {
@@ -71,6 +91,9 @@ pub struct PartitionEntry {
     pub rows: u64,
     /// Its buckets in time order, with their row counts.
     pub buckets: Vec<(BucketKey, u64)>,
+    /// Its rows in each row group it spans, in file order (derived from the row counts;
+    /// with bounds from a v6 manifest).
+    pub slices: Vec<GroupSlice>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,11 +103,28 @@ struct PartitionWire {
     first_row: u64,
     rows: u64,
     buckets: Vec<BucketEntry>,
+    /// v6 only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<SliceWire>,
+}
+
+/// A [`GroupSlice`] on the wire: times in microseconds since the epoch, sort keys in hex.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SliceWire {
+    group: usize,
+    rows: u64,
+    first_time: i64,
+    first_sort: String,
+    last_time: i64,
+    last_sort: String,
 }
 
 /// A validated segment manifest. The format is documented in `docs/archive-format.md`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentManifest {
+    /// Its version (one of [`SEGMENT_MANIFEST_VERSIONS`]; the writer writes the newest).
+    pub version: u32,
     /// The table.
     pub table_id: TableId,
     /// The table's bucket strategy.
@@ -162,7 +202,7 @@ impl SegmentManifest {
     pub fn to_json_bytes(&self) -> Vec<u8> {
         let (window_start, window_end) = self.window.bounds();
         let wire = SegmentWire {
-            manifest_version: SEGMENT_MANIFEST_VERSION,
+            manifest_version: self.version,
             kind: SEGMENT_KIND.into(),
             schema_version: RECORD_SCHEMA_VERSION,
             table_id: self.table_id.to_string(),
@@ -195,6 +235,21 @@ impl SegmentManifest {
                             rows: *rows,
                         })
                         .collect(),
+                    groups: p
+                        .slices
+                        .iter()
+                        .filter_map(|g| {
+                            let ((ft, fs), (lt, ls)) = g.bounds.as_ref()?;
+                            Some(SliceWire {
+                                group: g.row_group,
+                                rows: g.rows,
+                                first_time: ft.as_micros(),
+                                first_sort: hex::encode(fs.as_bytes()),
+                                last_time: lt.as_micros(),
+                                last_sort: hex::encode(ls.as_bytes()),
+                            })
+                        })
+                        .collect(),
                 })
                 .collect(),
             created_at: self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
@@ -218,7 +273,10 @@ impl SegmentManifest {
             .get("manifest_version")
             .and_then(|v| v.as_u64())
             .ok_or_else(|| invalid("missing or non-integer `manifest_version`".into()))?;
-        if version != u64::from(SEGMENT_MANIFEST_VERSION) {
+        if !SEGMENT_MANIFEST_VERSIONS
+            .iter()
+            .any(|v| u64::from(*v) == version)
+        {
             return Err(ArchiveError::UnsupportedManifestVersion(
                 u32::try_from(version).unwrap_or(u32::MAX),
             ));
@@ -364,11 +422,20 @@ impl SegmentManifest {
                     p.key, p.rows
                 ));
             }
+            let slices = slices_of(&w.row_groups, p.first_row, p.rows);
+            let slices = if w.manifest_version >= 6 {
+                with_bounds(&p.key, slices, p.groups, window, &buckets)?
+            } else if !p.groups.is_empty() {
+                return Err(format!("partition {}: groups in a v5 manifest", p.key));
+            } else {
+                slices
+            };
             partitions.push(PartitionEntry {
                 partition_key: pk,
                 first_row: p.first_row,
                 rows: p.rows,
                 buckets,
+                slices,
             });
         }
         if next_row != w.row_count {
@@ -381,6 +448,7 @@ impl SegmentManifest {
             .map_err(|e| format!("created_at: {e}"))?
             .with_timezone(&Utc);
         Ok(Self {
+            version: w.manifest_version,
             table_id,
             bucket_strategy,
             window,
@@ -455,27 +523,10 @@ impl SegmentManifest {
     /// The row groups holding a partition's rows: their indices and, for the first, how
     /// many of its rows precede the partition.
     pub fn row_groups_of(&self, entry: &PartitionEntry) -> (std::ops::Range<usize>, u64) {
-        let (from, to) = (entry.first_row, entry.first_row + entry.rows);
-        let mut start_row = 0u64;
-        let mut first = None;
-        let mut skip = 0;
-        let mut last = 0;
-        for (i, g) in self.row_groups.iter().enumerate() {
-            let end_row = start_row + g.rows;
-            if end_row > from && start_row < to {
-                if first.is_none() {
-                    first = Some(i);
-                    skip = from - start_row;
-                }
-                last = i;
-            }
-            if end_row >= to {
-                break;
-            }
-            start_row = end_row;
+        match (entry.slices.first(), entry.slices.last()) {
+            (Some(f), Some(l)) => (f.row_group..l.row_group + 1, f.skip),
+            _ => (0..0, 0),
         }
-        let first = first.unwrap_or(0);
-        (first..last + 1, skip)
     }
 
     /// Every bucket in the segment with its row count.
@@ -493,4 +544,100 @@ impl SegmentManifest {
             })
         })
     }
+}
+
+/// A partition's rows in each row group it spans (rows `first_row..first_row + rows` of
+/// the payload), without bounds.
+pub(crate) fn slices_of(groups: &[RowGroupEntry], first_row: u64, rows: u64) -> Vec<GroupSlice> {
+    let (from, to) = (first_row, first_row + rows);
+    let mut out = Vec::new();
+    let mut start_row = 0u64;
+    for (i, g) in groups.iter().enumerate() {
+        let end_row = start_row + g.rows;
+        if end_row > from && start_row < to {
+            let lo = from.max(start_row);
+            let hi = to.min(end_row);
+            out.push(GroupSlice {
+                row_group: i,
+                skip: lo - start_row,
+                rows: hi - lo,
+                bounds: None,
+            });
+        }
+        if end_row >= to {
+            break;
+        }
+        start_row = end_row;
+    }
+    out
+}
+
+/// The derived slices with the bounds a v6 manifest gives: the same groups and row counts,
+/// each slice's first key not after its last, strictly after the previous slice's last,
+/// inside the partition's first and last buckets.
+fn with_bounds(
+    key: &str,
+    mut slices: Vec<GroupSlice>,
+    wire: Vec<SliceWire>,
+    window: BucketKey,
+    buckets: &[(BucketKey, u64)],
+) -> Result<Vec<GroupSlice>, String> {
+    if slices.len() != wire.len() {
+        return Err(format!(
+            "partition {key}: {} groups listed, its rows span {}",
+            wire.len(),
+            slices.len()
+        ));
+    }
+    let bad = |what: String| format!("partition {key}: {what}");
+    let point = |t: i64, s: &str| -> Result<(EventTime, SortKey), String> {
+        let t = EventTime::from_micros(t).map_err(|e| bad(e.to_string()))?;
+        if !window.contains(t) {
+            return Err(bad(format!("group bound {t} is outside window {window}")));
+        }
+        let s = hex::decode(s).map_err(|e| bad(format!("sort key hex: {e}")))?;
+        Ok((t, SortKey::new(s).map_err(|e| bad(e.to_string()))?))
+    };
+    let mut prev: Option<(EventTime, SortKey)> = None;
+    for (g, w) in slices.iter_mut().zip(wire) {
+        if g.row_group != w.group || g.rows != w.rows {
+            return Err(bad(format!(
+                "group {} with {} rows, its rows are {} in group {}",
+                w.group, w.rows, g.rows, g.row_group
+            )));
+        }
+        let first = point(w.first_time, &w.first_sort)?;
+        let last = point(w.last_time, &w.last_sort)?;
+        let ordered = |a: &(EventTime, SortKey), b: &(EventTime, SortKey)| {
+            (a.0, a.1.as_bytes()) < (b.0, b.1.as_bytes())
+        };
+        if ordered(&last, &first) || (g.rows == 1) != (first == last) {
+            return Err(bad(format!("group {}: bounds out of order", g.row_group)));
+        }
+        if prev.as_ref().is_some_and(|p| !ordered(p, &first)) {
+            return Err(bad(format!(
+                "group {} does not start after the previous group",
+                g.row_group
+            )));
+        }
+        prev = Some(last.clone());
+        g.bounds = Some((first, last));
+    }
+    let (Some(fb), Some(lb)) = (buckets.first(), buckets.last()) else {
+        return Err(bad("no buckets".into()));
+    };
+    let (Some(fs), Some(ls)) = (slices.first(), slices.last()) else {
+        return Err(bad("no rows".into()));
+    };
+    let inside = |s: &GroupSlice, b: BucketKey, first: bool| {
+        s.bounds
+            .as_ref()
+            .is_some_and(|(f, l)| b.contains(if first { f.0 } else { l.0 }))
+    };
+    if !inside(fs, fb.0, true) || !inside(ls, lb.0, false) {
+        return Err(bad(
+            "first or last group bound is outside its first or last bucket".into(),
+        ));
+    }
+    Ok(slices)
 }

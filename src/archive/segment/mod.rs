@@ -5,19 +5,21 @@
 //! (`crate::archiver::compact`) rewrites the published buckets of a window (a month of day
 //! buckets, a year of month buckets) into segments sorted by `(partition_key, event_time,
 //! sort_key)`, split by partition-key range toward a target size, and switches the
-//! buckets' routes to them. This module is the storage half: the v5 manifest
-//! (`manifest.rs`), the writer that creates and verifies a segment (`write.rs`) and the
-//! reader that fetches one partition with ranged reads verified per row group (`read.rs`).
+//! buckets' routes to them. This module is the storage half: the v6 manifest (v5 still
+//! read; `manifest.rs`), the writer that creates and verifies a segment (`write.rs`), the
+//! pruned reader that streams one bucket's row groups (`pruned.rs`, v6) and the reader
+//! that fetches a whole partition with ranged reads verified per row group (`read.rs`, v5).
 //! The design and its reasons are in `docs/segments.md`, the format in
 //! `docs/archive-format.md`.
 
 mod manifest;
+pub(crate) mod pruned;
 pub(crate) mod read;
 mod write;
 
 pub use manifest::{
-    BucketEntry, ByteRange, PartitionEntry, RowGroupEntry, SegmentManifest, SEGMENT_KIND,
-    SEGMENT_MANIFEST_VERSION,
+    BucketEntry, ByteRange, GroupSlice, PartitionEntry, RowGroupEntry, SegmentManifest,
+    SEGMENT_KIND, SEGMENT_MANIFEST_VERSION, SEGMENT_MANIFEST_VERSIONS,
 };
 pub(crate) use read::SegmentCache;
 pub(crate) use write::write_segment;

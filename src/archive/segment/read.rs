@@ -46,21 +46,51 @@ impl VerifiedRanges {
         Self { len, ranges }
     }
 
+    /// The bytes at `start` (`length` of them, or to the end of its range). Row groups are
+    /// contiguous, so `start` can be both the end of one range and the start of the next:
+    /// the range holding the byte at `start` is the one meant (taking the first that merely
+    /// touches `start` handed the decoder an empty read at every row-group boundary). A
+    /// read running past its range continues into the next one only if that one is
+    /// adjacent (then the pieces are copied into one buffer).
     fn slice(&self, start: u64, length: Option<usize>) -> parquet::errors::Result<Bytes> {
-        let hit = self.ranges.iter().find(|(o, b)| {
-            *o <= start && start + length.unwrap_or(0) as u64 <= *o + b.len() as u64
-        });
-        match hit {
-            Some((o, b)) => {
-                let from = (start - o) as usize;
-                let to = length.map_or(b.len(), |l| from + l);
-                Ok(b.slice(from..to))
-            }
-            None => Err(ParquetError::General(format!(
+        let outside = || {
+            ParquetError::General(format!(
                 "read of {start}+{} outside the verified ranges",
                 length.unwrap_or(0)
-            ))),
+            ))
+        };
+        let at = self
+            .ranges
+            .partition_point(|(o, b)| *o + b.len() as u64 <= start);
+        let Some((o, b)) = self.ranges.get(at).filter(|(o, _)| *o <= start) else {
+            // An empty read at the very end of a range is still inside it.
+            return match (length, at.checked_sub(1).map(|i| &self.ranges[i])) {
+                (Some(0), Some((o, b))) if *o + b.len() as u64 == start => Ok(Bytes::new()),
+                _ => Err(outside()),
+            };
+        };
+        let from = (start - o) as usize;
+        let Some(length) = length else {
+            return Ok(b.slice(from..));
+        };
+        if from + length <= b.len() {
+            return Ok(b.slice(from..from + length));
         }
+        let mut out = Vec::with_capacity(length);
+        out.extend_from_slice(&b[from..]);
+        let mut next_start = o + b.len() as u64;
+        for (o, b) in &self.ranges[at + 1..] {
+            if *o != next_start || out.len() == length {
+                break;
+            }
+            let take = (length - out.len()).min(b.len());
+            out.extend_from_slice(&b[..take]);
+            next_start = o + b.len() as u64;
+        }
+        if out.len() != length {
+            return Err(outside());
+        }
+        Ok(Bytes::from(out))
     }
 }
 
@@ -289,17 +319,37 @@ const PARTITION_CACHE_BYTES: usize = 256 << 20;
 
 impl Default for SegmentCache {
     fn default() -> Self {
-        Self {
-            footers: Mutex::new(Lru::new(SEGMENT_ENTRIES)),
-            manifests: Mutex::new(Lru::new(SEGMENT_ENTRIES)),
-            partitions: Mutex::new(PartitionCache::default()),
-        }
+        Self::with_partition_bytes(PARTITION_CACHE_BYTES)
     }
 }
 
 impl SegmentCache {
+    /// A cache keeping at most `bytes` of decoded partitions (0: none, as the segment
+    /// writer's verification wants: it reads each partition once).
+    pub(crate) fn with_partition_bytes(bytes: usize) -> Self {
+        Self {
+            footers: Mutex::new(Lru::new(SEGMENT_ENTRIES)),
+            manifests: Mutex::new(Lru::new(SEGMENT_ENTRIES)),
+            partitions: Mutex::new(PartitionCache {
+                limit: bytes,
+                ..PartitionCache::default()
+            }),
+        }
+    }
+
     pub(crate) fn manifest(&self, key: &str) -> Option<Arc<SegmentManifest>> {
         self.manifests.lock().expect("segment cache").get(key)
+    }
+
+    pub(super) fn cached(&self, key: &CacheKey) -> Option<RecordBatch> {
+        self.partitions.lock().expect("segment cache").get(key)
+    }
+
+    pub(super) fn keep(&self, key: CacheKey, rows: RecordBatch) {
+        self.partitions
+            .lock()
+            .expect("segment cache")
+            .insert(key, rows);
     }
 
     pub(crate) fn keep_manifest(&self, key: &str, m: Arc<SegmentManifest>) {
@@ -310,25 +360,31 @@ impl SegmentCache {
     }
 }
 
-/// Decoded partitions, oldest evicted first, bounded by their Arrow memory.
+/// `(payload key, partition key, row group)`: a partition's rows in one row group (v6
+/// reads), or all of them (`WHOLE`, v5 reads).
+pub(super) type CacheKey = (String, Vec<u8>, usize);
+const WHOLE: usize = usize::MAX;
+
+/// Decoded partition slices, oldest evicted first, bounded by their Arrow memory.
 #[derive(Debug, Default)]
 struct PartitionCache {
-    order: VecDeque<(String, Vec<u8>)>,
-    entries: std::collections::HashMap<(String, Vec<u8>), (RecordBatch, usize)>,
+    order: VecDeque<CacheKey>,
+    entries: std::collections::HashMap<CacheKey, (RecordBatch, usize)>,
     bytes: usize,
+    limit: usize,
 }
 
 impl PartitionCache {
-    fn get(&self, key: &(String, Vec<u8>)) -> Option<RecordBatch> {
+    fn get(&self, key: &CacheKey) -> Option<RecordBatch> {
         self.entries.get(key).map(|(b, _)| b.clone())
     }
 
-    fn insert(&mut self, key: (String, Vec<u8>), batch: RecordBatch) {
+    fn insert(&mut self, key: CacheKey, batch: RecordBatch) {
         let size = batch.get_array_memory_size();
-        if size > PARTITION_CACHE_BYTES / 4 || self.entries.contains_key(&key) {
+        if size > self.limit / 4 || self.entries.contains_key(&key) {
             return;
         }
-        while self.bytes + size > PARTITION_CACHE_BYTES {
+        while self.bytes + size > self.limit {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
@@ -354,6 +410,7 @@ pub(crate) async fn partition_rows(
     let cache_key = (
         m.payload_key.clone(),
         entry.partition_key.as_bytes().to_vec(),
+        WHOLE,
     );
     if let Some(b) = cache
         .partitions
@@ -364,21 +421,7 @@ pub(crate) async fn partition_rows(
         return Ok(b);
     }
     let key = m.payload_key.as_str();
-    let cached = cache.footers.lock().expect("segment cache").get(key);
-    let meta = match cached {
-        Some(meta) => meta,
-        None => {
-            let tail = ranged(op, key, &m.footer, metrics).await?;
-            check_range(key, "footer", &m.footer, &tail)?;
-            let meta = footer_metadata(key, &tail)?;
-            cache
-                .footers
-                .lock()
-                .expect("segment cache")
-                .insert(key.to_string(), meta.clone());
-            meta
-        }
-    };
+    let meta = footer(op, cache, m, metrics).await?;
     let (groups, _) = m.row_groups_of(entry);
     ArchiveScanMetrics::add(&metrics.row_groups_total, groups.len() as u64);
     let mut ranges = Vec::with_capacity(groups.len());
@@ -397,7 +440,31 @@ pub(crate) async fn partition_rows(
     Ok(rows)
 }
 
-async fn ranged(
+/// The payload's Parquet metadata: cached, or its tail fetched with one ranged read and
+/// checked against the manifest's digest.
+pub(super) async fn footer(
+    op: &opendal::Operator,
+    cache: &SegmentCache,
+    m: &SegmentManifest,
+    metrics: &ArchiveScanMetrics,
+) -> Result<Arc<ParquetMetaData>, ArchiveError> {
+    let key = m.payload_key.as_str();
+    let cached = cache.footers.lock().expect("segment cache").get(key);
+    if let Some(meta) = cached {
+        return Ok(meta);
+    }
+    let tail = ranged(op, key, &m.footer, metrics).await?;
+    check_range(key, "footer", &m.footer, &tail)?;
+    let meta = footer_metadata(key, &tail)?;
+    cache
+        .footers
+        .lock()
+        .expect("segment cache")
+        .insert(key.to_string(), meta.clone());
+    Ok(meta)
+}
+
+pub(super) async fn ranged(
     op: &opendal::Operator,
     key: &str,
     r: &ByteRange,
@@ -482,4 +549,45 @@ pub(crate) fn bucket_batches(
         .step_by(step)
         .map(|i| out.slice(i, step.min(out.num_rows() - i)))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranges() -> VerifiedRanges {
+        // Two adjacent ranges (row groups 0 and 1), a gap, then a third (the tail).
+        VerifiedRanges::new(
+            100,
+            vec![
+                (60, Bytes::from_static(b"TAIL")),
+                (4, Bytes::from_static(b"aaaa")),
+                (8, Bytes::from_static(b"bbbbbb")),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_read_at_a_boundary_comes_from_the_range_that_holds_it() {
+        let r = ranges();
+        // Where group 0 ends and group 1 starts: group 1's bytes, not group 0's empty end.
+        assert_eq!(&r.get_bytes(8, 3).unwrap()[..], b"bbb");
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut r.get_read(8).unwrap(), &mut rest).unwrap();
+        assert_eq!(rest, b"bbbbbb");
+        assert_eq!(&r.get_bytes(4, 4).unwrap()[..], b"aaaa");
+        assert_eq!(r.get_bytes(14, 0).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_read_across_adjacent_ranges_is_joined_and_nothing_outside_is_served() {
+        let r = ranges();
+        assert_eq!(&r.get_bytes(6, 5).unwrap()[..], b"aabbb");
+        // Past the end of group 1 into the gap, before the first range, in the gap.
+        assert!(r.get_bytes(12, 4).is_err());
+        assert!(r.get_bytes(0, 2).is_err());
+        assert!(r.get_read(20).is_err());
+        assert!(r.get_bytes(59, 2).is_err());
+        assert_eq!(&r.get_bytes(60, 4).unwrap()[..], b"TAIL");
+    }
 }

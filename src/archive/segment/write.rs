@@ -6,8 +6,9 @@
 //! boundary once the group holds [`GROUP_MIN_ROWS`] rows or [`GROUP_MAX_BYTES`] bytes, so a
 //! small partition shares a group and a large one starts its own. The payload is created
 //! with create-if-absent in one PUT, read back whole and compared by SHA-256, and then every
-//! partition is decoded from the stored bytes through the same verified-range reader that
-//! queries use and compared, row for row, with the rows handed in. Only then is the
+//! partition is read again through the reader queries use (ranged reads of the footer and
+//! of each of its row groups, each checked against its digest) and compared, row for row,
+//! with the rows handed in. Only then is the
 //! manifest created (one conditional PUT, read back and parsed): a manifest key that this
 //! function returns names a segment that is known to hold exactly those rows.
 
@@ -18,12 +19,16 @@ use chrono::{DateTime, Utc};
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::{ParquetMetaDataReader, SortingColumn};
 
-use super::manifest::{segment_dir, ByteRange, PartitionEntry, RowGroupEntry, SegmentManifest};
-use super::read::{check_range, decode_partition, footer_metadata, VerifiedRanges};
+use super::manifest::{
+    segment_dir, slices_of, ByteRange, PartitionEntry, RowGroupEntry, SegmentManifest,
+    SEGMENT_MANIFEST_VERSION,
+};
+use super::pruned::slice_rows;
+use super::read::SegmentCache;
 use crate::archive::integrity::sha256_hex;
 use crate::archive::parquet::{writer_properties, ENCODE_BATCH_ROWS, ROW_GROUP_ROWS};
 use crate::archive::write::is_condition_failure;
-use crate::archive::{retry_transient, ArchiveError, ArchiveStore};
+use crate::archive::{retry_transient, ArchiveError, ArchiveScanMetrics, ArchiveStore};
 use crate::model::envelope::{COL_PARTITION, COL_SORT, COL_TIME};
 use crate::model::{
     batch_to_records, envelope_schema, records_to_batch, BucketKey, BucketStrategy, Record, TableId,
@@ -135,6 +140,7 @@ fn partitions(strategy: BucketStrategy, records: &[Record]) -> Vec<(PartitionEnt
                     first_row: i as u64,
                     rows: 1,
                     buckets: vec![(bucket, 1)],
+                    slices: Vec::new(),
                 },
                 i,
             )),
@@ -171,9 +177,16 @@ fn encode(
             w.flush().map_err(fail)?;
         }
         let mut rows = &records[*start..*start + p.rows as usize];
+        let altered: Vec<Record>;
         if lossy && n == 0 {
-            // Test hook: the encoder silently drops the partition's last row.
-            rows = &rows[..rows.len() - 1];
+            // Test hook: the encoder silently alters one value of the first partition. Row
+            // counts and keys stay right, so the manifest is consistent and only the
+            // writer's decoded comparison can tell.
+            let mut v = rows.to_vec();
+            let mid = v.len() / 2;
+            v[mid].value.push(b'!');
+            altered = v;
+            rows = &altered;
         }
         for chunk in rows.chunks(ENCODE_BATCH_ROWS) {
             w.write(&records_to_batch(chunk, true)).map_err(fail)?;
@@ -280,8 +293,22 @@ pub(crate) async fn write_segment(
     let parts = partitions(spec.strategy, records);
     let encoded = Bytes::from(encode(spec, records, &parts, store.lossy_encoder())?);
     let (row_groups, footer) = layout(&payload_key, &encoded)?;
+    let mut parts = parts;
+    for (p, start) in &mut parts {
+        p.slices = slices_of(&row_groups, p.first_row, p.rows);
+        let mut at = *start;
+        for g in &mut p.slices {
+            let (f, l) = (&records[at], &records[at + g.rows as usize - 1]);
+            g.bounds = Some((
+                (f.event_time, f.sort_key.clone()),
+                (l.event_time, l.sort_key.clone()),
+            ));
+            at += g.rows as usize;
+        }
+    }
     let now = Utc::now();
     let manifest = SegmentManifest {
+        version: SEGMENT_MANIFEST_VERSION,
         table_id: spec.table_id.clone(),
         bucket_strategy: spec.strategy,
         window: spec.window,
@@ -321,7 +348,8 @@ pub(crate) async fn write_segment(
             actual,
         });
     }
-    verify_decoded(&manifest, &stored, records, &parts)?;
+    drop(stored);
+    verify_decoded(op, &manifest, records, &parts).await?;
 
     match create_once(op, &manifest_key, Bytes::from(manifest_bytes)).await {
         Ok(()) => {}
@@ -352,51 +380,54 @@ pub(crate) async fn write_segment(
     })
 }
 
-/// Decodes every partition of the stored payload (its row groups verified against their
-/// digests) and compares it with the rows the segment was written from.
-fn verify_decoded(
+/// Decodes every partition of the stored payload through the reader queries use (the
+/// footer and each row group fetched with its own ranged read and checked against its
+/// digest, each group cut to the partition's rows and checked against the manifest's
+/// bounds, nothing cached) and compares it with the rows the segment was written from.
+/// Checking the whole file as one buffer would pass a payload whose ranged reads cannot be
+/// decoded (a partition spanning row groups once was one). Memory holds one row group.
+async fn verify_decoded(
+    op: &opendal::Operator,
     m: &SegmentManifest,
-    stored: &Bytes,
     records: &[Record],
     parts: &[(PartitionEntry, usize)],
 ) -> Result<(), ArchiveError> {
     let key = m.payload_key.as_str();
-    check_range(
-        key,
-        "footer",
-        &m.footer,
-        &stored[m.footer.offset as usize..],
-    )?;
-    for (i, g) in m.row_groups.iter().enumerate() {
-        let r = &g.range;
-        check_range(
-            key,
-            &format!("row group {i}"),
-            r,
-            &stored[r.offset as usize..r.end() as usize],
-        )?;
-    }
-    let meta = footer_metadata(key, &stored[m.footer.offset as usize..])?;
+    let cache = SegmentCache::with_partition_bytes(0);
+    let metrics = ArchiveScanMetrics::default();
     for (p, start) in parts {
-        let input = VerifiedRanges::new(m.byte_length, vec![(0, stored.clone())]);
-        let batch = decode_partition(m, meta.clone(), input, p)?;
-        let decoded = batch_to_records(&batch)?;
-        let want = &records[*start..*start + p.rows as usize];
-        if decoded.len() != want.len() {
-            return Err(ArchiveError::RowCountMismatch {
-                key: key.to_string(),
-                expected: want.len() as u64,
-                actual: decoded.len() as u64,
-            });
-        }
-        if decoded.as_slice() != want {
-            return Err(ArchiveError::decode(
-                key,
-                format!(
-                    "partition {} decodes to rows that differ from the rows written",
-                    p.partition_key.to_hex()
-                ),
-            ));
+        let mut at = *start;
+        for g in &p.slices {
+            // Each group's reads are retried on their own (a transient failure of one
+            // ranged read should not restart the whole segment).
+            let mut attempt = 0;
+            let batch = loop {
+                match slice_rows(op, &cache, m, p, g, &metrics).await {
+                    Err(e) if retry_transient(&e, &mut attempt).await => {}
+                    other => break other?,
+                }
+            };
+            let decoded = batch_to_records(&batch)?;
+            let want = &records[at..at + g.rows as usize];
+            at += g.rows as usize;
+            if decoded.len() != want.len() {
+                return Err(ArchiveError::RowCountMismatch {
+                    key: key.to_string(),
+                    expected: want.len() as u64,
+                    actual: decoded.len() as u64,
+                });
+            }
+            if decoded.as_slice() != want {
+                return Err(ArchiveError::decode(
+                    key,
+                    format!(
+                        "partition {} decodes to rows that differ from the rows written \
+                         (row group {})",
+                        p.partition_key.to_hex(),
+                        g.row_group
+                    ),
+                ));
+            }
         }
     }
     Ok(())
