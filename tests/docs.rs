@@ -588,3 +588,148 @@ fn the_parser_reads_info_strings_continuations_and_programs() {
     assert!(matches("a ... c", "x a  b\n c"));
     assert!(!matches("a ... c", "c b a"));
 }
+
+/// A page of docs/, as text.
+fn page(name: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs").join(name))
+        .unwrap()
+}
+
+/// The text of a page's section, from `heading` to the next heading of that level.
+fn section(text: &str, heading: &str) -> String {
+    let level = heading.split(' ').next().unwrap();
+    let start = text
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no section {heading}"));
+    let body = &text[start + heading.len() + 2..];
+    let end = body
+        .find(&format!("\n{level} "))
+        .unwrap_or(body.len());
+    body[..end].to_string()
+}
+
+/// The backticked names in the first cell of a section's table rows (`` `a`, `b` ``).
+fn first_cells(section: &str) -> Vec<String> {
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .flat_map(|l| {
+            let cell = l.split('|').nth(1).unwrap_or("");
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(|s| s.split('{').next().unwrap().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn help(bin: &str, args: &[&str]) -> String {
+    let out = Command::new(bin).args(args).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every flag and environment variable the binaries' `--help` lists is on the settings
+/// page, and every flag the page's tables name is one a binary has.
+#[test]
+fn the_settings_page_names_every_flag_and_variable_of_every_help() {
+    let doc = page("settings.md");
+    let shell = env!("CARGO_BIN_EXE_pulpitum");
+    let archiver = env!("CARGO_BIN_EXE_pulpitum-archiver");
+    let helps = [
+        help(shell, &[]),
+        help(shell, &["serve"]),
+        help(shell, &["demo"]),
+        help(shell, &["migrate"]),
+        help(archiver, &[]),
+        help(archiver, &["policy"]),
+        help(archiver, &["migrate"]),
+    ];
+    let mut flags = std::collections::BTreeSet::new();
+    let mut missing = Vec::new();
+    for h in &helps {
+        for word in h.split(|c: char| c.is_whitespace() || c == ',') {
+            if let Some(flag) = word.strip_prefix("--").filter(|f| {
+                f.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+                    && f.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+            }) {
+                flags.insert(format!("--{flag}"));
+            }
+        }
+        for env in h.split("[env: ").skip(1) {
+            let name = env.split(|c| c == '=' || c == ']').next().unwrap();
+            if !doc.contains(&format!("`{name}`")) {
+                missing.push(name.to_string());
+            }
+        }
+    }
+    for f in &flags {
+        if !["--help", "--version"].contains(&f.as_str()) && !doc.contains(&format!("`{f}`")) {
+            missing.push(f.clone());
+        }
+    }
+    assert!(missing.is_empty(), "docs/settings.md lacks {missing:?}");
+    assert!(flags.len() > 40, "too few flags read from --help: {flags:?}");
+    let unknown: Vec<String> = first_cells(&doc)
+        .into_iter()
+        .filter(|c| c.starts_with("--") && !flags.contains(c))
+        .collect();
+    assert!(unknown.is_empty(), "docs/settings.md names flags no binary has: {unknown:?}");
+}
+
+/// Every metric the archiver exports is on the metrics page, and the page names no other.
+#[test]
+fn the_metrics_page_names_every_exported_metric() {
+    let doc = page("metrics.md");
+    let text = pulpitum::archiver::metrics::ArchiverMetrics::default().render();
+    let exported: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE pulpitum_archiver_"))
+        .map(|l| {
+            let (name, kind) = l.split_once(' ').unwrap();
+            if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            }
+        })
+        .collect();
+    assert!(exported.len() >= 20, "{text}");
+    let documented: std::collections::BTreeSet<String> = first_cells(&doc).into_iter().collect();
+    assert_eq!(exported, documented, "docs/metrics.md against the exported metrics");
+}
+
+/// Every column of each system table is described in its section of the system-tables
+/// page, and the page describes no column a table lacks.
+#[test]
+fn the_system_tables_page_describes_every_column() {
+    let doc = page("system-tables.md");
+    let sandbox = Sandbox::new();
+    for table in ["pulpitum_tables", "pulpitum_buckets", "pulpitum_jobs"] {
+        let o = sandbox.bash(
+            &format!("pulpitum --format csv -c 'SELECT * FROM {table} LIMIT 0'"),
+            "",
+        );
+        assert!(o.ok, "{}", o.stderr);
+        let columns: std::collections::BTreeSet<String> = o
+            .stdout
+            .lines()
+            .next()
+            .unwrap()
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        // The section's first table, the one whose header is `| column |`.
+        let sec = section(&doc, &format!("## `{table}`"));
+        let columns_table: String = sec
+            .lines()
+            .skip_while(|l| !l.starts_with("| column |"))
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let documented: std::collections::BTreeSet<String> =
+            first_cells(&columns_table).into_iter().collect();
+        assert_eq!(columns, documented, "docs/system-tables.md, {table}");
+    }
+}
