@@ -591,8 +591,12 @@ fn the_parser_reads_info_strings_continuations_and_programs() {
 
 /// A page of docs/, as text.
 fn page(name: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs").join(name))
-        .unwrap()
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("docs")
+            .join(name),
+    )
+    .unwrap()
 }
 
 /// The text of a page's section, from `heading` to the next heading of that level.
@@ -602,9 +606,7 @@ fn section(text: &str, heading: &str) -> String {
         .find(&format!("\n{heading}\n"))
         .unwrap_or_else(|| panic!("no section {heading}"));
     let body = &text[start + heading.len() + 2..];
-    let end = body
-        .find(&format!("\n{level} "))
-        .unwrap_or(body.len());
+    let end = body.find(&format!("\n{level} ")).unwrap_or(body.len());
     body[..end].to_string()
 }
 
@@ -670,19 +672,69 @@ fn the_settings_page_names_every_flag_and_variable_of_every_help() {
         }
     }
     assert!(missing.is_empty(), "docs/settings.md lacks {missing:?}");
-    assert!(flags.len() > 40, "too few flags read from --help: {flags:?}");
+    assert!(
+        flags.len() > 40,
+        "too few flags read from --help: {flags:?}"
+    );
     let unknown: Vec<String> = first_cells(&doc)
         .into_iter()
         .filter(|c| c.starts_with("--") && !flags.contains(c))
         .collect();
-    assert!(unknown.is_empty(), "docs/settings.md names flags no binary has: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "docs/settings.md names flags no binary has: {unknown:?}"
+    );
 }
 
-/// Every metric the archiver exports is on the metrics page, and the page names no other.
+/// Every metric a running archiver exports is on the metrics page, and the page names no
+/// other. The archiver runs as a daemon over a paused table with an eligible bucket, so the
+/// per-table gauges have a series too.
 #[test]
 fn the_metrics_page_names_every_exported_metric() {
     let doc = page("metrics.md");
-    let text = pulpitum::archiver::metrics::ArchiverMetrics::default().render();
+    let sandbox = Sandbox::new();
+    let o = sandbox.bash(
+        "pulpitum -c \"INSERT INTO chat VALUES (1, TIMESTAMP '2020-01-01T00:00:00Z', 1, 'old')\" \
+         -c 'SYSTEM STOP MOVES chat'",
+        "",
+    );
+    assert!(o.ok, "{}", o.stderr);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(["--interval-seconds", "0.2"])
+        .current_dir(&sandbox.cwd)
+        .env_clear()
+        .env("PULPITUM_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let scrape = || -> Option<String> {
+        use std::io::Write;
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+        let mut s = String::new();
+        c.read_to_string(&mut s).ok()?;
+        Some(s)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        match scrape() {
+            Some(t) if t.contains("table_lag_seconds{") => break t,
+            _ if Instant::now() > deadline => {
+                let _ = daemon.kill();
+                panic!("no per-table series within 60 s: {:?}", scrape());
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let _ = daemon.kill();
+    let _ = daemon.wait();
     let exported: std::collections::BTreeSet<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE pulpitum_archiver_"))
@@ -697,7 +749,10 @@ fn the_metrics_page_names_every_exported_metric() {
         .collect();
     assert!(exported.len() >= 20, "{text}");
     let documented: std::collections::BTreeSet<String> = first_cells(&doc).into_iter().collect();
-    assert_eq!(exported, documented, "docs/metrics.md against the exported metrics");
+    assert_eq!(
+        exported, documented,
+        "docs/metrics.md against the exported metrics"
+    );
 }
 
 /// Every column of each system table is described in its section of the system-tables
@@ -732,4 +787,75 @@ fn the_system_tables_page_describes_every_column() {
             first_cells(&columns_table).into_iter().collect();
         assert_eq!(columns, documented, "docs/system-tables.md, {table}");
     }
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The text of a page outside its fenced blocks.
+fn prose(text: &str) -> String {
+    let mut out = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Every relative link of README.md and docs/ names a file that exists and, with a
+/// `#fragment`, a heading of that page.
+#[test]
+fn every_relative_link_and_anchor_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for (file, text) in pages() {
+        let dir = Path::new(&file).parent().unwrap().to_path_buf();
+        for link in prose(&text).split("](").skip(1) {
+            let target = link.split(')').next().unwrap();
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            checked += 1;
+            let (path, fragment) = target.split_once('#').unwrap_or((target, ""));
+            let resolved = if path.is_empty() {
+                root.join(&file)
+            } else {
+                root.join(&dir).join(path)
+            };
+            let Ok(body) = std::fs::read_to_string(&resolved).or_else(|e| {
+                if resolved.is_dir() {
+                    Ok(String::new())
+                } else {
+                    Err(e)
+                }
+            }) else {
+                broken.push(format!("{file}: {target}: no such file"));
+                continue;
+            };
+            if !fragment.is_empty()
+                && !prose(&body)
+                    .lines()
+                    .filter(|l| l.starts_with('#'))
+                    .any(|l| slug(l.trim_start_matches('#')) == fragment)
+            {
+                broken.push(format!("{file}: {target}: no such heading"));
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
