@@ -24,7 +24,6 @@
 //! A block without an info string, or with a language this harness does not know, fails
 //! the test: every block is either run, compared, or explicitly marked.
 
-#[allow(dead_code)]
 mod archiver_support;
 
 use std::io::Read;
@@ -225,7 +224,7 @@ fn programs(line: &str) -> Vec<String> {
         .iter()
         .filter_map(|s| {
             s.split_whitespace()
-                .find(|w| !(w.contains('=') && !w.starts_with('-')))
+                .find(|w| !w.contains('=') || w.starts_with('-'))
                 .map(str::to_string)
         })
         .collect()
@@ -660,7 +659,7 @@ fn the_settings_page_names_every_flag_and_variable_of_every_help() {
             }
         }
         for env in h.split("[env: ").skip(1) {
-            let name = env.split(|c| c == '=' || c == ']').next().unwrap();
+            let name = env.split(['=', ']']).next().unwrap();
             if !doc.contains(&format!("`{name}`")) {
                 missing.push(name.to_string());
             }
@@ -675,6 +674,34 @@ fn the_settings_page_names_every_flag_and_variable_of_every_help() {
     assert!(
         flags.len() > 40,
         "too few flags read from --help: {flags:?}"
+    );
+    // Each default `--help` shows is in a row of the page naming that flag.
+    let mut wrong_defaults = Vec::new();
+    for h in &helps {
+        let mut flag = None;
+        for line in h.lines() {
+            if line.trim_start().starts_with('-') {
+                flag = line
+                    .split_whitespace()
+                    .find(|w| w.starts_with("--"))
+                    .map(|f| f.trim_end_matches(',').to_string());
+            }
+            if let (Some(f), Some(d)) = (&flag, line.split("[default: ").nth(1)) {
+                let default = d.split(']').next().unwrap();
+                let row = format!("`{f}`");
+                if !doc
+                    .lines()
+                    .filter(|l| l.starts_with('|') && l.contains(&row))
+                    .any(|l| l.contains(default))
+                {
+                    wrong_defaults.push(format!("{f} (default {default})"));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong_defaults.is_empty(),
+        "docs/settings.md shows other defaults than --help for {wrong_defaults:?}"
     );
     let unknown: Vec<String> = first_cells(&doc)
         .into_iter()
