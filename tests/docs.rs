@@ -2,9 +2,11 @@
 //! its info string and, where it is a command, run as written, so the docs cannot drift
 //! from the program.
 //!
-//! - ` ```sql `: run by the built `pulpitum` shell (`pulpitum -f`) on the page's own embedded
-//!   store in a temp folder, migrated and holding the README's `chat` table. The blocks of a
-//!   page share that store, in page order.
+//! - ` ```sql `: run by the built `pulpitum` shell (`pulpitum -f`) twice: on the page's own
+//!   embedded store in a temp folder, and on the real PostgreSQL (a fresh schema) with the
+//!   real S3 (a fresh prefix); each migrated and holding the README's `chat` table. The
+//!   blocks of a page share those stores, in page order, and an expectation after a block
+//!   must hold on both.
 //! - ` ```sql hot-store `: statements an operator sends to the hot store itself (psql), run on
 //!   the real PostgreSQL in a fresh schema migrated by `pulpitum migrate`.
 //! - ` ```sh `: run by bash (`-e -o pipefail`) in the page's folder, with the built
@@ -251,16 +253,47 @@ struct Outcome {
     stderr: String,
 }
 
-/// A page's sandbox: a folder holding the embedded default store (`./pulpitum-data`) and a
-/// `bin/` with the built binaries.
+/// A page's sandbox: a folder holding the embedded default store (`./pulpitum-data`), or
+/// the URLs of a fresh PostgreSQL schema and S3 prefix, and a `bin/` with the built binaries.
 struct Sandbox {
     _dir: tempfile::TempDir,
     cwd: PathBuf,
     path: String,
+    /// `--database-url ... --archive-url ...` (empty: the embedded default).
+    store_args: String,
+    /// The S3 variables a PostgreSQL-and-S3 sandbox passes on.
+    env: Vec<(String, String)>,
 }
 
 impl Sandbox {
     fn new() -> Self {
+        Self::with_store(String::new(), Vec::new())
+    }
+
+    /// A sandbox on the real PostgreSQL (a fresh schema) and S3 (a fresh prefix).
+    fn postgres(rt: &tokio::runtime::Runtime) -> Self {
+        let db = rt.block_on(archiver_support::fresh_database("docs"));
+        let archive = archiver_support::fresh_archive_url("docs");
+        let env = archiver_support::S3_ENV
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    std::env::var(k).unwrap_or_else(|_| v.to_string()),
+                )
+            })
+            .collect();
+        Self::with_store(
+            format!(
+                "--database-url {} --archive-url {}",
+                quoted(&db),
+                quoted(&archive)
+            ),
+            env,
+        )
+    }
+
+    fn with_store(store_args: String, env: Vec<(String, String)>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("bin");
         let cwd = dir.path().join("work");
@@ -277,14 +310,19 @@ impl Sandbox {
             _dir: dir,
             cwd,
             path,
+            store_args,
+            env,
         };
-        // The state every page assumes: the default store migrated, with the README's table.
+        // The state every page assumes: the store migrated, with the README's table.
         for script in [
-            "pulpitum migrate",
-            "pulpitum -c \"CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
-             OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')\"",
+            format!("pulpitum {} migrate", sandbox.store_args),
+            format!(
+                "pulpitum {} -c \"CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+                 OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')\"",
+                sandbox.store_args
+            ),
         ] {
-            let o = sandbox.bash(script, "");
+            let o = sandbox.bash(&script, "");
             assert!(o.ok, "sandbox setup `{script}` failed: {}", o.stderr);
         }
         sandbox
@@ -305,6 +343,7 @@ impl Sandbox {
             .env("HOME", self.cwd.join("home"))
             .env("PULPITUM_LOG", "warn")
             .env("LANG", "C.UTF-8")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -359,6 +398,7 @@ fn quoted(s: &str) -> String {
 #[derive(Default, Debug)]
 struct Counts {
     sql: usize,
+    sql_on_postgres: usize,
     hot_store: usize,
     sh: usize,
     console: usize,
@@ -413,8 +453,10 @@ fn every_fenced_block_of_the_docs_runs_or_is_marked() {
     for (file, text) in pages() {
         let page = blocks(&file, &text);
         let mut sandbox: Option<Sandbox> = None;
-        // The outcome of the previous block, when it ran (an expectation compares with it).
-        let mut last: Option<(String, Outcome)> = None;
+        let mut on_postgres: Option<Sandbox> = None;
+        // The outcomes of the previous block, when it ran (an expectation compares with
+        // each): a SQL block runs on the embedded store and on PostgreSQL with S3.
+        let mut last: Vec<(String, Outcome)> = Vec::new();
         for b in &page {
             macro_rules! fail {
                 ($why:expr $(,)?) => {
@@ -423,7 +465,7 @@ fn every_fenced_block_of_the_docs_runs_or_is_marked() {
             }
             if b.has("no-run") || b.has("no_run") {
                 counts.no_run += 1;
-                last = None;
+                last.clear();
                 continue;
             }
             if let Some(test) = b.run_by() {
@@ -432,32 +474,34 @@ fn every_fenced_block_of_the_docs_runs_or_is_marked() {
                     Ok(_) => fail!(format!("{test} does not name {file}")),
                     Err(e) => fail!(format!("run-by names {test}: {e}")),
                 }
-                last = None;
+                last.clear();
                 continue;
             }
             let expect_output = b.has("output");
             let expect_error = b.has("error");
             if expect_output || expect_error {
-                let Some((what, o)) = last.take() else {
+                if last.is_empty() {
                     fail!("an expected output or error follows no block that ran");
                     continue;
-                };
+                }
                 counts.compared += 1;
-                let actual = if expect_error { &o.stderr } else { &o.stdout };
-                if expect_error && o.ok {
-                    fail!(format!("{what} succeeded, but the docs show it failing"));
-                } else if !expect_error && !o.ok {
-                    fail!(format!("{what} failed: {}", o.stderr));
-                } else if !matches(&b.text, actual) {
-                    fail!(format!(
-                        "{what} printed something else.\n--- docs:\n{}--- actual:\n{actual}",
-                        b.text
-                    ));
+                for (what, o) in std::mem::take(&mut last) {
+                    let actual = if expect_error { &o.stderr } else { &o.stdout };
+                    if expect_error && o.ok {
+                        fail!(format!("{what} succeeded, but the docs show it failing"));
+                    } else if !expect_error && !o.ok {
+                        fail!(format!("{what} failed: {}", o.stderr));
+                    } else if !matches(&b.text, actual) {
+                        fail!(format!(
+                            "{what} printed something else.\n--- docs:\n{}--- actual:\n{actual}",
+                            b.text
+                        ));
+                    }
                 }
                 continue;
             }
             // A run block whose outcome no expectation checks must succeed.
-            if let Some((what, o)) = last.take() {
+            for (what, o) in std::mem::take(&mut last) {
                 if !o.ok {
                     failures.push(format!("{what} failed: {}{}", o.stdout, o.stderr));
                 }
@@ -467,14 +511,23 @@ fn every_fenced_block_of_the_docs_runs_or_is_marked() {
                 "sql" if b.has("hot-store") => {
                     counts.hot_store += 1;
                     let sb = sandbox.get_or_insert_with(Sandbox::new);
-                    last = Some((what, run_hot_store(&rt, sb, &b.text)));
+                    last.push((what, run_hot_store(&rt, sb, &b.text)));
                 }
                 "sql" if b.flags.is_empty() => {
                     counts.sql += 1;
+                    counts.sql_on_postgres += 1;
                     let sb = sandbox.get_or_insert_with(Sandbox::new);
-                    let script = sb.cwd.join("block.sql");
-                    std::fs::write(&script, &b.text).unwrap();
-                    last = Some((what, sb.bash("pulpitum -f block.sql", "")));
+                    std::fs::write(sb.cwd.join("block.sql"), &b.text).unwrap();
+                    last.push((
+                        format!("{what} on the embedded store"),
+                        sb.bash("pulpitum -f block.sql", ""),
+                    ));
+                    let pg = on_postgres.get_or_insert_with(|| Sandbox::postgres(&rt));
+                    std::fs::write(pg.cwd.join("block.sql"), &b.text).unwrap();
+                    last.push((
+                        format!("{what} on PostgreSQL and S3"),
+                        pg.bash(&format!("pulpitum {} -f block.sql", pg.store_args), ""),
+                    ));
                 }
                 "sh" | "console" if b.flags.is_empty() => {
                     let console = b.lang == "console";
@@ -529,7 +582,7 @@ fn every_fenced_block_of_the_docs_runs_or_is_marked() {
                         }
                     } else {
                         counts.sh += 1;
-                        last = Some((what, sb.bash(&b.text, "")));
+                        last.push((what, sb.bash(&b.text, "")));
                     }
                 }
                 lang if ILLUSTRATIONS.contains(&lang) && b.flags.is_empty() => {
@@ -541,7 +594,7 @@ fn every_fenced_block_of_the_docs_runs_or_is_marked() {
                 ),
             }
         }
-        if let Some((what, o)) = last.take() {
+        for (what, o) in std::mem::take(&mut last) {
             if !o.ok {
                 failures.push(format!("{what} failed: {}{}", o.stdout, o.stderr));
             }
