@@ -139,6 +139,70 @@ fn the_settings_page_names_every_flag_and_variable_of_every_help() {
     );
 }
 
+/// Every range the archiver checks is the one the settings page's table of accepted ranges
+/// shows for that flag.
+#[test]
+fn the_settings_page_shows_the_archivers_ranges() {
+    use pulpitum::archiver::config as c;
+    let doc = page("settings.md");
+    let table = section(&doc, "### Accepted ranges of the archiver");
+    let mut ranges: Vec<(&str, String)> = [
+        c::INTERVAL,
+        c::LEASE,
+        c::RETRY,
+        c::GC_DELAY,
+        c::CLEANUP_DELAY,
+        c::JOB_RETENTION,
+        c::COMPACT_AFTER,
+        c::UPLOAD_DEADLINE,
+        c::OP_DEADLINE,
+        c::HEALTH_MAX_AGE,
+    ]
+    .iter()
+    .map(|r| {
+        let range = format!("{} to {}", r.min.as_secs_f64(), r.max.as_secs_f64());
+        (r.setting, range)
+    })
+    .collect();
+    for r in [
+        c::SEGMENT_TARGET_BYTES,
+        c::SCAN_LIMIT,
+        c::SNAPSHOT_PAGE_ROWS,
+        c::CLEANUP_BATCH_ROWS,
+        c::CONCURRENCY,
+    ] {
+        ranges.push((r.setting, format!("{} to {}", r.min, r.max)));
+    }
+    let mut wrong = Vec::new();
+    for (setting, range) in ranges {
+        let flag = setting
+            .split(['(', ')'])
+            .nth(1)
+            .expect("a setting names its flag");
+        let row = table.lines().find(|l| {
+            l.starts_with('|')
+                && l.split('|')
+                    .nth(1)
+                    .unwrap_or("")
+                    .contains(&format!("`{flag}`"))
+        });
+        // Sizes may carry their unit between the numbers: `1048576 (1 MiB) to 4294967296`.
+        let shown = row.map(|r| {
+            r.split(" (")
+                .map(|p| p.split_once(") ").map_or(p, |(_, rest)| rest))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        if !shown.is_some_and(|r| r.contains(&range)) {
+            wrong.push(format!("{flag}: {range}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/settings.md's accepted ranges differ: {wrong:?}"
+    );
+}
+
 /// Every metric a running archiver exports is on the metrics page, and the page names no
 /// other. The archiver runs as a daemon over a paused table with an eligible bucket, so the
 /// per-table gauges have a series too.
