@@ -1,5 +1,5 @@
 //! The documented least-privilege roles, on the real PostgreSQL with real `GRANT`s: the SQL
-//! block of docs/operations.md ("Database") is run as written (with unique names), the
+//! block of docs/permissions.md ("Database") is run as written (with unique names), the
 //! schema is migrated by its owner with `pulpitum migrate`, and then every binary runs as
 //! each role: the read-write shell creates, inserts and changes policies, the archiver
 //! archives, cleans, compacts and collects garbage, the read-only shell and `pulpitum serve`
@@ -85,16 +85,16 @@ fn replace_word(text: &str, word: &str, with: &str) -> String {
     out
 }
 
-/// The SQL block of docs/operations.md that follows its "tests/privileges.rs runs the next
+/// The SQL block of docs/permissions.md that follows its "tests/privileges.rs runs the next
 /// block" marker, split where the migration happens: (roles and schema, grants).
 fn documented_sql() -> (String, String) {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/permissions.md"))
         .unwrap();
     let marker = doc
         .find("<!-- tests/privileges.rs runs the next block")
-        .expect("the marker in docs/operations.md");
+        .expect("the marker in docs/permissions.md");
     let block = doc[marker..]
-        .split("```sql\n")
+        .split("```sql run-by=tests/privileges.rs\n")
         .nth(1)
         .and_then(|b| b.split("\n```").next())
         .expect("a sql block after the marker");
@@ -405,7 +405,7 @@ async fn scenario(names: &Names, archive: &str) {
         assert!(
             err.contains(&format!("permission denied during {operation}"))
                 && err.contains("42501: permission denied for table pulpitum_v4_")
-                && err.contains("docs/operations.md"),
+                && err.contains("docs/permissions.md"),
             "{sql}: {err}"
         );
     }

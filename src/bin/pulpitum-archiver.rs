@@ -537,7 +537,7 @@ fn once_outcome(d: &pulpitum::archiver::DrainReport) -> String {
     if d.totals.denied > 0 {
         // Running again cannot help these: say what will.
         parts.push(format!(
-            "{} buckets refused by the database role's grants (fix the grants: docs/operations.md, \"Database\")",
+            "{} buckets refused by the database role's grants (fix the grants: docs/permissions.md, \"Database\")",
             d.totals.denied
         ));
     }

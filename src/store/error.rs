@@ -138,7 +138,7 @@ pub enum StoreError {
     },
     /// The database role lacks a privilege the operation needs (SQLSTATE 42501). Not
     /// retryable: the grants must change, or the operation is not this role's.
-    #[error("permission denied during {operation}: {detail}; the database role lacks a grant this needs (docs/operations.md, \"Database\", lists the grants of each role; a read-only role can only read)")]
+    #[error("permission denied during {operation}: {detail}; the database role lacks a grant this needs (docs/permissions.md, \"Database\", lists the grants of each role; a read-only role can only read)")]
     PermissionDenied {
         /// The operation.
         operation: &'static str,
