@@ -63,6 +63,14 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0005_compaction.sql"),
         compat: Compat::Additive,
     },
+    // Masks over archived rows: a build that predates them would show deleted and edited
+    // rows, so only builds that apply them may run once they can exist.
+    Migration {
+        version: 6,
+        name: "changes",
+        sql: include_str!("../../../sql/sqlite/0006_changes.sql"),
+        compat: Compat::Requires(6),
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

@@ -128,6 +128,20 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0011_retired_objects.sql"),
         compat: Compat::Additive,
     },
+    // A build that predates masks would show deleted and edited archived rows as they were:
+    // once masks can exist, only builds that apply them may run.
+    Migration {
+        version: 12,
+        name: "row_masks",
+        sql: include_str!("../../../sql/0012_row_masks.sql"),
+        compat: Compat::Requires(12),
+    },
+    Migration {
+        version: 13,
+        name: "policy_retain_for",
+        sql: include_str!("../../../sql/0013_policy_retain_for.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a
