@@ -5,159 +5,14 @@
 //! runs in between answers exactly as a plain PostgreSQL table does.
 
 mod archiver_support;
+mod changes_support;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
-
-use archiver_support::*;
-use datafusion::arrow::array::{Array, Int64Array, StringArray, UInt64Array};
+use changes_support::*;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::prelude::SessionContext;
-use pulpitum::archive::{ArchiveStore, PayloadFormat};
-use pulpitum::archiver::{ArchiverConfig, Runner};
-use pulpitum::model::{encode_i64, EventTime, PartitionKey, Record, SortKey, TableId};
+use pulpitum::archive::PayloadFormat;
+use pulpitum::model::{encode_i64, EventTime, PartitionKey, Record, SortKey};
 use pulpitum::session::{session, SessionOptions};
-use pulpitum::store::{BucketFilter, BucketState, HotStore};
-use tokio_util::sync::CancellationToken;
-
-const DAY_US: i64 = 86_400_000_000;
-const START: &str = "2021-03-01T00:00:00Z";
-
-/// `(channel, id) -> (event time in µs, content)`: what the table must answer.
-type Model = BTreeMap<(i64, i64), (i64, String)>;
-
-struct Env {
-    store: Arc<dyn HotStore>,
-    archive: Arc<ArchiveStore>,
-    ctx: SessionContext,
-    table: TableId,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Env {
-    async fn new(label: &str, embedded: bool) -> Self {
-        let archive_url = fresh_archive_url(label);
-        let (db, dir) = if embedded {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("hot.db");
-            (format!("sqlite://{}", path.display()), Some(dir))
-        } else {
-            (fresh_database(label).await, None)
-        };
-        let (store, archive) = open(&db, &archive_url).await;
-        let opts = SessionOptions {
-            page_rows: 7,
-            ..SessionOptions::default()
-        };
-        let ctx = session(store.clone(), archive.clone(), opts).await.unwrap();
-        let env = Self {
-            store,
-            archive,
-            ctx,
-            table: TableId::new("chat").unwrap(),
-            _dir: dir,
-        };
-        env.sql("CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')").await.unwrap();
-        env
-    }
-
-    async fn sql(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
-        run(&self.ctx, sql).await
-    }
-
-    /// Runs a DELETE or UPDATE and returns its count.
-    async fn change(&self, sql: &str) -> Result<u64, String> {
-        count(&self.sql(sql).await?)
-    }
-
-    /// Archives every bucket ending before `before` in `format`; with `segments`, compacts
-    /// the archived windows into segments afterwards.
-    async fn archive_before(&self, before: &str, format: PayloadFormat, segments: bool) {
-        let mut c = ArchiverConfig::with_defaults();
-        c.eligible_before = Some(EventTime::parse_rfc3339(before).unwrap());
-        c.cleanup_delay = Duration::ZERO;
-        c.format = format;
-        c.compaction = segments;
-        c.compact_after = Duration::ZERO;
-        c.concurrency = 2;
-        let runner = Runner::new(self.store.clone(), self.archive.clone(), c).unwrap();
-        runner
-            .drain(&CancellationToken::new(), &|_, _| {})
-            .await
-            .unwrap();
-        if segments {
-            runner.compact_pass().await.unwrap();
-        }
-    }
-
-    async fn states(&self) -> Vec<BucketState> {
-        self.store
-            .list_buckets(&self.table, &BucketFilter::default())
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| m.state)
-            .collect()
-    }
-
-    async fn dump(&self) -> Model {
-        dump(&self.ctx).await
-    }
-}
-
-async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, String> {
-    let df = ctx.sql(sql).await.map_err(|e| e.to_string())?;
-    df.collect().await.map_err(|e| e.to_string())
-}
-
-fn count(b: &[RecordBatch]) -> Result<u64, String> {
-    let c = b[0]
-        .column(0)
-        .as_any()
-        .downcast_ref::<UInt64Array>()
-        .ok_or("count is not UInt64")?;
-    Ok(c.value(0))
-}
-
-/// The whole table through SQL.
-async fn dump(ctx: &SessionContext) -> Model {
-    let b = run(
-        ctx,
-        "SELECT channel_id, id, CAST(timestamp AS BIGINT), content FROM chat ORDER BY channel_id, id",
-    )
-    .await
-    .unwrap();
-    let mut out = Model::new();
-    for batch in &b {
-        let ch = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-        let id = batch.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
-        let ts = batch.column(2).as_any().downcast_ref::<Int64Array>().unwrap();
-        let content = batch.column(3).as_any().downcast_ref::<StringArray>().unwrap();
-        for i in 0..batch.num_rows() {
-            let prev = out.insert(
-                (ch.value(i), id.value(i)),
-                (ts.value(i), content.value(i).to_string()),
-            );
-            assert!(prev.is_none(), "row ({}, {}) read twice", ch.value(i), id.value(i));
-        }
-    }
-    out
-}
-
-/// Panics naming the first rows where `got` and `want` differ.
-fn assert_same(got: &Model, want: &Model, what: &str) {
-    if got == want {
-        return;
-    }
-    let missing: Vec<_> = want.iter().filter(|(k, v)| got.get(k) != Some(v)).take(5).collect();
-    let extra: Vec<_> = got.iter().filter(|(k, v)| want.get(k) != Some(v)).take(5).collect();
-    panic!(
-        "{what}: {} rows read, {} expected; expected but not read: {missing:?}; read but not expected: {extra:?}",
-        got.len(),
-        want.len()
-    );
-}
+use pulpitum::store::BucketState;
 
 /// The day offset of message `i`: ten a day, the first four days in March, the rest in
 /// April (so March's window is complete once its days are archived, and can be compacted).
@@ -195,22 +50,39 @@ fn rows(channels: i64, per_channel: i64) -> (Vec<Record>, Model) {
 /// The statements of the tier test, checked against the model after each.
 async fn exercise(env: &Env, model: &mut Model) {
     // One archived message (day 0), by its key.
-    assert_eq!(env.change("DELETE FROM chat WHERE channel_id = 1 AND id = 1003").await.unwrap(), 1);
+    assert_eq!(
+        env.change("DELETE FROM chat WHERE channel_id = 1 AND id = 1003")
+            .await
+            .unwrap(),
+        1
+    );
     model.remove(&(1, 1003));
     assert_same(&env.dump().await, model, "after deleting one archived row");
     // Again: nothing left to delete.
-    assert_eq!(env.change("DELETE FROM chat WHERE channel_id = 1 AND id = 1003").await.unwrap(), 0);
+    assert_eq!(
+        env.change("DELETE FROM chat WHERE channel_id = 1 AND id = 1003")
+            .await
+            .unwrap(),
+        0
+    );
     // An edit of an archived row, then found by its new body (a filter on the value).
     assert_eq!(
-        env.change("UPDATE chat SET content = 'edited' WHERE channel_id = 2 AND id = 2011").await.unwrap(),
+        env.change("UPDATE chat SET content = 'edited' WHERE channel_id = 2 AND id = 2011")
+            .await
+            .unwrap(),
         1
     );
     model.get_mut(&(2, 2011)).unwrap().1 = "edited".into();
-    let b = env.sql("SELECT id FROM chat WHERE content = 'edited'").await.unwrap();
+    let b = env
+        .sql("SELECT id FROM chat WHERE content = 'edited'")
+        .await
+        .unwrap();
     assert_eq!(b.iter().map(RecordBatch::num_rows).sum::<usize>(), 1);
     // Edited twice: the second edit matches the first's body.
     assert_eq!(
-        env.change("UPDATE chat SET content = content || '!' WHERE content = 'edited'").await.unwrap(),
+        env.change("UPDATE chat SET content = content || '!' WHERE content = 'edited'")
+            .await
+            .unwrap(),
         1
     );
     model.get_mut(&(2, 2011)).unwrap().1 = "edited!".into();
@@ -221,7 +93,9 @@ async fn exercise(env: &Env, model: &mut Model) {
         .copied()
         .collect();
     assert_eq!(
-        env.change("DELETE FROM chat WHERE channel_id = 2 AND id % 3 = 0").await.unwrap(),
+        env.change("DELETE FROM chat WHERE channel_id = 2 AND id % 3 = 0")
+            .await
+            .unwrap(),
         expect.len() as u64
     );
     for k in expect {
@@ -239,7 +113,12 @@ async fn exercise(env: &Env, model: &mut Model) {
         }
     }
     // A time range: everything of day 35 (hot) and day 1 (archived) in channel 3.
-    let day = |d: i64| EventTime::from_micros(EventTime::parse_rfc3339(START).unwrap().as_micros() + d * DAY_US).unwrap().to_datetime().to_rfc3339();
+    let day = |d: i64| {
+        EventTime::from_micros(EventTime::parse_rfc3339(START).unwrap().as_micros() + d * DAY_US)
+            .unwrap()
+            .to_datetime()
+            .to_rfc3339()
+    };
     let expect: Vec<(i64, i64)> = model
         .iter()
         .filter(|((ch, _), (t, _))| {
@@ -258,20 +137,34 @@ async fn exercise(env: &Env, model: &mut Model) {
     }
     assert_same(&env.dump().await, model, "after the statements");
     // Key columns cannot be assigned; subqueries are refused before they could widen a DELETE.
-    let e = env.change("UPDATE chat SET id = 5 WHERE channel_id = 1").await.unwrap_err();
+    let e = env
+        .change("UPDATE chat SET id = 5 WHERE channel_id = 1")
+        .await
+        .unwrap_err();
     assert!(e.contains("UPDATE may set only content"), "{e}");
     let e = env
         .change("DELETE FROM chat WHERE id IN (SELECT id FROM chat WHERE channel_id = 99)")
         .await
         .unwrap_err();
     assert!(e.contains("subquery"), "{e}");
-    let e = env.change("UPDATE chat SET content = NULL WHERE channel_id = 3").await.unwrap_err();
-    assert!(e.contains("NULL"), "{e}");
-    assert_same(&env.dump().await, model, "refused statements changed nothing");
-    // A fresh session (another process) sees the same table.
-    let fresh = session(env.store.clone(), env.archive.clone(), SessionOptions::default())
+    let e = env
+        .change("UPDATE chat SET content = NULL WHERE channel_id = 3")
         .await
-        .unwrap();
+        .unwrap_err();
+    assert!(e.contains("NULL"), "{e}");
+    assert_same(
+        &env.dump().await,
+        model,
+        "refused statements changed nothing",
+    );
+    // A fresh session (another process) sees the same table.
+    let fresh = session(
+        env.store.clone(),
+        env.archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
     assert_same(&dump(&fresh).await, model, "a fresh session");
 }
 
@@ -280,13 +173,17 @@ async fn tiers(label: &str, embedded: bool, format: PayloadFormat, segments: boo
     let (records, mut model) = rows(3, 60);
     env.store.append_batch(&env.table, &records).await.unwrap();
     // Days 0..4 archived, 4 and 5 hot.
-    let before = EventTime::from_micros(EventTime::parse_rfc3339(START).unwrap().as_micros() + 4 * DAY_US)
-        .unwrap()
-        .to_datetime()
-        .to_rfc3339();
+    let before =
+        EventTime::from_micros(EventTime::parse_rfc3339(START).unwrap().as_micros() + 4 * DAY_US)
+            .unwrap()
+            .to_datetime()
+            .to_rfc3339();
     env.archive_before(&before, format, segments).await;
     let states = env.states().await;
-    let archived = states.iter().filter(|s| matches!(s, BucketState::Archived { .. })).count();
+    let archived = states
+        .iter()
+        .filter(|s| matches!(s, BucketState::Archived { .. }))
+        .count();
     assert_eq!(archived, 12, "{states:?}");
     if segments {
         assert!(states.iter().any(|s| matches!(s, BucketState::Archived { object_key, .. } if object_key.contains("/segments/"))), "{states:?}");
@@ -295,8 +192,13 @@ async fn tiers(label: &str, embedded: bool, format: PayloadFormat, segments: boo
     exercise(&env, &mut model).await;
     // Archiving the rest afterwards keeps every change (hot rows changed in place are
     // archived as changed; masks stay on the archived ones).
-    env.archive_before("2022-01-01T00:00:00Z", format, segments).await;
-    assert!(env.states().await.iter().all(|s| matches!(s, BucketState::Archived { .. })));
+    env.archive_before("2022-01-01T00:00:00Z", format, segments)
+        .await;
+    assert!(env
+        .states()
+        .await
+        .iter()
+        .all(|s| matches!(s, BucketState::Archived { .. })));
     assert_same(&env.dump().await, &model, "after archiving the rest");
 }
 
@@ -324,4 +226,3 @@ async fn embedded_parquet_objects() {
 async fn embedded_json_segments() {
     tiers("chg_sq_seg", true, PayloadFormat::Json, true).await;
 }
-

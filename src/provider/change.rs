@@ -172,7 +172,11 @@ impl ChangeExec {
     /// read (the optimizer may take the single-partition requirement off a read it
     /// rewrites; reading them all does not depend on it).
     async fn read_changes(&self, ctx: &Arc<TaskContext>) -> DFResult<Vec<RowChange>> {
-        let partitions = self.read.properties().output_partitioning().partition_count();
+        let partitions = self
+            .read
+            .properties()
+            .output_partitioning()
+            .partition_count();
         let streams = (0..partitions)
             .map(|p| self.read.execute(p, ctx.clone()))
             .collect::<DFResult<Vec<_>>>()?;

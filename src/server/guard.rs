@@ -299,7 +299,10 @@ mod tests {
         let e = message(plan_need(&plan(&ctx, "INSERT INTO mem VALUES (1)").await).unwrap_err());
         assert!(e.contains("only Pulpitum tables"), "{e}");
         let e = message(plan_need(&plan(&ctx, "DELETE FROM mem WHERE a = 1").await).unwrap_err());
-        assert!(e.starts_with("42501") && e.contains("only Pulpitum tables"), "{e}");
+        assert!(
+            e.starts_with("42501") && e.contains("only Pulpitum tables"),
+            "{e}"
+        );
         let e = message(
             plan_need(&plan(&ctx, "SET datafusion.execution.batch_size = 1").await).unwrap_err(),
         );

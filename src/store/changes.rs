@@ -64,6 +64,9 @@ pub struct ExpiredBucket {
     pub bucket: BucketId,
     /// Its state when it was removed (`hot` or `archived`).
     pub state: &'static str,
+    /// Its fencing generation when it was removed (the job history names the removal by
+    /// the next one).
+    pub generation: i64,
     /// Its route's object key, if it was archived.
     pub object_key: Option<String>,
     /// Hot rows deleted with it.
@@ -154,4 +157,3 @@ pub(super) fn check_masks(
     }
     Ok(())
 }
-

@@ -24,10 +24,10 @@ use async_trait::async_trait;
 
 use super::migrate::Migrated;
 use super::{
-    AppendOutcome, ChangeOutcome, ExpiredBucket, RowChange, RowMask, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, CompactionClaim,
-    Eligibility, HeadPage, HotPage, JobEnd, JobFilter, JobRecord, JobStart, PageRequest,
-    PolicyUpdate, RetiredObject, RouteSwitch, RoutedBucket, StoreResult, TableDefinition,
-    TablePolicy, WindowState, WorkItem,
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, ChangeOutcome, Claim,
+    CompactionClaim, Eligibility, ExpiredBucket, HeadPage, HotPage, JobEnd, JobFilter, JobRecord,
+    JobStart, PageRequest, PolicyUpdate, RetiredObject, RouteSwitch, RoutedBucket, RowChange,
+    RowMask, StoreResult, TableDefinition, TablePolicy, WindowState, WorkItem,
 };
 use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
@@ -394,8 +394,7 @@ pub trait HotStore:
 {
 }
 
-impl<
-        T: Catalog + Appends + RoutedReads + Lifecycle + Control + Compaction + Changes + ?Sized,
-    > HotStore for T
+impl<T: Catalog + Appends + RoutedReads + Lifecycle + Control + Compaction + Changes + ?Sized>
+    HotStore for T
 {
 }

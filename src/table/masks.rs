@@ -141,7 +141,12 @@ mod tests {
     #[test]
     fn deletes_drop_rows_and_edits_replace_values_by_exact_key() {
         let batch = records_to_batch(
-            &[rec(10, 1, "a"), rec(10, 2, "b"), rec(11, 1, "c"), rec(12, 1, "d")],
+            &[
+                rec(10, 1, "a"),
+                rec(10, 2, "b"),
+                rec(11, 1, "c"),
+                rec(12, 1, "d"),
+            ],
             true,
         );
         let masks = Masks::new(vec![

@@ -106,6 +106,15 @@ impl Changes for SqliteStore {
                             bucket.bucket_key.to_string(),
                             now
                         ])?;
+                        // A bucket emptied by a DELETE goes with its last row (see the
+                        // PostgreSQL store): nothing to archive, and its window stays
+                        // compactable.
+                        tx.prepare_cached(&format!(
+                            "DELETE FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK} \
+                             AND state = 'hot' AND NOT EXISTS (SELECT 1 FROM pulpitum_v4_records \
+                               WHERE {BUCKET_PK})"
+                        ))?
+                        .execute(pk)?;
                         out.hot += changed;
                     }
                     "archiving" => {
@@ -241,8 +250,7 @@ impl Changes for SqliteStore {
                 .map(|(pk, key)| {
                     Ok(BucketId {
                         table_id: table_id.clone(),
-                        partition_key: PartitionKey::new(pk)
-                            .map_err(|e| corrupt(e.to_string()))?,
+                        partition_key: PartitionKey::new(pk).map_err(|e| corrupt(e.to_string()))?,
                         bucket_key: crate::model::BucketKey::parse(def.strategy, &key)
                             .map_err(|e| corrupt(e.to_string()))?,
                     })
@@ -264,14 +272,14 @@ impl Changes for SqliteStore {
                 bucket.partition_key.as_bytes(),
                 bucket.bucket_key.to_string()
             ];
-            let row: Option<(String, Option<String>, i64)> = tx
+            let row: Option<(String, Option<String>, i64, i64)> = tx
                 .prepare_cached(&format!(
-                    "SELECT state, object_key, bucket_end FROM pulpitum_v4_bucket_metadata \
-                     WHERE {BUCKET_PK}"
+                    "SELECT state, object_key, bucket_end, generation \
+                     FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK}"
                 ))?
-                .query_row(pk, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .query_row(pk, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
                 .optional()?;
-            let Some((state, object_key, end)) = row else {
+            let Some((state, object_key, end, generation)) = row else {
                 return Ok(None);
             };
             let state = match state_name(&state)? {
@@ -283,7 +291,9 @@ impl Changes for SqliteStore {
             ))?
             .execute(pk)?;
             let rows = tx
-                .prepare_cached(&format!("DELETE FROM pulpitum_v4_records WHERE {BUCKET_PK}"))?
+                .prepare_cached(&format!(
+                    "DELETE FROM pulpitum_v4_records WHERE {BUCKET_PK}"
+                ))?
                 .execute(pk)? as u64;
             tx.prepare_cached(&format!(
                 "DELETE FROM pulpitum_v4_row_masks WHERE {BUCKET_PK}"
@@ -304,6 +314,7 @@ impl Changes for SqliteStore {
             Ok(Some(ExpiredBucket {
                 bucket: bucket.clone(),
                 state,
+                generation,
                 object_key,
                 rows,
                 retired,

@@ -63,6 +63,14 @@ impl Changes for PgStore {
              WHERE r.table_id = $1 AND r.partition_key = $2 AND r.bucket_key = $3 \
                AND r.event_time = u.t AND r.sort_key = u.s AND r.value = u.ov"
         );
+        // A bucket emptied by a DELETE goes with its last row, as if it had never been
+        // written: an empty bucket has nothing to archive and would hold its window back
+        // from compaction.
+        let drop_empty_sql = format!(
+            "DELETE FROM {META} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+               AND state = 'hot' AND NOT EXISTS (SELECT 1 FROM {RECORDS} r \
+                 WHERE r.table_id = $1 AND r.partition_key = $2 AND r.bucket_key = $3)"
+        );
         let masks_sql = format!(
             "SELECT m.event_time, m.sort_key, m.value FROM {MASKS} m \
              WHERE m.table_id = $1 AND m.partition_key = $2 AND m.bucket_key = $3 \
@@ -154,6 +162,9 @@ impl Changes for PgStore {
                                     rows.len()
                                 ),
                             )));
+                        }
+                        if !deletes.is_empty() {
+                            tx.execute(&drop_empty_sql, &head).await?;
                         }
                         out.hot += changed;
                     }
@@ -286,7 +297,7 @@ impl Changes for PgStore {
         before: EventTime,
     ) -> StoreResult<Option<ExpiredBucket>> {
         let read_sql = format!(
-            "SELECT state, object_key FROM {META} \
+            "SELECT state, object_key, generation FROM {META} \
              WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 AND bucket_end <= $4"
         );
         let drop_meta = format!(
@@ -325,6 +336,7 @@ impl Changes for PgStore {
             };
             let state: String = row.try_get(0)?;
             let object_key: Option<String> = row.try_get(1)?;
+            let generation: i64 = row.try_get(2)?;
             let state: &'static str = match state.as_str() {
                 "hot" => "hot",
                 "archived" => "archived",
@@ -355,6 +367,7 @@ impl Changes for PgStore {
             Ok(Some(ExpiredBucket {
                 bucket: bucket.clone(),
                 state,
+                generation,
                 object_key,
                 rows,
                 retired,

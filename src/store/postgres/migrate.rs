@@ -142,6 +142,32 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0013_policy_retain_for.sql"),
         compat: Compat::Additive,
     },
+    // Job history gains the retention kind and the expired outcome: builds that predate
+    // them would refuse to read such rows.
+    Migration {
+        version: 14,
+        name: "jobs_kind_check_drop",
+        sql: include_str!("../../../sql/0014_jobs_kind_check_drop.sql"),
+        compat: Compat::Requires(14),
+    },
+    Migration {
+        version: 15,
+        name: "jobs_outcome_check_drop",
+        sql: include_str!("../../../sql/0015_jobs_outcome_check_drop.sql"),
+        compat: Compat::Requires(14),
+    },
+    Migration {
+        version: 16,
+        name: "jobs_kind_check_drop_crdb",
+        sql: include_str!("../../../sql/0016_jobs_kind_check_drop_crdb.sql"),
+        compat: Compat::Requires(14),
+    },
+    Migration {
+        version: 17,
+        name: "jobs_outcome_check_drop_crdb",
+        sql: include_str!("../../../sql/0017_jobs_outcome_check_drop_crdb.sql"),
+        compat: Compat::Requires(14),
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a
