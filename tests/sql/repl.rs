@@ -294,7 +294,6 @@ async fn unsupported_statements_and_refused_settings_say_what_to_do() {
     assert!(ok, "{err}");
     let (ok, _, err) = pulpitum(&url, &["-c", "UPDATE chat SET id = 2"], None);
     assert!(!ok && err.contains("UPDATE may set only content"), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
     for (sql, needle) in [("TRUNCATE TABLE chat", "DELETE FROM")] {
         let (ok, _, err) = pulpitum(&url, &["-c", sql], None);
         assert!(!ok, "{sql}");
