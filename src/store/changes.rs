@@ -82,14 +82,20 @@ pub fn is_segment_key(key: &str) -> bool {
     key.contains(crate::archive::segment::SEGMENTS_DIR)
 }
 
+/// One bucket's changes.
+pub(super) type BucketChanges<'a> = (BucketId, Vec<&'a RowChange>);
+
+/// A mask found over a changed row: its event time, sort key and value (`None`: deleted).
+pub(super) type FoundMask = (EventTime, Vec<u8>, Option<Vec<u8>>);
+
 /// A change set's rows grouped by bucket, in bucket order (so two change sets lock buckets
 /// in the same order).
 pub(super) fn by_bucket<'a>(
     table_id: &TableId,
     strategy: BucketStrategy,
     changes: &'a [RowChange],
-) -> Vec<(BucketId, Vec<&'a RowChange>)> {
-    let mut groups: BTreeMap<(Vec<u8>, String), (BucketId, Vec<&'a RowChange>)> = BTreeMap::new();
+) -> Vec<BucketChanges<'a>> {
+    let mut groups: BTreeMap<(Vec<u8>, String), BucketChanges<'a>> = BTreeMap::new();
     for c in changes {
         let key = strategy.bucket_of(c.event_time);
         groups
@@ -130,7 +136,7 @@ pub(super) fn check_masks(
     operation: &'static str,
     bucket: &BucketId,
     rows: &[&RowChange],
-    found: &[(EventTime, Vec<u8>, Option<Vec<u8>>)],
+    found: &[FoundMask],
 ) -> Result<(), StoreError> {
     for (t, s, value) in found {
         let Some(c) = rows
