@@ -1061,4 +1061,30 @@ async fn one_statement_per_parse_show_savepoints_and_process_ids() {
     pids.sort();
     pids.dedup();
     assert_eq!(pids.len(), 3, "each connection its own process id");
+
+    // Without passwords (loopback, `insecure_no_auth`) the start takes another handler; its
+    // process ids come from the same server-wide generator.
+    let open = serve(ServerConfig {
+        insecure_no_auth: true,
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let mut sock = raw(&open).await;
+        sock.write_all(&rawpg::startup("anyone")).await.unwrap();
+        let msgs = rawpg::until_ready(&mut sock, Duration::from_secs(5)).await;
+        let key = msgs
+            .iter()
+            .find(|m| m.kind == b'K')
+            .expect("BackendKeyData");
+        pids.push(i32::from_be_bytes(key.body[..4].try_into().unwrap()));
+    }
+    pids.sort();
+    pids.dedup();
+    assert_eq!(
+        pids.len(),
+        3,
+        "open server: each connection its own process id"
+    );
 }
