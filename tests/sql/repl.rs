@@ -294,18 +294,15 @@ async fn unsupported_statements_and_refused_settings_say_what_to_do() {
     assert!(ok, "{err}");
     let (ok, _, err) = pulpitum(&url, &["-c", "UPDATE chat SET id = 2"], None);
     assert!(!ok && err.contains("UPDATE may set only content"), "{err}");
-    for (sql, needle) in [("TRUNCATE TABLE chat", "DELETE FROM")] {
-        let (ok, _, err) = pulpitum(&url, &["-c", sql], None);
-        assert!(!ok, "{sql}");
-        let verb = sql.split_whitespace().next().unwrap();
-        assert!(
-            err.contains(&format!("{verb} is not supported for Pulpitum tables yet"))
-                && err.contains(needle)
-                && !err.contains("Base table"),
-            "{sql}: {err}"
-        );
-        assert_eq!(err.lines().count(), 1, "{err}");
-    }
+    let (ok, _, err) = pulpitum(&url, &["-c", "TRUNCATE TABLE chat"], None);
+    assert!(!ok);
+    assert!(
+        err.contains("TRUNCATE is not supported for Pulpitum tables yet")
+            && err.contains("DELETE FROM")
+            && !err.contains("Base table"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
     // A setting refused before start exits 2 (as the archiver does, and as clap does for
     // a flag); a statement that fails exits 1.
     let status = |args: &[&str], envs: &[(&str, &str)]| {
