@@ -139,6 +139,8 @@ pub async fn session(
     // After DataFusion's type coercion: comparisons with literals finer than a column
     // must not be truncated by its optimizer (see `provider::literals`).
     ctx.add_analyzer_rule(Arc::new(ExactTimeLiterals));
+    // Before the optimizer turns a DELETE's subquery into a join it would lose.
+    ctx.add_analyzer_rule(Arc::new(crate::provider::ChangeShape));
     PulpitumSchema::install(&ctx, Some(factory.clone()))?;
     crate::control::system::register(&ctx, store.clone())?;
     for def in store.tables().await? {

@@ -119,6 +119,7 @@ async fn migrations_run_twice_and_concurrently() {
             "pulpitum_v4_policies",
             "pulpitum_v4_records",
             "pulpitum_v4_retired_objects",
+            "pulpitum_v4_row_masks",
             "pulpitum_v4_schema_migrations",
             "pulpitum_v4_store_control",
             "pulpitum_v4_tables"

@@ -15,12 +15,14 @@ pub mod gc;
 mod lease;
 pub mod metrics;
 mod publish;
+pub mod retention;
 mod runner;
 
 pub use compact::{CompactReport, WindowOutcome};
 pub use config::ArchiverConfig;
 pub use gc::{collect_garbage, collect_garbage_with, GcDelays, GcReport};
 pub use metrics::ArchiverMetrics;
+pub use retention::RetentionReport;
 pub use runner::{
     is_fully_archived, BucketOutcome, Clock, CycleReport, DrainReport, Runner, REMAINING_COUNT_CAP,
 };

@@ -122,6 +122,8 @@ pub struct DrainReport {
     pub cleanups_waiting: usize,
     /// Shutdown stopped the drain early.
     pub interrupted: bool,
+    /// Buckets past their table's retention removed at the end of the drain.
+    pub expired: u64,
 }
 
 /// Where the default cutoff reads the time (injectable for tests).
@@ -320,6 +322,9 @@ impl Runner {
             report.totals.add(batch);
         }
         report.interrupted |= shutdown.is_cancelled();
+        if !report.interrupted {
+            report.expired = self.retention_pass().await?.buckets;
+        }
         let rule = self.eligibility();
         let left = self
             .op("discover", self.store.discover(&rule, REMAINING_COUNT_CAP))
@@ -369,6 +374,18 @@ impl Runner {
             }
             if shutdown.is_cancelled() {
                 break;
+            }
+            // Retention every cycle: a bucket past it must not stay readable for long.
+            match self.retention_pass().await {
+                Ok(r) if r.buckets + r.failed > 0 => info!(
+                    buckets = r.buckets,
+                    rows = r.rows,
+                    retired = r.retired,
+                    failed = r.failed,
+                    "retention pass finished"
+                ),
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "retention pass failed"),
             }
             if last_gc.is_none_or(|t| t.elapsed() >= gc_every) {
                 match super::gc::collect_garbage_with(

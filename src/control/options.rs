@@ -4,8 +4,11 @@
 //! Durations take one or more `<number> <unit>` terms (`'90 days'`, `'1 day 12 hours'`,
 //! `'36h'`), in the units PostgreSQL's interval input and ClickHouse's TTL clauses share
 //! for fixed lengths: microseconds up to weeks. Months and years are refused rather than
-//! guessed: their length varies, and a retention boundary that moves by days would surprise
-//! whoever set it.
+//! guessed: their length varies, and a boundary that moves by days would surprise whoever
+//! set it. The one exception is `retain_for` ([`parse_retention`]), where "keep five years"
+//! is how the rule is written: there a year is 365.25 days and a month 30 days, the lengths
+//! PostgreSQL's `EXTRACT(EPOCH FROM INTERVAL ...)` gives them, so the cutoff never lands
+//! inside the last year's leap day.
 
 use std::time::Duration;
 
@@ -18,10 +21,34 @@ use super::ControlError;
 const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
 
 /// Every option a table policy has, in the order the docs list them.
-pub const OPTIONS: [&str; 4] = ["archive_after", "format", "cleanup_delay", "paused"];
+pub const OPTIONS: [&str; 5] = [
+    "archive_after",
+    "format",
+    "cleanup_delay",
+    "paused",
+    "retain_for",
+];
 
 /// Parses a duration option's value.
 pub fn parse_duration(option: &str, raw: &str) -> Result<Duration, ControlError> {
+    parse_length(option, raw, false)
+}
+
+/// Parses `retain_for`: a duration, where years (365.25 days) and months (30 days) are
+/// accepted too; it must be positive (a zero retention would remove every bucket).
+pub fn parse_retention(option: &str, raw: &str) -> Result<Duration, ControlError> {
+    let d = parse_length(option, raw, true)?;
+    if d.is_zero() {
+        return Err(ControlError::BadOption {
+            option: option.to_string(),
+            value: raw.to_string(),
+            reason: "must be longer than zero (RESET (retain_for) keeps everything)".into(),
+        });
+    }
+    Ok(d)
+}
+
+fn parse_length(option: &str, raw: &str, calendar: bool) -> Result<Duration, ControlError> {
     let bad = |reason: String| ControlError::BadOption {
         option: option.to_string(),
         value: raw.to_string(),
@@ -64,6 +91,8 @@ pub fn parse_duration(option: &str, raw: &str) -> Result<Duration, ControlError>
             "h" | "hr" | "hrs" | "hour" | "hours" => 3_600.0,
             "d" | "day" | "days" => 86_400.0,
             "w" | "week" | "weeks" => 604_800.0,
+            "mon" | "mons" | "month" | "months" if calendar => 30.0 * 86_400.0,
+            "y" | "year" | "years" if calendar => 365.25 * 86_400.0,
             "mon" | "mons" | "month" | "months" | "y" | "year" | "years" => {
                 return Err(bad(format!(
                     "{:?} has no fixed length; use days (e.g. '365 days')",
@@ -140,6 +169,7 @@ pub fn set_options(pairs: &[(String, String)]) -> Result<PolicyUpdate, ControlEr
             "archive_after" => u.archive_after = Some(Some(parse_duration(name, value)?)),
             "format" => u.format = Some(Some(parse_format(name, value)?)),
             "cleanup_delay" => u.cleanup_delay = Some(Some(parse_duration(name, value)?)),
+            "retain_for" => u.retain_for = Some(Some(parse_retention(name, value)?)),
             _ => u.paused = Some(parse_bool(name, value)?),
         }
     }
@@ -155,6 +185,7 @@ pub fn reset_options(options: &[String]) -> Result<PolicyUpdate, ControlError> {
             "archive_after" => u.archive_after = Some(None),
             "format" => u.format = Some(None),
             "cleanup_delay" => u.cleanup_delay = Some(None),
+            "retain_for" => u.retain_for = Some(None),
             _ => u.paused = Some(false),
         }
     }
@@ -196,6 +227,31 @@ pub fn format_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_takes_years_and_months_and_refuses_zero() {
+        let day = 86_400u64;
+        assert_eq!(
+            parse_retention("retain_for", "5 years").unwrap(),
+            Duration::from_secs(5 * 365 * day + 5 * day / 4)
+        );
+        assert_eq!(
+            parse_retention("retain_for", "18 months").unwrap(),
+            Duration::from_secs(18 * 30 * day)
+        );
+        assert!(parse_retention("retain_for", "0 days").is_err());
+        // Other options still refuse calendar units.
+        assert!(parse_duration("archive_after", "1 year").is_err());
+        let u = set_options(&[("retain_for".into(), "2 years".into())]).unwrap();
+        assert_eq!(
+            u.retain_for,
+            Some(Some(Duration::from_secs(2 * 365 * day + day / 2)))
+        );
+        assert_eq!(
+            reset_options(&["retain_for".into()]).unwrap().retain_for,
+            Some(None)
+        );
+    }
 
     #[test]
     fn durations_in_the_forms_operators_write() {

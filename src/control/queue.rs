@@ -49,6 +49,19 @@ impl Judge<'_> {
         } else {
             None
         };
+        // Past retention: whatever its state, the archiver's next cycle removes it (an
+        // Archiving bucket once it is published).
+        if let Some(keep) = self.policy.and_then(|p| p.retain_for) {
+            if m.id.bucket_key.end().as_micros() <= minus(self.now, keep) {
+                return (
+                    false,
+                    format!(
+                        "past retention (retain_for {}): removed by the archiver's next cycle",
+                        format_duration(keep)
+                    ),
+                );
+            }
+        }
         match &m.state {
             BucketState::Archived { hot_deleted, .. } => (
                 false,

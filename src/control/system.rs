@@ -115,6 +115,7 @@ impl Kind {
                 Field::new("paused", DataType::Boolean, false),
                 Field::new("store_paused", DataType::Boolean, false),
                 ts("policy_updated_at", true),
+                text("retain_for", true),
             ],
             Self::Buckets => vec![
                 text("table_id", false),
@@ -642,6 +643,12 @@ fn tables_columns(
             tables
                 .iter()
                 .map(|d| micros(pol(d).and_then(|p| p.updated_at)))
+                .collect(),
+        ),
+        text_array(
+            tables
+                .iter()
+                .map(|d| pol(d).and_then(|p| p.retain_for).map(format_duration))
                 .collect(),
         ),
     ]

@@ -318,12 +318,10 @@ pub const DROP_REFUSED: &str = "DROP TABLE is not supported for Pulpitum tables:
 /// The error of `DELETE`, `UPDATE`, `TRUNCATE` or `MERGE` on a Pulpitum table: what is not
 /// supported yet, and what to do instead.
 pub fn change_refused(table: &str, op: &str) -> DataFusionError {
-    let instead = if op == "UPDATE" || op == "MERGE" {
-        "insert the new version of a row under a new sort key (the chat surface's id) and read \
-         the latest"
+    let instead = if op == "MERGE" {
+        "use UPDATE, and INSERT for new rows"
     } else {
-        "to remove data, delete a whole table, partition or range of archived buckets as \
-         \"Deleting data\" in docs/operations.md shows"
+        "use DELETE FROM with a WHERE naming the rows (docs/sql.md)"
     };
     DataFusionError::Plan(format!(
         "table {table}: {op} is not supported for Pulpitum tables yet; {instead}"
@@ -459,8 +457,6 @@ pub async fn check_statement(ctx: &SessionContext, plan: &LogicalPlan) -> DFResu
     // that plan without this check).
     if let LogicalPlan::Dml(dml) = plan {
         let op = match dml.op {
-            WriteOp::Delete => Some("DELETE"),
-            WriteOp::Update => Some("UPDATE"),
             WriteOp::Truncate => Some("TRUNCATE"),
             WriteOp::MergeInto(_) => Some("MERGE"),
             _ => None,

@@ -5,11 +5,12 @@
 //! ([`DurableTable::plan_buckets`]) and hands the plan to [`scan::PulpitumScanExec`], which
 //! reads through the table (listing, grouping, routing and tiers are all in
 //! [`crate::table`]) and turns envelope rows into SQL columns ([`surface`]). Inserts go
-//! through [`sink::PulpitumSink`], and tables are created by SQL through
+//! through [`sink::PulpitumSink`], `DELETE` and `UPDATE` through [`change::ChangeExec`], and tables are created by SQL through
 //! [`factory::PulpitumTableFactory`].
 //! Errors of this layer are one enum, [`ProviderError`], converted to `DataFusionError`
 //! only where DataFusion calls in.
 
+pub mod change;
 pub mod factory;
 pub mod filters;
 pub mod literals;
@@ -31,6 +32,7 @@ use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 
+pub use change::{ChangeExec, ChangeKind, ChangeShape};
 pub use factory::PulpitumTableFactory;
 pub use filters::{classify, PushedFilters};
 pub use literals::ExactTimeLiterals;
@@ -68,6 +70,20 @@ pub enum ProviderError {
         /// The cap.
         max_rows: usize,
     },
+    /// A `DELETE` or `UPDATE` the table cannot apply as written.
+    #[error("invalid change: {0}")]
+    InvalidChange(String),
+    /// A `DELETE` or `UPDATE` matching more rows than one statement may change; nothing
+    /// was changed.
+    #[error("{operation} matching at least {rows} rows exceeds max_insert_rows = {max_rows} rows per statement; nothing was changed (narrow the WHERE and run several statements, each atomic, or raise max_insert_rows)")]
+    ChangeTooLarge {
+        /// `DELETE` or `UPDATE`.
+        operation: &'static str,
+        /// Rows the statement had matched when it passed the cap.
+        rows: usize,
+        /// The cap.
+        max_rows: usize,
+    },
     /// A stored row that does not fit the table's surface.
     #[error("stored row does not fit the surface: {0}")]
     CorruptRow(String),
@@ -89,6 +105,7 @@ impl From<ProviderError> for DataFusionError {
     fn from(e: ProviderError) -> Self {
         match e {
             ProviderError::InvalidDefinition(_)
+            | ProviderError::InvalidChange(_)
             | ProviderError::UnknownSurface(_)
             | ProviderError::UnappliableFilter(_) => DataFusionError::Plan(e.to_string()),
             ProviderError::Arrow(a) => DataFusionError::ArrowError(Box::new(a), None),
@@ -270,25 +287,21 @@ impl TableProvider for PulpitumTable {
 
     async fn delete_from(
         &self,
-        _state: &dyn Session,
-        _filters: Vec<Expr>,
+        state: &dyn Session,
+        filters: Vec<Expr>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        Err(factory::change_refused(
-            self.table.definition().table_id.as_str(),
-            "DELETE",
-        ))
+        self.plan_change(state, ChangeKind::Delete, Vec::new(), filters)
+            .await
     }
 
     async fn update(
         &self,
-        _state: &dyn Session,
-        _assignments: Vec<(String, Expr)>,
-        _filters: Vec<Expr>,
+        state: &dyn Session,
+        assignments: Vec<(String, Expr)>,
+        filters: Vec<Expr>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        Err(factory::change_refused(
-            self.table.definition().table_id.as_str(),
-            "UPDATE",
-        ))
+        self.plan_change(state, ChangeKind::Update, assignments, filters)
+            .await
     }
 
     async fn truncate(&self, _state: &dyn Session) -> DFResult<Arc<dyn ExecutionPlan>> {

@@ -1,7 +1,7 @@
 //! What a connection may run: roles, and the two gates every statement passes.
 //!
 //! A user has one [`Role`]: `read` (queries, EXPLAIN, SHOW, the system tables), `write`
-//! (and INSERT into Pulpitum tables) or `admin` (and the control statements, and the job
+//! (and INSERT, DELETE and UPDATE on Pulpitum tables) or `admin` (and the control statements, and the job
 //! history's error texts and worker names). Every statement is judged twice:
 //!
 //! 1. [`statement_kind`], on the parsed statement, before anything is planned: the kinds
@@ -10,8 +10,8 @@
 //!    refused with SQLSTATE 42501 here, so it is never planned, let alone executed.
 //! 2. [`plan_need`], on the `LogicalPlan` that will run, with its subqueries: DDL of any
 //!    kind (`SELECT ... INTO` plans as `CREATE TABLE`), `COPY`, planner-level `SET` and
-//!    `PREPARE`, DML other than INSERT into a Pulpitum table, and unknown extension nodes
-//!    are refused; what remains needs `read`, or `write` for an INSERT.
+//!    `PREPARE`, DML other than INSERT, DELETE and UPDATE on a Pulpitum table, and unknown
+//!    extension nodes are refused; what remains needs `read`, or `write` for those three.
 //!
 //! The control statements (`ALTER TABLE ... SET (...)`, `SYSTEM STOP MOVES`) are recognised
 //! from the text before any parsing and need `admin`; the handlers check that with
@@ -35,7 +35,7 @@ use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError};
 pub enum Role {
     /// Queries, EXPLAIN, SHOW, the system tables (without job error texts and workers).
     Read,
-    /// `read`, and INSERT into Pulpitum tables.
+    /// `read`, and INSERT, DELETE and UPDATE on Pulpitum tables.
     Write,
     /// `write`, the control statements and the job history's details.
     Admin,
@@ -104,7 +104,7 @@ pub enum Kind {
 }
 
 const ALLOWED: &str =
-    "queries, INSERT, EXPLAIN, SET, SHOW, transactions, cursors, ALTER TABLE ... \
+    "queries, INSERT, DELETE, UPDATE, EXPLAIN, SET, SHOW, transactions, cursors, ALTER TABLE ... \
      SET/RESET (...) and SYSTEM STOP/START MOVES are; use the pulpitum shell for the rest";
 
 /// The first gate: which kind `s` is, or a refusal (42501) for every other statement.
@@ -112,6 +112,8 @@ pub fn statement_kind(s: &Statement) -> Result<Kind, PgWireError> {
     Ok(match s {
         Statement::Query(_)
         | Statement::Insert(_)
+        | Statement::Update(_)
+        | Statement::Delete(_)
         | Statement::Explain { .. }
         | Statement::ShowTables { .. }
         | Statement::ShowColumns { .. } => Kind::Plan,
@@ -132,14 +134,6 @@ pub fn statement_kind(s: &Statement) -> Result<Kind, PgWireError> {
         | Statement::Rollback { .. } => Kind::Transaction,
         Statement::Declare { .. } | Statement::Fetch { .. } | Statement::Close { .. } => {
             Kind::Cursor
-        }
-        Statement::Update(_) | Statement::Delete(_) => {
-            return Err(refuse(
-                "0A000",
-                "UPDATE and DELETE are not supported: archived history is immutable; \
-                 see docs/sql.md for what can be done instead"
-                    .into(),
-            ))
         }
         other => return Err(refused_statement(&other.to_string())),
     })
@@ -175,7 +169,7 @@ pub fn plan_need(plan: &LogicalPlan) -> Result<Role, PgWireError> {
                 _ => Err(refused_statement(&s.name().to_uppercase())),
             },
             LogicalPlan::Dml(dml) => match dml.op {
-                WriteOp::Insert(_) => {
+                WriteOp::Insert(_) | WriteOp::Delete | WriteOp::Update => {
                     let pulpitum = source_as_provider(&dml.target)
                         .map(|p| crate::provider::factory::is_pulpitum(&p))
                         .unwrap_or(false);
@@ -186,7 +180,8 @@ pub fn plan_need(plan: &LogicalPlan) -> Result<Role, PgWireError> {
                         Err(refuse(
                             "42501",
                             format!(
-                                "INSERT INTO {}: only Pulpitum tables take rows over the wire",
+                                "{} {}: only Pulpitum tables change rows over the wire",
+                                dml.op.name(),
                                 dml.table_name
                             ),
                         ))
@@ -194,10 +189,7 @@ pub fn plan_need(plan: &LogicalPlan) -> Result<Role, PgWireError> {
                 }
                 _ => Err(refuse(
                     "0A000",
-                    format!(
-                        "{} is not supported: archived history is immutable; see docs/sql.md",
-                        dml.op.name()
-                    ),
+                    format!("{} is not supported; see docs/sql.md", dml.op.name()),
                 )),
             },
             LogicalPlan::Extension(e) => Err(refused_statement(e.node.name())),
@@ -256,6 +248,8 @@ mod tests {
         for (sql, kind) in [
             ("SELECT 1", Kind::Plan),
             ("INSERT INTO t VALUES (1)", Kind::Plan),
+            ("DELETE FROM chat WHERE id = 1", Kind::Plan),
+            ("UPDATE chat SET content = 'x' WHERE id = 1", Kind::Plan),
             ("EXPLAIN SELECT 1", Kind::Plan),
             ("SET TimeZone = 'UTC'", Kind::Variable),
             ("RESET ALL", Kind::Variable),
@@ -277,8 +271,6 @@ mod tests {
             let e = message(statement_kind(&parse(sql)).unwrap_err());
             assert!(e.starts_with("42501"), "{sql}: {e}");
         }
-        let e = message(statement_kind(&parse("DELETE FROM chat")).unwrap_err());
-        assert!(e.starts_with("0A000"), "{e}");
     }
 
     #[tokio::test]
@@ -306,6 +298,11 @@ mod tests {
         // INSERT into a table that is not Pulpitum's (a memory table, a catalog table).
         let e = message(plan_need(&plan(&ctx, "INSERT INTO mem VALUES (1)").await).unwrap_err());
         assert!(e.contains("only Pulpitum tables"), "{e}");
+        let e = message(plan_need(&plan(&ctx, "DELETE FROM mem WHERE a = 1").await).unwrap_err());
+        assert!(
+            e.starts_with("42501") && e.contains("only Pulpitum tables"),
+            "{e}"
+        );
         let e = message(
             plan_need(&plan(&ctx, "SET datafusion.execution.batch_size = 1").await).unwrap_err(),
         );

@@ -117,7 +117,10 @@ fn sqlstate(e: &(dyn std::error::Error + 'static)) -> &'static str {
     let text = e.to_string();
     if text.contains("writes are fenced") || text.contains("is not writable") {
         "55000"
-    } else if text.contains("kept conflicting after") || text.contains("could not serialize") {
+    } else if text.contains("kept conflicting after")
+        || text.contains("could not serialize")
+        || text.contains("nothing was changed, retry the statement")
+    {
         "40001"
     } else if text.contains("table '") && text.contains("' not found") {
         "42P01"

@@ -23,6 +23,9 @@ pub struct TablePolicy {
     pub cleanup_delay: Option<Duration>,
     /// No new archive claims while set; cleanup of published buckets continues.
     pub paused: bool,
+    /// Whole buckets that ended more than this long before the store's now are removed from
+    /// both tiers by the archiver; `None` keeps everything.
+    pub retain_for: Option<Duration>,
     /// When the policy last changed (store clock); `None` for a table that never had one.
     pub updated_at: Option<EventTime>,
 }
@@ -36,6 +39,7 @@ impl TablePolicy {
             format: None,
             cleanup_delay: None,
             paused: false,
+            retain_for: None,
             updated_at: None,
         }
     }
@@ -52,6 +56,8 @@ pub struct PolicyUpdate {
     pub cleanup_delay: Option<Option<Duration>>,
     /// New paused flag.
     pub paused: Option<bool>,
+    /// New retention period.
+    pub retain_for: Option<Option<Duration>>,
 }
 
 impl PolicyUpdate {
@@ -115,6 +121,8 @@ pub enum JobKind {
     Archive,
     /// Delete a published bucket's hot rows.
     Cleanup,
+    /// Retention removed a whole bucket (see [`TablePolicy::retain_for`]).
+    Retention,
 }
 
 impl JobKind {
@@ -123,6 +131,7 @@ impl JobKind {
         match self {
             Self::Archive => "archive",
             Self::Cleanup => "cleanup",
+            Self::Retention => "retention",
         }
     }
 
@@ -131,6 +140,7 @@ impl JobKind {
         match s {
             "archive" => Some(Self::Archive),
             "cleanup" => Some(Self::Cleanup),
+            "retention" => Some(Self::Retention),
             _ => None,
         }
     }
@@ -155,11 +165,13 @@ pub enum JobOutcome {
     Interrupted,
     /// Its worker stopped without finishing and a later claim took the bucket over.
     Abandoned,
+    /// A bucket past its table's retention was removed from both tiers.
+    Expired,
 }
 
 impl JobOutcome {
     /// Every outcome, in the order the docs list them.
-    pub const ALL: [JobOutcome; 8] = [
+    pub const ALL: [JobOutcome; 9] = [
         Self::Running,
         Self::Published,
         Self::Cleaned,
@@ -168,6 +180,7 @@ impl JobOutcome {
         Self::Failed,
         Self::Interrupted,
         Self::Abandoned,
+        Self::Expired,
     ];
 
     /// Stored name.
@@ -181,6 +194,7 @@ impl JobOutcome {
             Self::Failed => "failed",
             Self::Interrupted => "interrupted",
             Self::Abandoned => "abandoned",
+            Self::Expired => "expired",
         }
     }
 

@@ -6,6 +6,24 @@ use crate::model::{BucketId, BucketKey, EventTime, ModelError, TableId};
 /// Every way a hot-store operation can fail.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// A `DELETE` or `UPDATE` met a bucket that is being archived (write-fenced); nothing
+    /// was changed. Retryable: the bucket is published within the archiver's lease.
+    #[error("bucket {bucket} is being archived: {operation} is refused until it is published (seconds); nothing was changed, retry the statement")]
+    BeingArchived {
+        /// The bucket.
+        bucket: BucketId,
+        /// `DELETE` or `UPDATE`.
+        operation: &'static str,
+    },
+    /// A `DELETE` or `UPDATE` found a row changed or removed since the statement read it;
+    /// nothing was changed. Retryable: reading again sees the new state.
+    #[error("{operation}: {detail}; nothing was changed, retry the statement")]
+    ChangeConflict {
+        /// `DELETE` or `UPDATE`.
+        operation: &'static str,
+        /// What changed.
+        detail: String,
+    },
     /// Input that violates the model.
     #[error(transparent)]
     Model(#[from] ModelError),
@@ -177,7 +195,11 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Self::OutcomeUnknown { .. } | Self::RetriesExhausted { .. } | Self::Backend { .. }
+            Self::OutcomeUnknown { .. }
+                | Self::RetriesExhausted { .. }
+                | Self::Backend { .. }
+                | Self::BeingArchived { .. }
+                | Self::ChangeConflict { .. }
         )
     }
 }

@@ -8,6 +8,7 @@
 //! token, fencing generation and lease expiry in the same statement, against the store's own
 //! clock, so a paused or stale worker is rejected whatever its own clock says.
 
+mod changes;
 mod compaction;
 mod control;
 pub mod embedded;
@@ -19,12 +20,13 @@ mod retry;
 pub mod roles;
 mod types;
 
+pub use changes::{is_segment_key, ChangeOutcome, ExpiredBucket, RowChange, RowMask};
 pub use compaction::{CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, WindowState};
 pub use control::*;
 pub use error::{StoreError, StoreResult};
 pub use guard::{bucket_for_append, writable_range, WRITABLE_CLOCK_ALLOWANCE};
 pub use retry::RetryPolicy;
-pub use roles::{Appends, Catalog, Compaction, Control, HotStore, Lifecycle, RoutedReads};
+pub use roles::{Appends, Catalog, Changes, Compaction, Control, HotStore, Lifecycle, RoutedReads};
 pub use types::*;
 
 /// Opens the hot store a locator names (see [`crate::locator`]): a `postgres://` /

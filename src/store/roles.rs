@@ -11,8 +11,10 @@
 //!   archiver's job history.
 //! - [`Compaction`]: the registry side of segment compaction: window claims, a window's
 //!   sources, the one-transaction route switch and the retired objects GC waits on.
+//! - [`Changes`]: `DELETE`/`UPDATE` of rows (in place when hot, masked when archived), the
+//!   masks archived reads apply, and retention's removal of whole buckets.
 //!
-//! [`HotStore`] is all six together, implemented for every type that implements them; it is
+//! [`HotStore`] is all seven together, implemented for every type that implements them; it is
 //! what a session or an archiver holds. Every method is one serializable transaction or one
 //! statement.
 
@@ -22,10 +24,10 @@ use async_trait::async_trait;
 
 use super::migrate::Migrated;
 use super::{
-    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, Claim, CompactionClaim,
-    Eligibility, HeadPage, HotPage, JobEnd, JobFilter, JobRecord, JobStart, PageRequest,
-    PolicyUpdate, RetiredObject, RouteSwitch, RoutedBucket, StoreResult, TableDefinition,
-    TablePolicy, WindowState, WorkItem,
+    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, ChangeOutcome, Claim,
+    CompactionClaim, Eligibility, ExpiredBucket, HeadPage, HotPage, JobEnd, JobFilter, JobRecord,
+    JobStart, PageRequest, PolicyUpdate, RetiredObject, RouteSwitch, RoutedBucket, RowChange,
+    RowMask, StoreResult, TableDefinition, TablePolicy, WindowState, WorkItem,
 };
 use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
@@ -338,10 +340,61 @@ pub trait Compaction: Send + Sync + 'static {
     async fn forget_retired(&self, keys: &[String]) -> StoreResult<u64>;
 }
 
-/// Every role together: what a session, the archiver and the conformance suite hold.
-pub trait HotStore: Catalog + Appends + RoutedReads + Lifecycle + Control + Compaction {}
+/// Row changes and retention (see [`super::changes`]).
+///
+/// A change set is one serializable transaction. Every bucket it touches is read first:
+/// a Hot bucket's metadata row is written too (so a claim that fences it conflicts with
+/// the change, whichever commits first) and its rows are deleted or updated in place; an
+/// Archived bucket gets a delete or edit record per row; an Archiving bucket refuses the
+/// whole set with [`StoreError::BeingArchived`](super::StoreError::BeingArchived). Each
+/// change applies only while its row still holds [`RowChange::old_value`] (with its
+/// masks applied); if any row does not, nothing is written and the answer is
+/// [`StoreError::ChangeConflict`](super::StoreError::ChangeConflict), so the caller can
+/// read again.
+#[async_trait]
+pub trait Changes: Send + Sync + 'static {
+    /// Applies `changes` (rows of one table) all or nothing; returns what was changed.
+    /// `read_at` is the store's time before the statement read the rows: a bucket
+    /// published since then is a conflict (the rows were read from the hot tier, and the
+    /// archive may hold other values).
+    async fn apply_changes(
+        &self,
+        table_id: &TableId,
+        read_at: EventTime,
+        changes: &[RowChange],
+    ) -> StoreResult<ChangeOutcome>;
 
-impl<T: Catalog + Appends + RoutedReads + Lifecycle + Control + Compaction + ?Sized> HotStore
-    for T
+    /// Every delete or edit record of one bucket, in clustering order.
+    async fn row_masks(&self, bucket: &BucketId) -> StoreResult<Vec<RowMask>>;
+
+    /// Buckets of `table_id` that ended at or before `before` and are Hot or Archived
+    /// (an Archiving bucket waits for its publication), oldest first, at most `limit`.
+    async fn expired_buckets(
+        &self,
+        table_id: &TableId,
+        before: EventTime,
+        limit: usize,
+    ) -> StoreResult<Vec<BucketId>>;
+
+    /// Removes one bucket that ended at or before `before` from the hot store, in one
+    /// transaction: its metadata (the route), its hot rows and its masks. A per-bucket
+    /// object is recorded as retired for garbage collection; a segment is not (other
+    /// buckets still route to it). `Ok(None)` when the bucket is absent, Archiving, or
+    /// ends after `before`.
+    async fn expire_bucket(
+        &self,
+        bucket: &BucketId,
+        before: EventTime,
+    ) -> StoreResult<Option<ExpiredBucket>>;
+}
+
+/// Every role together: what a session, the archiver and the conformance suite hold.
+pub trait HotStore:
+    Catalog + Appends + RoutedReads + Lifecycle + Control + Compaction + Changes
+{
+}
+
+impl<T: Catalog + Appends + RoutedReads + Lifecycle + Control + Compaction + Changes + ?Sized>
+    HotStore for T
 {
 }

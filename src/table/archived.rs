@@ -8,12 +8,17 @@
 //! from the hot store part way through a bucket). An archive error is returned as it is,
 //! never answered from hot rows that may still exist until cleanup. The reader neither
 //! slices nor counts rows: the read's [`RowLimit`](super::RowLimit) does, once, above it.
+//!
+//! The bucket's delete and edit records ([`super::masks`]) are read from the hot store
+//! before the payload is opened and applied to every batch, for per-bucket objects and
+//! segments alike.
 
 use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::{self, BoxStream, StreamExt};
 
+use super::masks::Masks;
 use super::routes::Step;
 use super::{BucketChunk, BucketScan, DurableTable, TableError, Tier};
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics, RouteManifest};
@@ -71,6 +76,9 @@ impl DurableTable {
         Ok(manifest)
     }
 
+    // The archive's own error type is the stream's; boxing it here alone would differ
+    // from every other archived read.
+    #[allow(clippy::result_large_err)]
     async fn open_archive(
         &self,
         bucket: &BucketId,
@@ -79,17 +87,22 @@ impl DurableTable {
         bounds: &ScanBounds,
     ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, TableError> {
         let manifest = self.manifest_for(bucket, object_key).await?;
+        // Read on every archived bucket read, never cached: a DELETE is visible to every
+        // read that starts after it returns.
+        let masks = Masks::new(self.inner.store.row_masks(bucket).await?);
         let scan = ArchiveScan {
             bounds: bounds.clone(),
             descending: req.descending,
             include_value: req.include_value,
-            // The exact bounds are applied on these two columns, so bounded reads need them.
-            include_keys: req.include_keys || *bounds != ScanBounds::all(),
+            // The exact bounds are applied on these two columns, so bounded reads need them;
+            // so do masks, which name rows by them.
+            include_keys: req.include_keys || *bounds != ScanBounds::all() || !masks.is_empty(),
             // Sized by the rows the read wanted when it started (`req.limit`), not by what
             // is left: the limit slices the last batch.
             batch_rows: req.page_rows.min(req.limit.unwrap_or(usize::MAX)).max(1),
         };
-        self.inner
+        let batches = self
+            .inner
             .archive
             .scan_route(
                 &manifest,
@@ -101,7 +114,19 @@ impl DurableTable {
             .map_err(|source| TableError::Archive {
                 bucket: bucket.clone(),
                 source: Box::new(source),
+            })?;
+        if masks.is_empty() {
+            return Ok(batches);
+        }
+        Ok(batches
+            .map(move |b| {
+                b.and_then(|b| {
+                    masks
+                        .apply(b)
+                        .map_err(|e| ArchiveError::decode("<masked batch>", e.to_string()))
+                })
             })
+            .boxed())
     }
 }
 

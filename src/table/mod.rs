@@ -50,6 +50,7 @@
 
 mod archived;
 mod hot;
+mod masks;
 pub mod plan;
 pub mod routes;
 
@@ -70,7 +71,7 @@ pub use plan::{
 pub use routes::{Route, RouteCacheConfig, ROUTE_CACHE_CAPACITY, ROUTE_CACHE_TTL};
 // The store's types in this layer's own signatures, so the layer above names them here and
 // never imports the store.
-pub use crate::store::{HotStore, StoreError, TableDefinition};
+pub use crate::store::{ChangeOutcome, HotStore, RowChange, StoreError, TableDefinition};
 
 /// Default rows per hot page and per archive batch.
 pub const DEFAULT_PAGE_ROWS: usize = 1_000;
@@ -303,6 +304,26 @@ impl DurableTable {
             .store
             .append_batch(&self.inner.def.table_id, records)
             .await?)
+    }
+
+    /// Applies a `DELETE` or `UPDATE`'s row changes in one transaction of the hot store (see
+    /// [`crate::store::Changes::apply_changes`]); `read_at` is the store's time before the
+    /// statement read the rows.
+    pub async fn apply_changes(
+        &self,
+        read_at: crate::model::EventTime,
+        changes: &[RowChange],
+    ) -> Result<ChangeOutcome, TableError> {
+        Ok(self
+            .inner
+            .store
+            .apply_changes(&self.inner.def.table_id, read_at, changes)
+            .await?)
+    }
+
+    /// The store's clock (a change set's `read_at`).
+    pub async fn store_now(&self) -> Result<crate::model::EventTime, TableError> {
+        Ok(self.inner.store.now().await?)
     }
 
     /// Bucket metadata from the hot store, ordered by partition, then time.

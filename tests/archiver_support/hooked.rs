@@ -291,6 +291,39 @@ impl Control for Hooked {
 }
 
 #[async_trait]
+impl pulpitum::store::Changes for Hooked {
+    async fn apply_changes(
+        &self,
+        t: &TableId,
+        read_at: EventTime,
+        changes: &[pulpitum::store::RowChange],
+    ) -> StoreResult<pulpitum::store::ChangeOutcome> {
+        self.inner.apply_changes(t, read_at, changes).await
+    }
+
+    async fn row_masks(&self, b: &BucketId) -> StoreResult<Vec<pulpitum::store::RowMask>> {
+        self.inner.row_masks(b).await
+    }
+
+    async fn expired_buckets(
+        &self,
+        t: &TableId,
+        before: EventTime,
+        limit: usize,
+    ) -> StoreResult<Vec<BucketId>> {
+        self.inner.expired_buckets(t, before, limit).await
+    }
+
+    async fn expire_bucket(
+        &self,
+        b: &BucketId,
+        before: EventTime,
+    ) -> StoreResult<Option<pulpitum::store::ExpiredBucket>> {
+        self.inner.expire_bucket(b, before).await
+    }
+}
+
+#[async_trait]
 impl Compaction for Hooked {
     async fn compaction_candidates(
         &self,

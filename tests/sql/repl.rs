@@ -289,22 +289,20 @@ async fn unsupported_statements_and_refused_settings_say_what_to_do() {
         None,
     );
     assert!(ok, "{err}");
-    for (sql, needle) in [
-        ("DELETE FROM chat WHERE id = 1", "Deleting data"),
-        ("UPDATE chat SET content = 'x'", "new sort key"),
-        ("TRUNCATE TABLE chat", "Deleting data"),
-    ] {
-        let (ok, _, err) = pulpitum(&url, &["-c", sql], None);
-        assert!(!ok, "{sql}");
-        let verb = sql.split_whitespace().next().unwrap();
-        assert!(
-            err.contains(&format!("{verb} is not supported for Pulpitum tables yet"))
-                && err.contains(needle)
-                && !err.contains("Base table"),
-            "{sql}: {err}"
-        );
-        assert_eq!(err.lines().count(), 1, "{err}");
-    }
+    // DELETE and UPDATE run (docs/sql.md); what they cannot do is refused in one line.
+    let (ok, _, err) = pulpitum(&url, &["-c", "DELETE FROM chat WHERE id = 1"], None);
+    assert!(ok, "{err}");
+    let (ok, _, err) = pulpitum(&url, &["-c", "UPDATE chat SET id = 2"], None);
+    assert!(!ok && err.contains("UPDATE may set only content"), "{err}");
+    let (ok, _, err) = pulpitum(&url, &["-c", "TRUNCATE TABLE chat"], None);
+    assert!(!ok);
+    assert!(
+        err.contains("TRUNCATE is not supported for Pulpitum tables yet")
+            && err.contains("DELETE FROM")
+            && !err.contains("Base table"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
     // A setting refused before start exits 2 (as the archiver does, and as clap does for
     // a flag); a statement that fails exits 1.
     let status = |args: &[&str], envs: &[(&str, &str)]| {

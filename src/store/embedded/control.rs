@@ -21,9 +21,18 @@ use super::decode::{bucket_id, corrupt, time, to_i64};
 use super::{Mode, SqliteStore, TxResult};
 
 const POLICY_COLS: &str =
-    "table_id, archive_after_us, payload_format, cleanup_delay_us, paused, updated_at";
+    "table_id, archive_after_us, payload_format, cleanup_delay_us, paused, updated_at, \
+     retain_for_us";
 
-type PolicyRow = (String, Option<i64>, Option<String>, Option<i64>, i64, i64);
+type PolicyRow = (
+    String,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    i64,
+    i64,
+    Option<i64>,
+);
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -46,17 +55,19 @@ fn policy_row(r: &Row<'_>) -> rusqlite::Result<PolicyRow> {
         r.get(3)?,
         r.get(4)?,
         r.get(5)?,
+        r.get(6)?,
     ))
 }
 
 fn policy(row: PolicyRow) -> TxResult<TablePolicy> {
-    let (table, after, format, delay, paused, updated) = row;
+    let (table, after, format, delay, paused, updated, retain) = row;
     Ok(TablePolicy {
         table_id: TableId::new(table).map_err(|e| corrupt(e.to_string()))?,
         archive_after: duration(after, "archive_after")?,
         format,
         cleanup_delay: duration(delay, "cleanup_delay")?,
         paused: paused != 0,
+        retain_for: duration(retain, "retain_for")?,
         updated_at: Some(time(updated, "policy updated_at")?),
     })
 }
@@ -112,10 +123,13 @@ impl Control for SqliteStore {
             if let Some(v) = update.paused {
                 p.paused = v;
             }
+            if let Some(v) = update.retain_for {
+                p.retain_for = v;
+            }
             tx.execute(
                 &format!(
                     "INSERT OR REPLACE INTO pulpitum_v4_policies ({POLICY_COLS}) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
                 ),
                 params![
                     table_id.as_str(),
@@ -123,7 +137,8 @@ impl Control for SqliteStore {
                     p.format,
                     p.cleanup_delay.map(micros),
                     i64::from(p.paused),
-                    now
+                    now,
+                    p.retain_for.map(micros)
                 ],
             )?;
             p.updated_at = Some(time(now, "policy updated_at")?);

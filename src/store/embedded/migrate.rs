@@ -63,6 +63,21 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0005_compaction.sql"),
         compat: Compat::Additive,
     },
+    // Masks over archived rows: a build that predates them would show deleted and edited
+    // rows, so only builds that apply them may run once they can exist.
+    Migration {
+        version: 6,
+        name: "changes",
+        sql: include_str!("../../../sql/sqlite/0006_changes.sql"),
+        compat: Compat::Requires(6),
+    },
+    // Retention jobs: builds that predate the kind would refuse to read such rows.
+    Migration {
+        version: 7,
+        name: "retention_jobs",
+        sql: include_str!("../../../sql/sqlite/0007_retention_jobs.sql"),
+        compat: Compat::Requires(7),
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

@@ -55,6 +55,7 @@
 
 mod append;
 mod catalog;
+mod changes;
 mod compaction;
 mod control;
 mod decode;

@@ -21,7 +21,8 @@ use crate::store::{
 };
 
 const POLICY_COLS: &str =
-    "table_id, archive_after_us, payload_format, cleanup_delay_us, paused, updated_at";
+    "table_id, archive_after_us, payload_format, cleanup_delay_us, paused, updated_at, \
+     retain_for_us";
 
 fn duration(v: Option<i64>, what: &str) -> StoreResult<Option<Duration>> {
     v.map(|us| {
@@ -47,6 +48,7 @@ fn decode_policy(row: &Row) -> StoreResult<TablePolicy> {
         format: row.try_get(2).map_err(bad)?,
         cleanup_delay: duration(row.try_get(3).map_err(bad)?, "cleanup_delay")?,
         paused: row.try_get(4).map_err(bad)?,
+        retain_for: duration(row.try_get(6).map_err(bad)?, "retain_for")?,
         updated_at: Some(event_time(updated, "policy updated_at")?),
     })
 }
@@ -111,12 +113,14 @@ impl Control for PgStore {
         // given (NULL where unset), an existing row keeps every field the update leaves.
         let sql = format!(
             "INSERT INTO {POLICIES} AS t ({POLICY_COLS}) \
-             VALUES ($1, $3::INT8, $5::TEXT, $7::INT8, COALESCE($8::BOOL, false), now()) \
+             VALUES ($1, $3::INT8, $5::TEXT, $7::INT8, COALESCE($8::BOOL, false), now(), \
+               $10::INT8) \
              ON CONFLICT (table_id) DO UPDATE SET \
                archive_after_us = CASE WHEN $2::BOOL THEN $3::INT8 ELSE t.archive_after_us END, \
                payload_format = CASE WHEN $4::BOOL THEN $5::TEXT ELSE t.payload_format END, \
                cleanup_delay_us = CASE WHEN $6::BOOL THEN $7::INT8 ELSE t.cleanup_delay_us END, \
-               paused = COALESCE($8::BOOL, t.paused), updated_at = now() \
+               paused = COALESCE($8::BOOL, t.paused), updated_at = now(), \
+               retain_for_us = CASE WHEN $9::BOOL THEN $10::INT8 ELSE t.retain_for_us END \
              RETURNING {POLICY_COLS}"
         );
         let set_after = update.archive_after.is_some();
@@ -126,6 +130,8 @@ impl Control for PgStore {
         let set_delay = update.cleanup_delay.is_some();
         let delay = update.cleanup_delay.flatten().map(micros);
         let paused = update.paused;
+        let set_retain = update.retain_for.is_some();
+        let retain = update.retain_for.flatten().map(micros);
         self.run("update_policy", || async {
             let mut client = self.pooled().await?;
             let tx = client
@@ -154,6 +160,8 @@ impl Control for PgStore {
                         &set_delay,
                         &delay,
                         &paused,
+                        &set_retain,
+                        &retain,
                     ],
                 )
                 .await?;

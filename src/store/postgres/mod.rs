@@ -69,6 +69,7 @@ use crate::model::{EventTime, TableId};
 
 mod append;
 mod catalog;
+mod changes;
 mod claims;
 mod compaction;
 mod control;

@@ -1,0 +1,325 @@
+//! [`Changes`] for the embedded store, with the same meaning as on PostgreSQL (see
+//! `store::postgres::changes`): a change set is one `BEGIN IMMEDIATE` transaction, so the
+//! state check of every bucket it touches and its writes hold SQLite's single write lock
+//! together, and no claim can fence a bucket in between.
+
+use async_trait::async_trait;
+use rusqlite::{params, OptionalExtension};
+
+use crate::model::{BucketId, EventTime, PartitionKey, SortKey, TableId};
+use crate::store::changes::{by_bucket, check_masks, conflict, operation};
+use crate::store::{
+    is_segment_key, ChangeOutcome, Changes, ExpiredBucket, RowChange, RowMask, StoreError,
+    StoreResult,
+};
+
+use super::catalog::require_table;
+use super::decode::{corrupt, state_name, time, BUCKET_PK};
+use super::{Mode, SqliteStore, TxResult};
+
+#[async_trait]
+impl Changes for SqliteStore {
+    async fn apply_changes(
+        &self,
+        table_id: &TableId,
+        read_at: EventTime,
+        changes: &[RowChange],
+    ) -> StoreResult<ChangeOutcome> {
+        if changes.is_empty() {
+            return Ok(ChangeOutcome::default());
+        }
+        let table_id = table_id.clone();
+        let changes = changes.to_vec();
+        self.run("apply_changes", Mode::Write, move |tx, now| {
+            let def = require_table(tx, &table_id)?;
+            let op = operation(&changes);
+            let mut out = ChangeOutcome::default();
+            for (bucket, rows) in by_bucket(&table_id, def.strategy, &changes) {
+                let pk = params![
+                    table_id.as_str(),
+                    bucket.partition_key.as_bytes(),
+                    bucket.bucket_key.to_string()
+                ];
+                let meta: Option<(String, Option<i64>)> = tx
+                    .prepare_cached(&format!(
+                        "SELECT state, published_at FROM pulpitum_v4_bucket_metadata \
+                         WHERE {BUCKET_PK}"
+                    ))?
+                    .query_row(pk, |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                let Some((state, published)) = meta else {
+                    return Err(conflict(
+                        op,
+                        format!("bucket {bucket} was removed since the statement read it"),
+                    )
+                    .into());
+                };
+                match state_name(&state)? {
+                    "hot" => {
+                        let mut changed = 0u64;
+                        for c in &rows {
+                            let key = params![
+                                table_id.as_str(),
+                                bucket.partition_key.as_bytes(),
+                                bucket.bucket_key.to_string(),
+                                c.event_time.as_micros(),
+                                c.sort_key.as_bytes(),
+                                c.old_value.as_slice(),
+                                c.new_value.as_deref(),
+                            ];
+                            let n = match &c.new_value {
+                                None => tx
+                                    .prepare_cached(&format!(
+                                        "DELETE FROM pulpitum_v4_records WHERE {BUCKET_PK} \
+                                         AND event_time = ?4 AND sort_key = ?5 AND value = ?6 \
+                                         AND ?7 IS NULL"
+                                    ))?
+                                    .execute(key)?,
+                                Some(_) => tx
+                                    .prepare_cached(&format!(
+                                        "UPDATE pulpitum_v4_records SET value = ?7 \
+                                         WHERE {BUCKET_PK} AND event_time = ?4 AND sort_key = ?5 \
+                                         AND value = ?6"
+                                    ))?
+                                    .execute(key)?,
+                            };
+                            changed += n as u64;
+                        }
+                        if changed != rows.len() as u64 {
+                            return Err(conflict(
+                                op,
+                                format!(
+                                    "{} of {} rows of {bucket} changed since the statement read them",
+                                    rows.len() as u64 - changed,
+                                    rows.len()
+                                ),
+                            )
+                            .into());
+                        }
+                        tx.prepare_cached(&format!(
+                            "UPDATE pulpitum_v4_bucket_metadata SET updated_at = ?4 \
+                             WHERE {BUCKET_PK}"
+                        ))?
+                        .execute(params![
+                            table_id.as_str(),
+                            bucket.partition_key.as_bytes(),
+                            bucket.bucket_key.to_string(),
+                            now
+                        ])?;
+                        // A bucket emptied by a DELETE goes with its last row (see the
+                        // PostgreSQL store): nothing to archive, and its window stays
+                        // compactable.
+                        tx.prepare_cached(&format!(
+                            "DELETE FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK} \
+                             AND state = 'hot' AND NOT EXISTS (SELECT 1 FROM pulpitum_v4_records \
+                               WHERE {BUCKET_PK})"
+                        ))?
+                        .execute(pk)?;
+                        out.hot += changed;
+                    }
+                    "archiving" => {
+                        return Err(StoreError::BeingArchived {
+                            bucket: bucket.clone(),
+                            operation: op,
+                        }
+                        .into())
+                    }
+                    _ => {
+                        if published.is_none_or(|p| p >= read_at.as_micros()) {
+                            return Err(conflict(
+                                op,
+                                format!("bucket {bucket} was archived since the statement read it"),
+                            )
+                            .into());
+                        }
+                        let mut found = Vec::new();
+                        {
+                            let mut stmt = tx.prepare_cached(&format!(
+                                "SELECT value FROM pulpitum_v4_row_masks \
+                                 WHERE {BUCKET_PK} AND event_time = ?4 AND sort_key = ?5"
+                            ))?;
+                            for c in &rows {
+                                let v: Option<Option<Vec<u8>>> = stmt
+                                    .query_row(
+                                        params![
+                                            table_id.as_str(),
+                                            bucket.partition_key.as_bytes(),
+                                            bucket.bucket_key.to_string(),
+                                            c.event_time.as_micros(),
+                                            c.sort_key.as_bytes()
+                                        ],
+                                        |r| r.get(0),
+                                    )
+                                    .optional()?;
+                                if let Some(v) = v {
+                                    found.push((c.event_time, c.sort_key.as_bytes().to_vec(), v));
+                                }
+                            }
+                        }
+                        check_masks(op, &bucket, &rows, &found)?;
+                        let mut stmt = tx.prepare_cached(
+                            "INSERT INTO pulpitum_v4_row_masks \
+                             (table_id, partition_key, bucket_key, event_time, sort_key, kind, \
+                              value, created_at) \
+                             VALUES (?1, ?2, ?3, ?4, ?5, \
+                               CASE WHEN ?6 IS NULL THEN 'delete' ELSE 'edit' END, ?6, ?7) \
+                             ON CONFLICT (table_id, partition_key, bucket_key, event_time, sort_key) \
+                             DO UPDATE SET kind = excluded.kind, value = excluded.value, \
+                               created_at = excluded.created_at",
+                        )?;
+                        for c in &rows {
+                            out.masked += stmt.execute(params![
+                                table_id.as_str(),
+                                bucket.partition_key.as_bytes(),
+                                bucket.bucket_key.to_string(),
+                                c.event_time.as_micros(),
+                                c.sort_key.as_bytes(),
+                                c.new_value.as_deref(),
+                                now
+                            ])? as u64;
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn row_masks(&self, bucket: &BucketId) -> StoreResult<Vec<RowMask>> {
+        let bucket = bucket.clone();
+        self.run("row_masks", Mode::Read, move |tx, _| {
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT event_time, sort_key, value FROM pulpitum_v4_row_masks \
+                 WHERE {BUCKET_PK} ORDER BY event_time, sort_key"
+            ))?;
+            let rows = stmt
+                .query_map(
+                    params![
+                        bucket.table_id.as_str(),
+                        bucket.partition_key.as_bytes(),
+                        bucket.bucket_key.to_string()
+                    ],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, Vec<u8>>(1)?,
+                            r.get::<_, Option<Vec<u8>>>(2)?,
+                        ))
+                    },
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter()
+                .map(|(t, s, value)| {
+                    Ok(RowMask {
+                        event_time: time(t, "mask event time")?,
+                        sort_key: SortKey::new(s).map_err(|e| corrupt(e.to_string()))?,
+                        value,
+                    })
+                })
+                .collect::<TxResult<Vec<_>>>()
+        })
+        .await
+    }
+
+    async fn expired_buckets(
+        &self,
+        table_id: &TableId,
+        before: EventTime,
+        limit: usize,
+    ) -> StoreResult<Vec<BucketId>> {
+        let table_id = table_id.clone();
+        self.run("expired_buckets", Mode::Read, move |tx, _| {
+            let def = require_table(tx, &table_id)?;
+            let mut stmt = tx.prepare_cached(
+                "SELECT partition_key, bucket_key FROM pulpitum_v4_bucket_metadata \
+                 WHERE table_id = ?1 AND bucket_end <= ?2 AND state IN ('hot', 'archived') \
+                 ORDER BY bucket_end, partition_key LIMIT ?3",
+            )?;
+            let rows = stmt
+                .query_map(
+                    params![
+                        table_id.as_str(),
+                        before.as_micros(),
+                        i64::try_from(limit).unwrap_or(i64::MAX)
+                    ],
+                    |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?)),
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter()
+                .map(|(pk, key)| {
+                    Ok(BucketId {
+                        table_id: table_id.clone(),
+                        partition_key: PartitionKey::new(pk).map_err(|e| corrupt(e.to_string()))?,
+                        bucket_key: crate::model::BucketKey::parse(def.strategy, &key)
+                            .map_err(|e| corrupt(e.to_string()))?,
+                    })
+                })
+                .collect::<TxResult<Vec<_>>>()
+        })
+        .await
+    }
+
+    async fn expire_bucket(
+        &self,
+        bucket: &BucketId,
+        before: EventTime,
+    ) -> StoreResult<Option<ExpiredBucket>> {
+        let bucket = bucket.clone();
+        self.run("expire_bucket", Mode::Write, move |tx, now| {
+            let pk = params![
+                bucket.table_id.as_str(),
+                bucket.partition_key.as_bytes(),
+                bucket.bucket_key.to_string()
+            ];
+            let row: Option<(String, Option<String>, i64, i64)> = tx
+                .prepare_cached(&format!(
+                    "SELECT state, object_key, bucket_end, generation \
+                     FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK}"
+                ))?
+                .query_row(pk, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .optional()?;
+            let Some((state, object_key, end, generation)) = row else {
+                return Ok(None);
+            };
+            let state = match state_name(&state)? {
+                s @ ("hot" | "archived") if end <= before.as_micros() => s,
+                _ => return Ok(None),
+            };
+            tx.prepare_cached(&format!(
+                "DELETE FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK}"
+            ))?
+            .execute(pk)?;
+            let rows = tx
+                .prepare_cached(&format!(
+                    "DELETE FROM pulpitum_v4_records WHERE {BUCKET_PK}"
+                ))?
+                .execute(pk)? as u64;
+            tx.prepare_cached(&format!(
+                "DELETE FROM pulpitum_v4_row_masks WHERE {BUCKET_PK}"
+            ))?
+            .execute(pk)?;
+            let retired = match &object_key {
+                Some(k) if state == "archived" && !is_segment_key(k) => {
+                    tx.prepare_cached(
+                        "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) \
+                         VALUES (?1, ?2) ON CONFLICT (object_key) DO UPDATE SET \
+                           retired_at = max(retired_at, excluded.retired_at)",
+                    )?
+                    .execute(params![k, now])?;
+                    true
+                }
+                _ => false,
+            };
+            Ok(Some(ExpiredBucket {
+                bucket: bucket.clone(),
+                state,
+                generation,
+                object_key,
+                rows,
+                retired,
+            }))
+        })
+        .await
+    }
+}

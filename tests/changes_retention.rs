@@ -1,0 +1,181 @@
+//! Retention against PostgreSQL and the embedded store with the real S3: `ALTER TABLE ...
+//! SET (retain_for = ...)`, then one archiver pass removes every bucket past it from both
+//! tiers (hot buckets, per-bucket objects retired and then deleted by GC, buckets in
+//! segments gone from reads at once), keeps every bucket inside it, and shows the removals
+//! in `pulpitum_buckets` (before) and `pulpitum_jobs` (after).
+
+mod archiver_support;
+mod changes_support;
+
+use std::time::Duration;
+
+use changes_support::*;
+use datafusion::arrow::array::{Array, StringArray};
+use pulpitum::archive::PayloadFormat;
+use pulpitum::archiver::{collect_garbage_with, ArchiverConfig, ArchiverMetrics, GcDelays, Runner};
+use pulpitum::model::{encode_i64, EventTime, PartitionKey, Record, SortKey};
+use pulpitum::store::BucketState;
+
+fn record(ch: i64, id: i64, t: i64) -> Record {
+    Record {
+        partition_key: PartitionKey::from_i64(ch),
+        event_time: EventTime::from_micros(t).unwrap(),
+        sort_key: SortKey::new(encode_i64(id).to_vec()).unwrap(),
+        value: format!("m{id}").into_bytes(),
+    }
+}
+
+fn strings(b: &[datafusion::arrow::record_batch::RecordBatch], col: usize) -> Vec<String> {
+    b.iter()
+        .flat_map(|b| {
+            let a = b
+                .column(col)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap();
+            (0..a.len())
+                .map(|i| a.value(i).to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+async fn retention(embedded: bool) {
+    let env = Env::new(if embedded { "chg_ret_sq" } else { "chg_ret_pg" }, embedded).await;
+    let t0 = EventTime::parse_rfc3339(START).unwrap().as_micros();
+    let now = env.store.now().await.unwrap().as_micros();
+    let mut model = Model::new();
+    let mut recs = Vec::new();
+    let mut old = 0u64;
+    // Old history: March and April (archived, then compacted into segments), May
+    // (archived, per-bucket objects), June (left hot); two channels, one bucket a day, 3
+    // messages each.
+    for (ch, day) in (1..=2).flat_map(|ch| [0i64, 1, 31, 32, 62, 63, 93].map(move |d| (ch, d))) {
+        for k in 0..3 {
+            let id = ch * 10_000 + day * 10 + k;
+            recs.push(record(ch, id, t0 + day * DAY_US + k));
+        }
+        old += 1;
+    }
+    // Recent rows, inside any retention: 400 and 700 days ago, and yesterday.
+    for (i, ago) in [400i64, 700, 1].into_iter().enumerate() {
+        let t = now - ago * DAY_US;
+        let id = 90_000 + i as i64;
+        recs.push(record(1, id, t));
+        model.insert((1, id), (t, format!("m{id}")));
+    }
+    env.store.append_batch(&env.table, &recs).await.unwrap();
+    env.archive_before("2021-05-01T00:00:00Z", PayloadFormat::Parquet, true)
+        .await;
+    env.archive_before("2021-06-01T00:00:00Z", PayloadFormat::Json, false)
+        .await;
+    let states = env.states().await;
+    let per_bucket: Vec<String> = states
+        .iter()
+        .filter_map(|s| match s {
+            BucketState::Archived { object_key, .. } if !object_key.contains("/segments/") => {
+                Some(object_key.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(per_bucket.len(), 4, "{states:?}");
+    assert_eq!(
+        states
+            .iter()
+            .filter(|s| matches!(s, BucketState::Archived { object_key, .. } if object_key.contains("/segments/")))
+            .count(),
+        8,
+        "{states:?}"
+    );
+    // A mask on an archived row goes with its bucket.
+    assert_eq!(
+        env.change("DELETE FROM chat WHERE channel_id = 1 AND id = 10001")
+            .await
+            .unwrap(),
+        1
+    );
+
+    // 730 days: the rows of 400 and 700 days ago stay, 2021 goes.
+    pulpitum::control::sql(&env.ctx, "ALTER TABLE chat SET (retain_for = '2 years')")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let b = env
+        .sql("SELECT reason FROM pulpitum_buckets WHERE table_id = 'chat' ORDER BY bucket_start")
+        .await
+        .unwrap();
+    let reasons = strings(&b, 0);
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| r.starts_with("past retention (retain_for 17532 hours)"))
+            .count() as u64,
+        old,
+        "{reasons:?}"
+    );
+    let b = env
+        .sql("SELECT retain_for FROM pulpitum_tables WHERE table_id = 'chat'")
+        .await
+        .unwrap();
+    assert_eq!(strings(&b, 0), ["17532 hours"]);
+
+    let mut c = ArchiverConfig::with_defaults();
+    c.cleanup_delay = Duration::ZERO;
+    let runner = Runner::new(env.store.clone(), env.archive.clone(), c).unwrap();
+    let report = runner.retention_pass().await.unwrap();
+    assert_eq!(
+        (report.buckets, report.retired, report.failed),
+        (old, 4, 0),
+        "{report:?}"
+    );
+    assert_same(&env.dump().await, &model, "after retention");
+    // A second pass finds nothing.
+    assert_eq!(runner.retention_pass().await.unwrap().buckets, 0);
+    let b = env
+        .sql("SELECT kind, outcome FROM pulpitum_jobs WHERE kind = 'retention'")
+        .await
+        .unwrap();
+    let outcomes = strings(&b, 1);
+    assert_eq!(outcomes.len() as u64, old);
+    assert!(outcomes.iter().all(|o| o == "expired"), "{outcomes:?}");
+
+    // GC with no delays deletes the retired per-bucket objects and the segments no route
+    // references any more.
+    collect_garbage_with(
+        &*env.store,
+        &env.archive,
+        GcDelays {
+            orphans: Duration::ZERO,
+            retired: Duration::ZERO,
+        },
+        &ArchiverMetrics::default(),
+    )
+    .await
+    .unwrap();
+    let left: Vec<String> = env
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(
+        left.iter().all(|k| !k.contains("day:2021-")),
+        "2021 objects left: {left:?}"
+    );
+    assert!(env.store.retired_objects().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_removes_whole_buckets_from_both_tiers_on_postgres() {
+    retention(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_removes_whole_buckets_from_both_tiers_embedded() {
+    retention(true).await;
+}
