@@ -24,23 +24,18 @@ psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE 
 # them behind. Sweep them before the run, and
 # after it when everything passed (a failed run keeps its schemas for a post-mortem).
 sweep_test_schemas() {
+  # One statement per schema (\gexec runs each in its own transaction): dropping hundreds
+  # of schemas in one transaction runs out of PostgreSQL's lock table.
   psql -h 127.0.0.1 -U postgres -d test -qAt -v ON_ERROR_STOP=1 <<'SQL'
 SET client_min_messages = warning;
-DO $$
-DECLARE s text;
-BEGIN
-  FOR s IN SELECT nspname FROM pg_namespace
-           WHERE nspname LIKE 'arch\_%' OR nspname LIKE 'pulpitum\_test\_%' OR nspname LIKE 'sqlt\_%'
-  LOOP
-    EXECUTE format('DROP SCHEMA %I CASCADE', s);
-  END LOOP;
-  -- Roles of tests/privileges.rs (their schemas are arch_ ones, dropped above).
-  FOR s IN SELECT rolname FROM pg_roles WHERE rolname LIKE 'pulpitum\_test\_%'
-  LOOP
-    EXECUTE format('DROP OWNED BY %I', s);
-    EXECUTE format('DROP ROLE %I', s);
-  END LOOP;
-END $$;
+SELECT format('DROP SCHEMA %I CASCADE', nspname) FROM pg_namespace
+ WHERE nspname LIKE 'arch\_%' OR nspname LIKE 'pulpitum\_test\_%' OR nspname LIKE 'sqlt\_%'
+\gexec
+-- Roles of tests/privileges.rs (their schemas are arch_ ones, dropped above).
+SELECT format('DROP OWNED BY %I', rolname) FROM pg_roles WHERE rolname LIKE 'pulpitum\_test\_%'
+\gexec
+SELECT format('DROP ROLE %I', rolname) FROM pg_roles WHERE rolname LIKE 'pulpitum\_test\_%'
+\gexec
 SQL
 }
 sweep_test_schemas
