@@ -24,7 +24,6 @@
 //! - **Frames** reach pgwire only through [`Checked`], which refuses malformed ones before
 //!   pgwire's decoders (which can panic on them) see them.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -42,6 +41,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use super::cancels::CancelKey;
 
 use datafusion_postgres::pgwire::api::auth::noop::NoopStartupHandler;
 use datafusion_postgres::pgwire::api::auth::sasl::scram::ScramAuth;
@@ -267,44 +268,6 @@ async fn negotiate(tcp: TcpStream, shared: &Shared) -> io::Result<Started> {
     }
 }
 
-/// A connection's cancel key: its process id and secret.
-type CancelKey = (i32, Vec<u8>);
-
-/// Cancel keys of logged-in connections, and the statement each would cancel.
-#[derive(Default)]
-pub(super) struct Cancels {
-    by_key: Mutex<HashMap<CancelKey, Arc<StatementSlot>>>,
-}
-
-impl Cancels {
-    fn register(&self, pid: i32, key: Vec<u8>, slot: Arc<StatementSlot>) {
-        self.by_key
-            .lock()
-            .expect("cancel registry lock")
-            .insert((pid, key), slot);
-    }
-
-    fn unregister(&self, pid: i32, key: &[u8]) {
-        self.by_key
-            .lock()
-            .expect("cancel registry lock")
-            .remove(&(pid, key.to_vec()));
-    }
-
-    /// Cancels the running statement of the connection with this key, if there is one.
-    pub(super) fn cancel(&self, pid: i32, key: &[u8]) {
-        let slot = self
-            .by_key
-            .lock()
-            .expect("cancel registry lock")
-            .get(&(pid, key.to_vec()))
-            .cloned();
-        if let Some(slot) = slot {
-            slot.cancel();
-        }
-    }
-}
-
 /// The token of a connection's running statement (replaced at each statement's start).
 #[derive(Default)]
 pub(super) struct StatementSlot {
@@ -319,7 +282,7 @@ impl StatementSlot {
         token
     }
 
-    fn cancel(&self) {
+    pub(super) fn cancel(&self) {
         self.current.lock().expect("statement slot lock").cancel();
     }
 }

@@ -27,6 +27,7 @@
 //!   connections get a grace period to finish their statements; what remains is closed.
 
 pub mod auth;
+mod cancels;
 mod conn;
 mod cursors;
 mod execute;
@@ -146,7 +147,7 @@ pub(crate) struct Shared {
     config: ServerConfig,
     slots: Arc<Semaphore>,
     pool: Arc<dyn MemoryPool>,
-    cancels: conn::Cancels,
+    cancels: cancels::Cancels,
     /// The parser used before a login (never, in practice): its only hook refuses.
     refusing: Arc<DfSessionService>,
     /// Process ids and cancel keys for every connection: ids unique for the server's life
@@ -275,7 +276,7 @@ impl Server {
                 tls,
                 slots: Arc::new(Semaphore::new(config.max_connections)),
                 pool: Arc::new(memory::ServerPool::new(config.memory_limit)),
-                cancels: conn::Cancels::default(),
+                cancels: cancels::Cancels::default(),
                 refusing,
                 pids: Arc::new(Default::default()),
                 config,
