@@ -7,8 +7,9 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::bit_util;
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder};
 
+use crate::archive::ArchiveScanMetrics;
 use crate::table::{BucketChunk, Tier};
 
 /// Per-partition metrics, named by tier.
@@ -22,11 +23,19 @@ pub(super) struct TierMetrics {
     archived_rows: Count,
     archived_batches: Count,
     archived_bytes: Count,
+    /// The object store's side of the archived reads (requests, bytes fetched, row groups
+    /// and pages skipped), copied from the counters the archive readers keep.
+    object_reads: Gauge,
+    object_bytes: Gauge,
+    row_groups: Gauge,
+    row_groups_pruned: Gauge,
+    pages_pruned: Gauge,
 }
 
 impl TierMetrics {
     pub(super) fn new(m: &ExecutionPlanMetricsSet, p: usize) -> Self {
         let c = |name: &'static str| MetricBuilder::new(m).counter(name, p);
+        let g = |name: &'static str| MetricBuilder::new(m).gauge(name, p);
         Self {
             hot_buckets: c("hot_buckets"),
             hot_rows: c("hot_rows"),
@@ -36,7 +45,25 @@ impl TierMetrics {
             archived_rows: c("archived_rows"),
             archived_batches: c("archived_batches"),
             archived_bytes: c("archived_bytes"),
+            object_reads: g("archived_object_reads"),
+            object_bytes: g("archived_object_bytes"),
+            row_groups: g("archived_row_groups"),
+            row_groups_pruned: g("archived_row_groups_pruned"),
+            pages_pruned: g("archived_pages_pruned"),
         }
+    }
+
+    /// Brings the object-store figures up to what the partition's archive readers have
+    /// counted so far. Gauges, set rather than added, so calling it after every chunk and
+    /// once more at the end counts each request once.
+    pub(super) fn sync(&self, archive: &ArchiveScanMetrics) {
+        let s = archive.snapshot();
+        let n = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        self.object_reads.set(n(s.requests));
+        self.object_bytes.set(n(s.bytes_read));
+        self.row_groups.set(n(s.row_groups_total));
+        self.row_groups_pruned.set(n(s.row_groups_pruned));
+        self.pages_pruned.set(n(s.pages_pruned));
     }
 
     pub(super) fn record(&self, chunk: &BucketChunk, first_of_bucket: bool, bytes: usize) {

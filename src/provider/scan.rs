@@ -44,6 +44,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use super::metrics::{batch_bytes, TierMetrics};
 use super::surface::{Role, Surface};
 use super::{ProviderError, QueryLimits};
+use crate::archive::ArchiveScanMetrics;
 use crate::table::{
     plan_groups, scan_units, BucketChunk, BucketCounts, BucketScan, DurableTable, KeyBuckets,
     RowLimit, ScanUnit, TableError,
@@ -334,6 +335,7 @@ impl ExecutionPlan for PulpitumScanExec {
         let spec = self.spec.clone();
         let group: Vec<KeyBuckets> = self.groups.get(partition).cloned().unwrap_or_default();
         let metrics = TierMetrics::new(&self.metrics, partition);
+        let objects = Arc::new(ArchiveScanMetrics::default());
         let started = *self.shared.started.get_or_init(Instant::now);
         // One limit for everything this partition reads; the table counts it.
         let limit = RowLimit::new(spec.limit);
@@ -352,18 +354,27 @@ impl ExecutionPlan for PulpitumScanExec {
                 .any(|&i| matches!(Surface::role_at(i), Role::Time | Role::Sort)),
             page_rows: spec.page_rows,
             limit: None,
+            archive_metrics: Some(objects.clone()),
         };
         let prefetch = spec.limit.is_none() && units.len() > 1;
         let unit_limit = limit.clone();
         let open = move |unit: ScanUnit| {
-            let metrics = metrics.clone();
+            let (metrics, at_end) = (metrics.clone(), metrics.clone());
+            let (objects, objects_at_end) = (objects.clone(), objects.clone());
             table
                 .scan_unit(unit, &req, &unit_limit)
                 .inspect(move |item| {
                     if let Ok(chunk) = item {
                         metrics.record(chunk, chunk.first_of_bucket, batch_bytes(&chunk.batch));
                     }
+                    metrics.sync(&objects);
                 })
+                // A unit whose reads return no rows (every row group pruned) still counts
+                // what it fetched.
+                .chain(stream::poll_fn(move |_| {
+                    at_end.sync(&objects_at_end);
+                    std::task::Poll::Ready(None)
+                }))
                 .boxed()
         };
         // One unit (a point query on one channel) is read as it is: no layers of iteration

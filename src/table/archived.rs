@@ -108,7 +108,9 @@ impl DurableTable {
                 &manifest,
                 bucket,
                 &scan,
-                Arc::new(ArchiveScanMetrics::default()),
+                req.archive_metrics
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(ArchiveScanMetrics::default())),
             )
             .await
             .map_err(|source| TableError::Archive {

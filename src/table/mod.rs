@@ -60,7 +60,7 @@ use std::sync::Arc;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::{self, BoxStream, StreamExt};
 
-use crate::archive::{ArchiveError, ArchiveStore};
+use crate::archive::{ArchiveError, ArchiveScanMetrics, ArchiveStore};
 use crate::model::{BucketId, Record, ScanBounds};
 use crate::store::{AppendOutcome, BatchOutcome, BucketFilter, BucketMeta};
 use routes::{RouteCache, Step};
@@ -141,6 +141,9 @@ pub struct BucketScan {
     pub page_rows: usize,
     /// Stop after this many rows of this bucket (a pushed-down LIMIT), if any.
     pub limit: Option<usize>,
+    /// Where archived reads count their object-store requests, bytes and pruning (the
+    /// scan's `EXPLAIN ANALYZE` figures); `None` counts nowhere.
+    pub archive_metrics: Option<Arc<ArchiveScanMetrics>>,
 }
 
 impl BucketScan {

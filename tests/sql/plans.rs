@@ -32,7 +32,7 @@ fn settings() -> insta::Settings {
     // Metrics of EXPLAIN ANALYZE carry timings and sizes that vary run to run.
     s.add_filter(r"elapsed_compute=[0-9.]+[a-zµ]*", "elapsed_compute=[time]");
     s.add_filter(
-        r"(output_bytes|hot_bytes|archived_bytes)=[0-9.]+ ?[A-Za-z]*",
+        r"(output_bytes|hot_bytes|archived_bytes|archived_object_bytes)=[0-9.]+ ?[A-Za-z]*",
         "$1=[bytes]",
     );
     s.add_filter(
@@ -42,6 +42,8 @@ fn settings() -> insta::Settings {
     // BufferExec's high-water marks depend on scheduling.
     s.add_filter(r"max_mem_used=[0-9.]+ ?[A-Za-z]*", "max_mem_used=[bytes]");
     s.add_filter(r"max_queued=[0-9]+", "max_queued=[n]");
+    // Manifests read by an earlier query of the same session are cached.
+    s.add_filter(r"archived_object_reads=[0-9]+", "archived_object_reads=[n]");
     s
 }
 
@@ -196,6 +198,15 @@ async fn latest_page_reads_only_the_newest_buckets_and_analyze_reports_tiers() {
         metric(&text, "hot_bytes") > 0 && metric(&text, "archived_bytes") > 0,
         "{text}"
     );
+    // The object store's side: every archived bucket's payload was fetched, by at least one
+    // request each, and more bytes came over the wire than the decoded rows' keys alone.
+    assert!(
+        metric(&text, "archived_object_reads") >= metric(&text, "archived_buckets"),
+        "{text}"
+    );
+    assert!(metric(&text, "archived_object_bytes") > 0, "{text}");
+    // Parquet payloads report their row groups (JSON ones have none).
+    assert!(metric(&text, "archived_row_groups") > 0, "{text}");
 
     // A range that holds only a hot bucket reads no archive object; one that holds only an
     // archived bucket sends no read to the hot store (its route came with the listing).
@@ -213,6 +224,14 @@ async fn latest_page_reads_only_the_newest_buckets_and_analyze_reports_tiers() {
         "{text}"
     );
     assert_eq!(metric(&text, "archived_batches"), 0, "{text}");
+    assert_eq!(
+        (
+            metric(&text, "archived_object_reads"),
+            metric(&text, "archived_object_bytes")
+        ),
+        (0, 0),
+        "{text}"
+    );
     let text = explain_analyze(
         &env,
         "SELECT * FROM chat WHERE channel_id = 1 AND timestamp >= TIMESTAMP '2024-03-05T00:00:00Z' AND timestamp < TIMESTAMP '2024-03-06T00:00:00Z'",

@@ -756,6 +756,7 @@ async fn long_histories_read_heads_then_list_the_rest() {
                 include_keys: true,
                 page_rows: 50,
                 limit: Some(want),
+                archive_metrics: None,
             };
             counting.take();
             let chunks: Vec<_> = table
@@ -850,6 +851,7 @@ async fn drained_scans_count_the_limit_across_tiers() {
             include_keys: true,
             page_rows: 50,
             limit: Some(want.len()),
+            archive_metrics: None,
         };
         let chunks: Vec<_> = table.scan_key(partition.clone(), req).collect().await;
         let mut got = Vec::new();

@@ -58,6 +58,7 @@ async fn a_read_switches_tiers_between_pages_without_loss_or_duplicates() {
             include_keys: true,
             page_rows: 2,
             limit: None,
+            archive_metrics: None,
         };
         let mut s = table.scan_bucket(bucket.clone(), None, req);
         let first = s.next().await.unwrap().unwrap();
@@ -130,6 +131,7 @@ async fn the_route_cache_is_bounded() {
             include_keys: true,
             page_rows: 100,
             limit: None,
+            archive_metrics: None,
         };
         let chunks: Vec<_> = table.scan_bucket(bucket.clone(), None, req).collect().await;
         let n: usize = chunks
@@ -160,6 +162,7 @@ async fn the_route_cache_is_bounded() {
         include_keys: true,
         page_rows: 1,
         limit: Some(1),
+        archive_metrics: None,
     };
     let chunks: Vec<_> = uncached
         .scan_bucket(bucket.clone(), None, req)
