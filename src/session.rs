@@ -1,5 +1,6 @@
 //! The embedded entry point: a DataFusion `SessionContext` with every registered Pulpitum
-//! table, the system tables (`pulpitum_tables`, `pulpitum_buckets`, `pulpitum_jobs`), and
+//! table, the system tables (`pulpitum_tables`, `pulpitum_buckets`, `pulpitum_jobs`,
+//! `pulpitum_compactions`, `pulpitum_retired_objects`), and
 //! `CREATE EXTERNAL TABLE ... STORED AS PULPITUM` enabled. Statements DataFusion cannot plan
 //! (`ALTER TABLE ... SET (archive_after = ...)`, `SYSTEM STOP MOVES`) run through
 //! [`crate::control::sql`], which every front end uses.

@@ -366,6 +366,104 @@ async fn a_late_bucket_is_folded_into_the_next_generation_of_its_window() {
     assert_eq!(runner.compact_pass().await.unwrap().windows, 0);
 }
 
+/// The text cells of every row of a query, for checks on what a system table shows.
+async fn text_cells(ctx: &SessionContext, sql: &str) -> Vec<Vec<String>> {
+    let batches = query(ctx, sql).await;
+    let mut out = Vec::new();
+    for b in &batches {
+        for r in 0..b.num_rows() {
+            out.push(
+                (0..b.num_columns())
+                    .map(|c| {
+                        datafusion::arrow::util::display::array_value_to_string(b.column(c), r)
+                            .unwrap()
+                    })
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+/// `pulpitum_compactions` shows a held window claim (never its owner token) and
+/// `pulpitum_retired_objects` every object a switch replaced, as the store records them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn window_claims_and_retired_objects_show_in_the_system_tables() {
+    let s = setup("compactsys").await;
+    s.store
+        .append_batch(&s.table, &rows("2021-03-01T00:00:00Z", 2, 30))
+        .await
+        .unwrap();
+    archive_only(&s).await;
+    let window = BucketKey::parse_any("month:2021-03").unwrap();
+    let (start, end) = window.bounds();
+    let claim = s
+        .store
+        .claim_compaction(
+            &s.table,
+            &window.to_string(),
+            start,
+            end,
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap()
+        .expect("the window is free");
+    let shown = text_cells(
+        &s.ctx,
+        "SELECT table_id, window_key, generation, lease_expired, window_start, lease_expires_at \
+         FROM pulpitum_compactions WHERE table_id = 'chat'",
+    )
+    .await;
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(
+        shown[0][..4],
+        ["chat", window.to_string().as_str(), "1", "false"],
+        "{shown:?}"
+    );
+    assert!(shown[0][4].starts_with("2021-03-01T00:00:00"), "{shown:?}");
+    let all = text_cells(&s.ctx, "SELECT * FROM pulpitum_compactions").await;
+    assert!(
+        all.iter()
+            .flatten()
+            .all(|c| !c.contains(&claim.owner_token)),
+        "the owner token is shown: {all:?}"
+    );
+    assert!(text_cells(
+        &s.ctx,
+        "SELECT * FROM pulpitum_compactions WHERE table_id = 'other'"
+    )
+    .await
+    .is_empty());
+    s.store.release_compaction(&claim).await.unwrap();
+    assert!(text_cells(&s.ctx, "SELECT * FROM pulpitum_compactions")
+        .await
+        .is_empty());
+
+    let compactor = Runner::new(s.store.clone(), s.archive.clone(), config()).unwrap();
+    let report = compactor.compact_pass().await.unwrap();
+    assert_eq!(report.windows, 1, "{report:?}");
+    let mut expected: Vec<String> = s
+        .store
+        .retired_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.object_key)
+        .collect();
+    expected.sort();
+    assert_eq!(expected.len(), report.buckets as usize);
+    let shown: Vec<String> = text_cells(
+        &s.ctx,
+        "SELECT object_key FROM pulpitum_retired_objects WHERE retired_at <= now() ORDER BY object_key",
+    )
+    .await
+    .into_iter()
+    .map(|r| r[0].clone())
+    .collect();
+    assert_eq!(shown, expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_window_with_unfinished_buckets_is_left_alone() {
     let s = setup("compactwait").await;

@@ -363,6 +363,8 @@ async fn scenario(names: &Names, archive: &str) {
         "SELECT count(*) AS n FROM pulpitum_buckets WHERE state = 'archived'",
         "SELECT count(*) AS n FROM pulpitum_jobs",
         "SELECT table_id, format FROM pulpitum_tables",
+        "SELECT count(*) AS n FROM pulpitum_compactions",
+        "SELECT count(*) AS n FROM pulpitum_retired_objects",
     ];
     let mut args = vec!["--format", "csv"];
     for r in &reads {

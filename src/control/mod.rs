@@ -6,8 +6,9 @@
 //! - [`options`] parses and prints the policy options (`archive_after = '90 days'`).
 //! - [`queue`] is the rule behind `pulpitum_buckets.eligible` and `reason`, and the queue
 //!   view of the shell's `\buckets`.
-//! - [`system`] is the three system tables, `pulpitum_tables`, `pulpitum_buckets` and
-//!   `pulpitum_jobs`: table providers over the store's catalog, listings and job history,
+//! - [`system`] is the system tables, `pulpitum_tables`, `pulpitum_buckets`,
+//!   `pulpitum_jobs`, `pulpitum_compactions` and `pulpitum_retired_objects`: table
+//!   providers over the store's catalog, listings, job history and compaction registry,
 //!   with the filters an operator writes (table, state, time) pushed into the store's query.
 //!
 //! [`sql`] is the one entry for a statement's text that every front end uses (the REPL, the

@@ -58,8 +58,13 @@ impl std::fmt::Debug for PulpitumTableFactory {
 
 /// Names every session gives its system tables (see `crate::control::system`); a table may
 /// not take one.
-pub const RESERVED_TABLE_NAMES: [&str; 3] =
-    ["pulpitum_tables", "pulpitum_buckets", "pulpitum_jobs"];
+pub const RESERVED_TABLE_NAMES: [&str; 5] = [
+    "pulpitum_tables",
+    "pulpitum_buckets",
+    "pulpitum_jobs",
+    "pulpitum_compactions",
+    "pulpitum_retired_objects",
+];
 
 impl PulpitumTableFactory {
     /// A factory over one store and archive.

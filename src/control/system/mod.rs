@@ -1,7 +1,8 @@
 //! The system tables: `pulpitum_tables` (definitions and policies), `pulpitum_buckets` (the
-//! tiering queue: every bucket, its state and whether it is eligible, and why) and
-//! `pulpitum_jobs` (the archiver's job history). They are ordinary table providers, so they
-//! join, filter and aggregate like any table.
+//! tiering queue: every bucket, its state and whether it is eligible, and why),
+//! `pulpitum_jobs` (the archiver's job history), and compaction's two
+//! ([`segments`]): `pulpitum_compactions` (window claims) and `pulpitum_retired_objects`.
+//! They are ordinary table providers, so they join, filter and aggregate like any table.
 //!
 //! Filters an operator writes on them are pushed into the store's query where the store can
 //! narrow by them (`table_id = ...` on all three, a time range on `bucket_start`/`bucket_end`
@@ -44,6 +45,8 @@ use datafusion::physical_plan::{
 use datafusion::prelude::SessionContext;
 use futures::stream;
 
+mod segments;
+
 use super::options::format_duration;
 use super::queue::Judge;
 use super::ControlError;
@@ -60,11 +63,17 @@ use crate::store::{
 };
 
 /// The system tables' names, as registered in every session.
-pub const SYSTEM_TABLES: [&str; 3] = crate::provider::factory::RESERVED_TABLE_NAMES;
+pub const SYSTEM_TABLES: [&str; 5] = crate::provider::factory::RESERVED_TABLE_NAMES;
 
 /// Registers the system tables in `ctx` over `store`.
 pub fn register(ctx: &SessionContext, store: Arc<dyn HotStore>) -> DFResult<()> {
-    for kind in [Kind::Tables, Kind::Buckets, Kind::Jobs] {
+    for kind in [
+        Kind::Tables,
+        Kind::Buckets,
+        Kind::Jobs,
+        Kind::Compactions,
+        Kind::Retired,
+    ] {
         ctx.register_table(
             kind.name(),
             Arc::new(SystemTable {
@@ -81,9 +90,11 @@ enum Kind {
     Tables,
     Buckets,
     Jobs,
+    Compactions,
+    Retired,
 }
 
-fn ts(name: &str, nullable: bool) -> Field {
+pub(super) fn ts(name: &str, nullable: bool) -> Field {
     Field::new(
         name,
         DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
@@ -97,6 +108,8 @@ impl Kind {
             Self::Tables => SYSTEM_TABLES[0],
             Self::Buckets => SYSTEM_TABLES[1],
             Self::Jobs => SYSTEM_TABLES[2],
+            Self::Compactions => SYSTEM_TABLES[3],
+            Self::Retired => SYSTEM_TABLES[4],
         }
     }
 
@@ -151,6 +164,8 @@ impl Kind {
                 Field::new("bytes", DataType::Int64, true),
                 text("error", true),
             ],
+            Self::Compactions => segments::compaction_fields(),
+            Self::Retired => segments::retired_fields(),
         };
         Arc::new(Schema::new(fields))
     }
@@ -158,7 +173,7 @@ impl Kind {
     /// The time columns a range on narrows this table's store query.
     fn time_columns(self) -> &'static [&'static str] {
         match self {
-            Self::Tables => &[],
+            Self::Tables | Self::Compactions | Self::Retired => &[],
             Self::Buckets => &["bucket_start", "bucket_end"],
             Self::Jobs => &["started_at"],
         }
@@ -237,7 +252,7 @@ fn push_filter(kind: Kind, e: &Expr, p: &mut Pushed) -> bool {
         return false;
     };
     match (col, op) {
-        ("table_id", Operator::Eq) => text_literal(v).is_some_and(|t| {
+        ("table_id", Operator::Eq) if kind != Kind::Retired => text_literal(v).is_some_and(|t| {
             p.table = Some(t);
             true
         }),
@@ -448,11 +463,11 @@ fn micros(t: Option<EventTime>) -> Option<i64> {
     t.map(|t| t.as_micros())
 }
 
-fn time_array(v: Vec<Option<i64>>) -> ArrayRef {
+pub(super) fn time_array(v: Vec<Option<i64>>) -> ArrayRef {
     Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC"))
 }
 
-fn text_array<S: Into<String>>(v: Vec<Option<S>>) -> ArrayRef {
+pub(super) fn text_array<S: Into<String>>(v: Vec<Option<S>>) -> ArrayRef {
     Arc::new(StringArray::from(
         v.into_iter()
             .map(|s| s.map(Into::into))
@@ -583,6 +598,15 @@ async fn read(
                 ),
             ]
         }
+        Kind::Compactions => {
+            let now = store.now().await?;
+            let mut claims = store.compaction_claims().await?;
+            if let Some(t) = &p.table {
+                claims.retain(|c| c.table_id.as_str() == t);
+            }
+            segments::compaction_columns(&claims, now)
+        }
+        Kind::Retired => segments::retired_columns(&store.retired_objects().await?),
     };
     Ok(RecordBatch::try_new(schema, columns)?)
 }
