@@ -111,7 +111,7 @@ async fn retention(embedded: bool) {
     assert_eq!(
         reasons
             .iter()
-            .filter(|r| r.starts_with("past retention (retain_for 17532 hours)"))
+            .filter(|r| r.starts_with("past retention (retain_for 2 years)"))
             .count() as u64,
         old,
         "{reasons:?}"
@@ -120,7 +120,7 @@ async fn retention(embedded: bool) {
         .sql("SELECT retain_for FROM pulpitum_tables WHERE table_id = 'chat'")
         .await
         .unwrap();
-    assert_eq!(strings(&b, 0), ["17532 hours"]);
+    assert_eq!(strings(&b, 0), ["2 years"]);
 
     let mut c = ArchiverConfig::with_defaults();
     c.cleanup_delay = Duration::ZERO;

@@ -44,7 +44,7 @@ fn policy_commands_set_show_pause_and_refuse_bad_input() {
     assert_eq!(code, 0);
     assert!(out.starts_with("store: paused\n"), "{out}");
     assert!(
-        out.contains("| chat     | 90 days       | json   |               | true   |"),
+        out.contains("| chat     | 90 days       | json   |               |            | true   |"),
         "{out}"
     );
     for (args, needle) in [
@@ -75,7 +75,7 @@ fn policy_commands_set_show_pause_and_refuse_bad_input() {
     let (_, out, _) = policy(&["show"]);
     assert!(out.starts_with("store: archiving\n"), "{out}");
     assert!(
-        out.contains("| chat     |               | json   |               | false  |"),
+        out.contains("| chat     |               | json   |               |            | false  |"),
         "{out}"
     );
 }
@@ -138,6 +138,41 @@ fn subcommand_flags_go_anywhere_and_a_closed_pipe_ends_quietly() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--max-rows limits queries"));
+    // Retention is set from the command line as from SQL, and the answer shows it.
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
+        .args([
+            "policy",
+            "set",
+            "chat",
+            "retain_for=5 years",
+            "--database-url",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| retain_for |") && stdout.contains("| 5 years    |"),
+        "{stdout}"
+    );
+    let (code, err) = archiver(
+        &[
+            "policy",
+            "set",
+            "chat",
+            "retain_for=soon",
+            "--database-url",
+            &url,
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("retain_for"), "{err}");
     for args in [
         &[
             "policy",

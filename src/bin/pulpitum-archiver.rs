@@ -217,7 +217,7 @@ enum Command {
 enum PolicyAction {
     /// Every table's policy, and whether the whole store is paused.
     Show,
-    /// Sets options of a table: TABLE OPTION=VALUE... (archive_after='90 days', format=json, cleanup_delay='2 hours', paused=true).
+    /// Sets options of a table: TABLE OPTION=VALUE... (archive_after='90 days', format=json, cleanup_delay='2 hours', retain_for='5 years', paused=true).
     Set {
         /// The table.
         table: String,

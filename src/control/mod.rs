@@ -188,6 +188,7 @@ pub fn policy_schema() -> datafusion::arrow::datatypes::SchemaRef {
         Field::new("archive_after", DataType::Utf8, true),
         Field::new("format", DataType::Utf8, true),
         Field::new("cleanup_delay", DataType::Utf8, true),
+        Field::new("retain_for", DataType::Utf8, true),
         Field::new("paused", DataType::Boolean, false),
         Field::new(
             "updated_at",
@@ -207,6 +208,7 @@ pub fn policy_batch(p: &TablePolicy) -> Result<RecordBatch, datafusion::arrow::e
             text(p.archive_after.map(options::format_duration)),
             text(p.format.clone()),
             text(p.cleanup_delay.map(options::format_duration)),
+            text(p.retain_for.map(options::format_retention)),
             Arc::new(BooleanArray::from(vec![p.paused])),
             Arc::new(
                 TimestampMicrosecondArray::from(vec![p.updated_at.map(|t| t.as_micros())])

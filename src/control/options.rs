@@ -224,9 +224,47 @@ pub fn format_duration(d: Duration) -> String {
     format!("{us} us")
 }
 
+/// A `retain_for` as it was most likely written: whole years (365.25 days, the length
+/// [`parse_retention`] gives a year) as `5 years`, anything else as [`format_duration`]
+/// prints it. Only retention prints years, because only retention accepts them back.
+pub fn format_retention(d: Duration) -> String {
+    const YEAR_US: u128 = 31_557_600_000_000;
+    let us = d.as_micros();
+    if us >= YEAR_US && us.is_multiple_of(YEAR_US) {
+        let n = us / YEAR_US;
+        return if n == 1 {
+            "1 year".into()
+        } else {
+            format!("{n} years")
+        };
+    }
+    format_duration(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_prints_in_the_units_it_is_parsed_in() {
+        for text in ["5 years", "1 year", "90 days", "36 hours", "18 months"] {
+            let d = parse_retention("retain_for", text).unwrap();
+            let shown = format_retention(d);
+            assert_eq!(parse_retention("retain_for", &shown).unwrap(), d, "{text}");
+        }
+        assert_eq!(
+            format_retention(parse_retention("r", "5 years").unwrap()),
+            "5 years"
+        );
+        assert_eq!(
+            format_retention(parse_retention("r", "1 year").unwrap()),
+            "1 year"
+        );
+        assert_eq!(
+            format_retention(parse_retention("r", "18 months").unwrap()),
+            "540 days"
+        );
+    }
 
     #[test]
     fn retention_takes_years_and_months_and_refuses_zero() {

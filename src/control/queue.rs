@@ -16,7 +16,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::prelude::{col, lit, DataFrame, SessionContext};
 
-use super::options::format_duration;
+use super::options::{format_duration, format_retention};
 use crate::archiver::config::default_cutoff_reaches;
 use crate::model::EventTime;
 use crate::store::{BucketMeta, BucketState, TablePolicy};
@@ -57,7 +57,7 @@ impl Judge<'_> {
                     false,
                     format!(
                         "past retention (retain_for {}): removed by the archiver's next cycle",
-                        format_duration(keep)
+                        format_retention(keep)
                     ),
                 );
             }

@@ -47,7 +47,7 @@ use futures::stream;
 
 mod segments;
 
-use super::options::format_duration;
+use super::options::{format_duration, format_retention};
 use super::queue::Judge;
 use super::ControlError;
 use crate::model::{EventTime, TableId};
@@ -672,7 +672,7 @@ fn tables_columns(
         text_array(
             tables
                 .iter()
-                .map(|d| pol(d).and_then(|p| p.retain_for).map(format_duration))
+                .map(|d| pol(d).and_then(|p| p.retain_for).map(format_retention))
                 .collect(),
         ),
     ]
