@@ -235,7 +235,10 @@ fn finish(state: SessionState, plan: LogicalPlan) -> Result<PreparedQuery, Prepa
         }
     }
     let parsed = plan.clone();
-    let unstable = calls_unstable_functions(&plan);
+    // A DELETE or UPDATE is bound and optimized at each execution, like a statement with
+    // unstable functions: its WHERE is sealed from the optimizer (`provider::ChangeShape`),
+    // and a seal made at preparation would hide the placeholders from the binding.
+    let unstable = calls_unstable_functions(&plan) || matches!(plan, LogicalPlan::Dml(_));
     let plan = state.optimize(&plan)?;
     let task = state.task_ctx();
     Ok(PreparedQuery {

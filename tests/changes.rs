@@ -136,6 +136,69 @@ async fn exercise(env: &Env, model: &mut Model) {
         model.remove(&k);
     }
     assert_same(&env.dump().await, model, "after the statements");
+    // A WHERE that is never true changes nothing, however the optimizer simplifies it (it
+    // turns these into an empty relation, which once left the change with no predicate).
+    for sql in [
+        "DELETE FROM chat WHERE false",
+        "DELETE FROM chat WHERE channel_id = 2 AND id IS NULL",
+        "DELETE FROM chat WHERE id = 1004 AND id = 2004",
+        "DELETE FROM chat WHERE content = NULL",
+        "DELETE FROM chat WHERE id IN (1001, 1002) AND id IN (1005, 1006)",
+        "UPDATE chat SET content = 'lost' WHERE channel_id = 1 AND 1 = 0",
+        "UPDATE chat SET content = 'lost' WHERE NULL",
+    ] {
+        assert_eq!(env.change(sql).await.unwrap(), 0, "{sql}");
+    }
+    assert_same(
+        &env.dump().await,
+        model,
+        "a WHERE that is never true changed something",
+    );
+    // A WHERE that repeats an expression (the optimizer shares it through a projection).
+    let expect: Vec<(i64, i64)> = model
+        .keys()
+        .filter(|(ch, id)| *ch == 3 && (id % 7 == 1 || id % 7 == 2))
+        .copied()
+        .collect();
+    assert!(!expect.is_empty());
+    assert_eq!(
+        env.change("UPDATE chat SET content = concat(content, '#') WHERE channel_id = 3 AND (id % 7 = 1 OR id % 7 = 2)")
+            .await
+            .unwrap(),
+        expect.len() as u64
+    );
+    for k in &expect {
+        model.get_mut(k).unwrap().1.push('#');
+    }
+    assert_eq!(
+        env.change("DELETE FROM chat WHERE channel_id = 3 AND (id % 7 = 1 OR id % 7 = 2)")
+            .await
+            .unwrap(),
+        expect.len() as u64
+    );
+    for k in &expect {
+        model.remove(k);
+    }
+    // A prepared DELETE binds its parameters at each execution.
+    let delete = pulpitum::prepared::prepare(
+        &env.ctx,
+        "DELETE FROM chat WHERE channel_id = $1 AND id = $2",
+    )
+    .await
+    .unwrap();
+    let key = *model.keys().find(|(ch, _)| *ch == 2).unwrap();
+    for want in [1, 0] {
+        let values = [
+            datafusion::common::ScalarValue::Int64(Some(key.0)),
+            datafusion::common::ScalarValue::Int64(Some(key.1)),
+        ];
+        assert_eq!(
+            count(&delete.execute(&values).await.unwrap()).unwrap(),
+            want
+        );
+    }
+    model.remove(&key);
+    assert_same(&env.dump().await, model, "after the sealed statements");
     // Key columns cannot be assigned; subqueries are refused before they could widen a DELETE.
     let e = env
         .change("UPDATE chat SET id = 5 WHERE channel_id = 1")

@@ -202,6 +202,9 @@ async fn psql_meta_commands_queries_and_errors() {
             "-c", "SELECT channel_id, count(*) AS n, min(id), max(id) FROM chat GROUP BY channel_id ORDER BY channel_id",
             "-c", "SELECT state, count(*) FROM pulpitum_buckets GROUP BY state ORDER BY state",
             "-c", "INSERT INTO chat VALUES (1, TIMESTAMP '2024-02-01T00:00:00Z', 99, 'new')",
+            "-c", "INSERT INTO chat VALUES (1, TIMESTAMP '2024-02-01T00:00:01Z', 98, 'gone')",
+            "-c", "UPDATE chat SET content = 'edited' WHERE channel_id = 1 AND id IN (1, 98)",
+            "-c", "DELETE FROM chat WHERE channel_id = 1 AND id = 98",
             "-c", "SELECT id, content FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC, id DESC LIMIT 2",
             "-c", "EXPLAIN SELECT * FROM chat WHERE channel_id = 1",
             "-c", "ALTER TABLE chat SET (archive_after = '30 days')",
@@ -218,7 +221,8 @@ async fn psql_meta_commands_queries_and_errors() {
     let _ = ok;
     for needle in [
         " public | chat | table |",
-        " public | pulpitum_buckets | view |",
+        " public | pulpitum_buckets         | view |",
+        " public | pulpitum_retired_objects | view |",
         "channel_id | bigint                   |           | not null |",
         "timestamp  | timestamp with time zone |           | not null |",
         "content    | text                     |           | not null |",
@@ -227,6 +231,9 @@ async fn psql_meta_commands_queries_and_errors() {
         " archived |       52",
         " hot      |       11",
         "INSERT 0 1",
+        // Each change answers with its own tag, as PostgreSQL does.
+        "UPDATE 2",
+        "DELETE 1",
         " 99 | new",
         " 31 | day 31",
         "PulpitumScanExec: table=chat",

@@ -609,6 +609,43 @@ async fn roles_decide_what_runs() {
                 }
             }
         }
+        // Edits and deletes follow the write role too, and report exact counts: the row
+        // inserted above (when this user may insert) is edited once, then deleted once.
+        let edit = "UPDATE chat SET content = 'edited' WHERE channel_id = 2 AND id = 1";
+        let delete = "DELETE FROM chat WHERE channel_id = 2 AND id = 1";
+        for (stmt, extended) in [(edit, true), (delete, false), (delete, true)] {
+            let r = if extended {
+                c.execute(stmt, &[]).await
+            } else {
+                c.simple_query(stmt).await.map(|m| {
+                    m.iter()
+                        .find_map(|m| match m {
+                            tokio_postgres::SimpleQueryMessage::CommandComplete(n) => Some(*n),
+                            _ => None,
+                        })
+                        .expect("a command tag")
+                })
+            };
+            match (r, may_insert) {
+                // The second DELETE finds nothing left.
+                (Ok(n), true) => assert_eq!(
+                    n,
+                    u64::from(!(stmt == delete && extended)),
+                    "{user} {stmt} (extended {extended})"
+                ),
+                (Err(e), false) => assert!(
+                    code(&e).starts_with("42501: permission denied"),
+                    "{user} {stmt}: {}",
+                    code(&e)
+                ),
+                (r, _) => panic!("{user} {stmt} (extended {extended}): {r:?}"),
+            }
+        }
+        assert_eq!(
+            count(&c, "SELECT count(*) FROM chat WHERE channel_id = 2").await,
+            0,
+            "{user}: the deleted row is gone"
+        );
         let row = c.query_one(jobs, &[]).await.unwrap();
         let (worker, error): (Option<String>, Option<String>) = (row.get(0), row.get(1));
         if may_control {

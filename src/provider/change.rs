@@ -83,6 +83,7 @@ impl PulpitumTable {
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let names = self.surface.column_names();
         let value_name = names[Role::Value.index()];
+        let filters = unsealed(filters)?;
         let mut new_value: Expr = col(value_name);
         for (column, expr) in assignments {
             if column != value_name {
@@ -343,8 +344,112 @@ impl ExecutionPlan for ChangeExec {
 /// table itself, so after the optimizer turned a subquery into a join the statement would
 /// change every row the remaining predicates match; refusing it here, before the
 /// optimizer, is the only safe answer.
+///
+/// It also seals the statement's `WHERE` so the optimizer cannot take it apart. Left as it
+/// is, a `WHERE` the optimizer proves false (`id IS NULL`, `id = 1 AND id = 2`) is replaced by
+/// an empty relation, and DataFusion's DML planner, finding no predicate left, hands the
+/// table none: the statement would change every row. A `WHERE` that repeats an expression is
+/// rewritten to columns of a projection the planner does not hand over. Sealed in
+/// [`WhereSeal`] (volatile, so it is neither folded, split, pushed into the scan nor
+/// shared), the predicate reaches [`PulpitumTable::plan_change`] whole, which unseals it;
+/// the change's own read is an ordinary query, optimized as one, and finds the rows the
+/// predicate names: none for a `WHERE` that is never true.
 #[derive(Debug, Default)]
 pub struct ChangeShape;
+
+/// A change's `WHERE`, held inside a function that takes no arguments and is marked
+/// volatile: what [`ChangeShape`] puts in place of the predicate (see there). The optimizer
+/// sees a call it may neither evaluate, push down nor share, and no column, so the DML
+/// planner hands it over as one filter on the target. It is never executed: the change's
+/// read runs the predicate itself; a plan that did execute it fails rather than guess.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct WhereSeal {
+    predicate: Expr,
+    signature: datafusion::logical_expr::Signature,
+}
+
+const WHERE_SEAL: &str = "pulpitum_where";
+
+impl datafusion::logical_expr::ScalarUDFImpl for WhereSeal {
+    fn name(&self) -> &str {
+        WHERE_SEAL
+    }
+
+    fn signature(&self) -> &datafusion::logical_expr::Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> DFResult<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(
+        &self,
+        _args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> DFResult<datafusion::logical_expr::ColumnarValue> {
+        Err(DataFusionError::Internal(format!(
+            "{WHERE_SEAL} holds a change's WHERE for its planning and is never executed"
+        )))
+    }
+}
+
+/// `predicate` sealed (see [`ChangeShape`]).
+fn seal(predicate: Expr) -> Expr {
+    use datafusion::logical_expr::{ScalarUDF, Signature, Volatility};
+    let udf = ScalarUDF::new_from_impl(WhereSeal {
+        predicate,
+        signature: Signature::exact(vec![], Volatility::Volatile),
+    });
+    Arc::new(udf).call(vec![])
+}
+
+/// The predicates of a change's filters with their seals opened, split at `AND`, with
+/// column qualifiers removed as the DML planner removes them from the filters it hands over.
+fn unsealed(filters: Vec<Expr>) -> DFResult<Vec<Expr>> {
+    use datafusion::common::tree_node::Transformed;
+    use datafusion::common::Column;
+    use datafusion::logical_expr::utils::split_conjunction_owned;
+    let mut out = Vec::new();
+    for f in filters {
+        let held = match &f {
+            Expr::ScalarFunction(call) => call
+                .func
+                .inner()
+                .downcast_ref::<WhereSeal>()
+                .map(|s| s.predicate.clone()),
+            _ => None,
+        };
+        let Some(predicate) = held else {
+            out.push(f);
+            continue;
+        };
+        let predicate = predicate
+            .transform(|e| match e {
+                Expr::Column(c) if c.relation.is_some() => Ok(Transformed::yes(Expr::Column(
+                    Column::new_unqualified(c.name),
+                ))),
+                other => Ok(Transformed::no(other)),
+            })?
+            .data;
+        out.extend(split_conjunction_owned(predicate));
+    }
+    Ok(out)
+}
+
+/// Every `WHERE` filter of a change's input, sealed.
+fn seal_where(input: LogicalPlan) -> DFResult<LogicalPlan> {
+    use datafusion::common::tree_node::Transformed;
+    use datafusion::logical_expr::Filter;
+    input
+        .transform_up(|node| match node {
+            LogicalPlan::Filter(f) => Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(
+                seal(f.predicate),
+                f.input,
+            )?))),
+            other => Ok(Transformed::no(other)),
+        })
+        .map(|t| t.data)
+}
 
 impl AnalyzerRule for ChangeShape {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DFResult<LogicalPlan> {
@@ -395,10 +500,30 @@ impl AnalyzerRule for ChangeShape {
             })?;
             Ok(TreeNodeRecursion::Stop)
         })?;
-        match refusal {
-            Some(r) => Err(DataFusionError::Plan(r)),
-            None => Ok(plan),
+        if let Some(r) = refusal {
+            return Err(DataFusionError::Plan(r));
         }
+        use datafusion::common::tree_node::Transformed;
+        plan.transform_down(|node| {
+            let LogicalPlan::Dml(dml) = &node else {
+                return Ok(Transformed::no(node));
+            };
+            let pulpitum = matches!(dml.op, WriteOp::Delete | WriteOp::Update)
+                && source_as_provider(&dml.target)
+                    .map(|p| super::factory::is_pulpitum(&p))
+                    .unwrap_or(false);
+            if !pulpitum {
+                return Ok(Transformed::no(node));
+            }
+            let mut dml = dml.clone();
+            dml.input = Arc::new(seal_where(dml.input.as_ref().clone())?);
+            Ok(Transformed::new(
+                LogicalPlan::Dml(dml),
+                true,
+                TreeNodeRecursion::Jump,
+            ))
+        })
+        .map(|t| t.data)
     }
 
     fn name(&self) -> &str {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{DFSchema, ParamValues};
-use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
+use datafusion::logical_expr::{EmptyRelation, LogicalPlan, WriteOp};
 use datafusion::prelude::{DataFrame, SessionContext};
 use datafusion::sql::parser::Statement as DFStatementAst;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -53,10 +53,13 @@ impl Guard {
         let plan = plan_of(ctx, statement).await?;
         let need = guard::plan_need(&plan)?;
         authorize(self.role, need, what(statement))?;
-        let insert = matches!(plan, LogicalPlan::Dml(_));
+        let dml = match &plan {
+            LogicalPlan::Dml(d) => Some(d.op.clone()),
+            _ => None,
+        };
         let df = ctx.execute_logical_plan(plan).await.map_err(api)?;
-        if insert {
-            return insert_response(df).await;
+        if let Some(op) = dml {
+            return dml_response(df, &op).await;
         }
         let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
         Ok(Response::Query(
@@ -68,6 +71,8 @@ impl Guard {
 fn what(statement: &Statement) -> &'static str {
     match statement {
         Statement::Insert(_) => "INSERT",
+        Statement::Delete(_) => "DELETE",
+        Statement::Update(_) => "UPDATE",
         _ => "this statement",
     }
 }
@@ -82,8 +87,10 @@ pub(super) async fn plan_of(
         .map_err(api)
 }
 
-/// An INSERT's answer: `INSERT 0 n`.
-async fn insert_response(df: DataFrame) -> PgWireResult<Response> {
+/// A row change's answer, as PostgreSQL tags it: `INSERT 0 n`, `DELETE n`, `UPDATE n`, with
+/// no rows (DataFusion answers a change with a one-row `count` table, which a client that
+/// was told at Describe that the statement returns no rows cannot take).
+async fn dml_response(df: DataFrame, op: &WriteOp) -> PgWireResult<Response> {
     let batches = df.collect().await.map_err(api)?;
     let rows = batches
         .first()
@@ -94,9 +101,13 @@ async fn insert_response(df: DataFrame) -> PgWireResult<Response> {
                 .map(|a| a.value(0))
         })
         .unwrap_or(0);
-    Ok(Response::Execution(
-        Tag::new("INSERT").with_oid(0).with_rows(rows as usize),
-    ))
+    let rows = usize::try_from(rows).unwrap_or(usize::MAX);
+    Ok(Response::Execution(match op {
+        WriteOp::Insert(_) => Tag::new("INSERT").with_oid(0).with_rows(rows),
+        WriteOp::Delete => Tag::new("DELETE").with_rows(rows),
+        WriteOp::Update => Tag::new("UPDATE").with_rows(rows),
+        other => Tag::new(&other.name().to_uppercase()).with_rows(rows),
+    }))
 }
 
 /// Applies a `SET`/`RESET` to the connection and reports what PostgreSQL reports.
@@ -303,7 +314,7 @@ impl QueryHook for Guard {
         &self,
         statement: &Statement,
         plan: &LogicalPlan,
-        _params: &ParamValues,
+        params: &ParamValues,
         ctx: &SessionContext,
         client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
@@ -313,11 +324,25 @@ impl QueryHook for Guard {
             Ok(Kind::Show) => show_variable(statement, client),
             Ok(Kind::Transaction) => None,
             Ok(Kind::Cursor) => Some(super::cursors::run(statement, self.role, ctx, client).await),
-            // The plan made at Parse, judged again; datafusion-postgres executes it as is.
+            // The plan made at Parse, judged again; datafusion-postgres executes a query as
+            // is. A row change runs here, so that it answers with its own tag and no rows.
             Ok(Kind::Plan) => match guard::plan_need(plan)
                 .and_then(|need| authorize(self.role, need, what(statement)))
             {
-                Ok(()) => None,
+                Ok(()) => match plan {
+                    LogicalPlan::Dml(d) => Some(
+                        async {
+                            let bound = plan
+                                .clone()
+                                .with_param_values(params.clone())
+                                .map_err(api)?;
+                            let df = ctx.execute_logical_plan(bound).await.map_err(api)?;
+                            dml_response(df, &d.op).await
+                        }
+                        .await,
+                    ),
+                    _ => None,
+                },
                 Err(e) => Some(Err(e)),
             },
         }

@@ -134,7 +134,9 @@ async fn policy_statements_and_their_errors() {
     .unwrap();
     let text = pretty(&set);
     assert!(
-        text.contains("| chat     | 90 days       | json   | 2 hours       |            | false  |"),
+        text.contains(
+            "| chat     | 90 days       | json   | 2 hours       |            | false  |"
+        ),
         "{text}"
     );
     for (sql, needle) in [
