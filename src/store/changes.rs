@@ -138,11 +138,14 @@ pub(super) fn check_masks(
     rows: &[&RowChange],
     found: &[FoundMask],
 ) -> Result<(), StoreError> {
+    // Keyed once: a statement over tens of thousands of archived rows that already carry
+    // masks would otherwise compare every mask with every row.
+    let by_key: std::collections::HashMap<(EventTime, &[u8]), &RowChange> = rows
+        .iter()
+        .map(|c| ((c.event_time, c.sort_key.as_bytes()), *c))
+        .collect();
     for (t, s, value) in found {
-        let Some(c) = rows
-            .iter()
-            .find(|c| c.event_time == *t && c.sort_key.as_bytes() == s.as_slice())
-        else {
+        let Some(c) = by_key.get(&(*t, s.as_slice())) else {
             continue;
         };
         match value {
