@@ -35,18 +35,24 @@ pub fn parse_duration(option: &str, raw: &str) -> Result<Duration, ControlError>
 }
 
 /// Parses `retain_for`: a duration, where years (365.25 days) and months (30 days) are
-/// accepted too; it must be positive (a zero retention would remove every bucket).
+/// accepted too. It must be at least [`MIN_RETENTION`]: a retention of minutes is a typo
+/// more often than a policy, and it would remove every bucket but the one being written.
 pub fn parse_retention(option: &str, raw: &str) -> Result<Duration, ControlError> {
     let d = parse_length(option, raw, true)?;
-    if d.is_zero() {
+    if d < MIN_RETENTION {
         return Err(ControlError::BadOption {
             option: option.to_string(),
             value: raw.to_string(),
-            reason: "must be longer than zero (RESET (retain_for) keeps everything)".into(),
+            reason: "must be at least 1 day (RESET (retain_for) keeps everything; \
+                     DELETE removes rows sooner)"
+                .into(),
         });
     }
     Ok(d)
 }
+
+/// The shortest `retain_for` accepted.
+pub const MIN_RETENTION: Duration = Duration::from_secs(86_400);
 
 fn parse_length(option: &str, raw: &str, calendar: bool) -> Result<Duration, ControlError> {
     let bad = |reason: String| ControlError::BadOption {
@@ -100,9 +106,12 @@ fn parse_length(option: &str, raw: &str, calendar: bool) -> Result<Duration, Con
                 )))
             }
             other => {
-                return Err(bad(format!(
-                    "unknown unit {other:?}; use seconds, minutes, hours, days or weeks"
-                )))
+                let units = if calendar {
+                    "seconds, minutes, hours, days, weeks, months or years"
+                } else {
+                    "seconds, minutes, hours, days or weeks"
+                };
+                return Err(bad(format!("unknown unit {other:?}; use {units}")));
             }
         };
         total += n * unit;
@@ -264,6 +273,17 @@ mod tests {
             format_retention(parse_retention("r", "18 months").unwrap()),
             "540 days"
         );
+        for short in ["1 microsecond", "0 days", "23 hours"] {
+            let e = parse_retention("retain_for", short)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("at least 1 day"), "{short}: {e}");
+        }
+        assert!(parse_retention("retain_for", "1 day").is_ok());
+        let e = parse_retention("retain_for", "5 fortnights")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("months or years"), "{e}");
     }
 
     #[test]
