@@ -137,8 +137,9 @@ async fn object_keys(s: &Setup) -> Vec<String> {
     keys
 }
 
-/// Three monthly windows; a budget of zero compacts one window per pass, and each pass
-/// resumes after the last: three passes compact the three windows, a fourth finds nothing.
+/// Three monthly windows, the first held by another compactor; a budget of zero looks at
+/// one window per pass, and each pass resumes after the last window looked at, so the
+/// held window does not keep the others waiting: they are compacted by the next passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pass_stops_at_its_budget_and_the_next_resumes_after_it() {
     let s = setup("budget").await;
@@ -153,28 +154,50 @@ async fn a_pass_stops_at_its_budget_and_the_next_resumes_after_it() {
             .unwrap();
     }
     archive_only(&s).await;
+    let march = BucketKey::parse_any("month:2021-03").unwrap();
+    let (start, end) = march.bounds();
+    let held = s
+        .store
+        .claim_compaction(
+            &s.table,
+            &march.to_string(),
+            start,
+            end,
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     let mut c = config();
     c.compact_budget = Duration::ZERO;
     let runner = Runner::new(s.store.clone(), s.archive.clone(), c).unwrap();
-    let mut compacted = Vec::new();
-    for pass in 0..3 {
-        let r = runner.compact_pass().await.unwrap();
-        assert_eq!((r.windows, r.failed), (1, 0), "pass {pass}: {r:?}");
-        assert_eq!(r.budget_spent, pass < 2, "pass {pass}: {r:?}");
-        let in_segments = routes(&s)
+    let in_segments = || async {
+        routes(&s)
             .await
             .iter()
             .filter(|(_, k)| k.contains("/segments/"))
-            .count();
-        compacted.push(in_segments);
+            .count()
+    };
+    // (windows compacted, windows skipped, budget spent, buckets in segments after it)
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = runner.compact_pass().await.unwrap();
+        assert_eq!(r.failed, 0, "{r:?}");
+        seen.push((r.windows, r.skipped, r.budget_spent, in_segments().await));
     }
     assert_eq!(
-        compacted,
-        vec![4, 8, 12],
-        "one window (4 day buckets) per pass"
+        seen,
+        vec![
+            (0, 1, true, 0),  // March is held; the budget stops the pass there
+            (1, 0, true, 4),  // April, where the last pass stopped
+            (1, 0, false, 8), // May, the end of the list
+            (0, 1, false, 8), // from the start again: March still held
+        ]
     );
-    let last = runner.compact_pass().await.unwrap();
-    assert_eq!((last.windows, last.budget_spent), (0, false), "{last:?}");
+    s.store.release_compaction(&held).await.unwrap();
+    let r = runner.compact_pass().await.unwrap();
+    assert_eq!((r.windows, r.budget_spent), (1, false), "{r:?}");
+    assert_eq!(in_segments().await, 12);
     assert_eq!(count(&s).await, 120);
 }
 
@@ -350,19 +373,19 @@ async fn a_second_writer_of_a_segment_key_overwrites_nothing() {
     let payload_key = written.manifest.payload_key.clone();
     let payload = op.read(&payload_key).await.unwrap().to_bytes();
     let manifest = op.read(&written.manifest_key).await.unwrap().to_bytes();
-    let err = s.archive.write_segment(&spec, &second).await.unwrap_err();
+    let Err(err) = s.archive.write_segment(&spec, &second).await else {
+        panic!("the second writer's write succeeded");
+    };
     assert!(
         matches!(err, ArchiveError::AlreadyExistsDifferent { .. }),
         "{err}"
     );
-    assert_eq!(
-        op.read(&payload_key).await.unwrap().to_bytes(),
-        payload,
+    assert!(
+        op.read(&payload_key).await.unwrap().to_bytes() == payload,
         "the first writer's payload was overwritten"
     );
-    assert_eq!(
-        op.read(&written.manifest_key).await.unwrap().to_bytes(),
-        manifest,
+    assert!(
+        op.read(&written.manifest_key).await.unwrap().to_bytes() == manifest,
         "the first writer's manifest was overwritten"
     );
     // The same rows again (a retry of the first writer) succeed and name the same segment.
@@ -396,7 +419,9 @@ async fn a_segment_manifest_key_already_taken_is_never_overwritten() {
     let op = s.archive.operator();
     let foreign = b"{\"not\": \"this segment's manifest\"}\n".to_vec();
     op.write(&manifest_key, foreign.clone()).await.unwrap();
-    let err = s.archive.write_segment(&spec, &records).await.unwrap_err();
+    let Err(err) = s.archive.write_segment(&spec, &records).await else {
+        panic!("the write over a foreign manifest succeeded");
+    };
     assert!(
         matches!(
             err,
@@ -404,9 +429,8 @@ async fn a_segment_manifest_key_already_taken_is_never_overwritten() {
         ),
         "refused for the wrong reason: {err}"
     );
-    assert_eq!(
-        op.read(&manifest_key).await.unwrap().to_bytes().to_vec(),
-        foreign,
+    assert!(
+        op.read(&manifest_key).await.unwrap().to_bytes().to_vec() == foreign,
         "the object at the manifest key was overwritten"
     );
 }
@@ -436,18 +460,76 @@ async fn a_segment_payload_key_already_taken_is_never_overwritten() {
     let op = s.archive.operator();
     let foreign = b"bytes of another writer".to_vec();
     op.write(&payload_key, foreign.clone()).await.unwrap();
-    let err = s.archive.write_segment(&spec, &records).await.unwrap_err();
+    let Err(err) = s.archive.write_segment(&spec, &records).await else {
+        panic!("the write over a foreign payload succeeded");
+    };
     assert!(
         matches!(err, ArchiveError::AlreadyExistsDifferent { .. }),
         "{err}"
     );
-    assert_eq!(
-        op.read(&payload_key).await.unwrap().to_bytes().to_vec(),
-        foreign,
+    assert!(
+        op.read(&payload_key).await.unwrap().to_bytes().to_vec() == foreign,
         "the payload was overwritten"
     );
     assert!(
         !op.exists(&manifest_key).await.unwrap(),
         "a manifest was created over someone else's payload"
+    );
+}
+
+/// A window claim whose lease expired (its holder died, maybe between its switch and its
+/// release) protects the window's segments for one orphan delay after the expiry (a switch
+/// that began before it may still commit), and nothing after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_window_claim_protects_its_segments_for_one_orphan_delay() {
+    let s = setup("claimgrace").await;
+    let records = sorted(rows("2021-03-01T00:00:00Z", 2, 30));
+    let window = BucketKey::parse_any("month:2021-03").unwrap();
+    let (start, end) = window.bounds();
+    let claim = s
+        .store
+        .claim_compaction(
+            &s.table,
+            &window.to_string(),
+            start,
+            end,
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let t0 = Instant::now();
+    let written = s
+        .archive
+        .write_segment(&spec(&s.table, claim.generation), &records)
+        .await
+        .unwrap();
+    let delays = pulpitum::archiver::GcDelays {
+        orphans: Duration::from_secs(1),
+        retired: Duration::ZERO,
+    };
+    let metrics = pulpitum::archiver::ArchiverMetrics::default();
+    let gc = || pulpitum::archiver::collect_garbage_with(&*s.store, &s.archive, delays, &metrics);
+    // Expired 0.3 s ago, the segment older than the orphan delay: still protected.
+    tokio::time::sleep(Duration::from_millis(3_300).saturating_sub(t0.elapsed())).await;
+    gc().await.unwrap();
+    assert!(
+        object_keys(&s).await.contains(&written.manifest_key),
+        "collected inside the grace after the claim's expiry"
+    );
+    // Past the expiry plus the orphan delay: an orphan like any other.
+    tokio::time::sleep(Duration::from_millis(4_300).saturating_sub(t0.elapsed())).await;
+    gc().await.unwrap();
+    assert!(
+        !object_keys(&s)
+            .await
+            .iter()
+            .any(|k| k.contains("/segments/")),
+        "an expired claim still protects its window"
+    );
+    assert_eq!(
+        s.store.compaction_claims().await.unwrap().len(),
+        1,
+        "never released"
     );
 }
