@@ -317,3 +317,70 @@ async fn a_worker_paused_past_its_lease_cannot_delete_hot_rows() {
     check_readable_exactly_once(&f).await;
     recover(&f, "the stale worker").await;
 }
+
+/// A crash between a window's switch and the release of its claim, on the window's second
+/// generation: the claim is never released (nobody claims a window whose every bucket is
+/// in a segment), yet once its lease has expired GC no longer protects the window, so the
+/// first generation's segment (retired by the switch) is deleted and its retired row
+/// forgotten: nothing is kept forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_after_the_switch_leaves_nothing_kept_forever() {
+    let mut f = fixture("crashafterswitch").await;
+    // Generation 1 of the window, released normally.
+    recover(&f, "the first compaction").await;
+    let first_segments: Vec<String> = f
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .filter(|k| k.contains("/segments/"))
+        .collect();
+    assert!(!first_segments.is_empty());
+    // A late bucket of the same window, then generation 2 crashes right after its switch.
+    let table = TableId::new("chat").unwrap();
+    let base = EventTime::parse_rfc3339("2021-03-20T00:00:00Z")
+        .unwrap()
+        .as_micros();
+    let late: Vec<Record> = (0..20)
+        .map(|i| Record {
+            partition_key: PartitionKey::new(vec![9]).unwrap(),
+            event_time: EventTime::from_micros(base + i * 1_000_000).unwrap(),
+            sort_key: SortKey::new((i as u64).to_be_bytes().to_vec()).unwrap(),
+            value: format!("late {i}").into_bytes(),
+        })
+        .collect();
+    f.store.append_batch(&table, &late).await.unwrap();
+    f.expected.insert(
+        BucketId::of_record(&table, BucketStrategy::CalendarDayUtc, &late[0]),
+        late,
+    );
+    let status = configured(archiver(&f.db, &f.archive_url))
+        .env("PULPITUM_FAILPOINT", "compact_after_switch")
+        .status()
+        .await
+        .unwrap();
+    assert!(
+        !status.success(),
+        "the worker should have crashed after the switch"
+    );
+    let claims = f.store.compaction_claims().await.unwrap();
+    assert_eq!(claims.len(), 1, "the crashed claim is left: {claims:?}");
+    assert_eq!(claims[0].generation, 2);
+    // Past the lease, a fault-free run has nothing to compact; GC (zero delays in the
+    // check) must collect generation 1 and forget its retired row.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    recover(&f, "a crash after the switch").await;
+    let left: Vec<String> = f
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    for k in &first_segments {
+        assert!(!left.contains(k), "generation 1 kept: {k}");
+    }
+}

@@ -26,6 +26,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use futures::StreamExt;
@@ -63,6 +64,9 @@ pub enum WindowOutcome {
     Busy,
     /// The window has no archived buckets.
     Empty,
+    /// Shutdown stopped the work: nothing was switched by this attempt after the signal,
+    /// and the claim was released.
+    Interrupted,
 }
 
 /// Totals of one compaction pass.
@@ -82,20 +86,60 @@ pub struct CompactReport {
     pub failed: usize,
     /// One line per failure.
     pub errors: Vec<String>,
+    /// The pass stopped at its time budget with windows left (the next pass resumes there).
+    pub budget_spent: bool,
+    /// Shutdown stopped the pass (the window in progress was abandoned).
+    pub interrupted: bool,
 }
 
 impl Runner {
-    /// One compaction pass over every table: each window that is due and holds at least
-    /// one bucket not yet in a segment is compacted, oldest first.
+    /// One compaction pass over every table, without a shutdown signal (see
+    /// [`Self::compact_pass_until`]).
     pub async fn compact_pass(&self) -> Result<CompactReport, ArchiverError> {
+        self.compact_pass_until(&CancellationToken::new()).await
+    }
+
+    /// One compaction pass over every table: each window that is due and holds at least
+    /// one bucket not yet in a segment is compacted, oldest first, table by table.
+    ///
+    /// The pass shares the process with archival, cleanup, retention and GC: once it has
+    /// run for [`ArchiverConfig::compact_budget`] it starts no new window (the first window
+    /// is always started, so every pass makes progress), and the next pass resumes at the
+    /// window where this one stopped, so windows late in the order are not starved by a
+    /// long backlog before them. `shutdown` stops it at once: the window in progress is
+    /// abandoned (see [`Self::compact_window_until`]) and nothing more is started.
+    ///
+    /// [`ArchiverConfig::compact_budget`]: super::ArchiverConfig::compact_budget
+    pub async fn compact_pass_until(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<CompactReport, ArchiverError> {
+        let started = Instant::now();
         let mut report = CompactReport::default();
+        if shutdown.is_cancelled() {
+            report.interrupted = true;
+            return Ok(report);
+        }
         let now = self.store.now().await?;
         let after = i64::try_from(self.config.compact_after.as_micros()).unwrap_or(i64::MAX);
         // A cutoff before the supported range means no window is due yet.
         let before = EventTime::from_micros(now.as_micros().saturating_sub(after))
             .unwrap_or_else(|_| EventTime::min_supported());
         let exclude = format!("%{SEGMENTS_DIR}%");
-        for table in self.store.tables().await? {
+        let mut tables = self.store.tables().await?;
+        tables.sort_by(|a, b| a.table_id.cmp(&b.table_id));
+        // Resume where the last pass stopped: that table first (at that window), the rest
+        // after it; the tables before it wait for the next pass, which starts over.
+        let resume = self.compact_cursor.lock().expect("cursor lock").take();
+        if let Some((t, _)) = &resume {
+            tables.retain(|d| d.table_id >= *t);
+        }
+        let mut attempted = 0usize;
+        for table in tables {
+            let from = resume
+                .as_ref()
+                .filter(|(t, _)| *t == table.table_id)
+                .map(|(_, w)| *w);
             let starts = self
                 .store
                 .compaction_candidates(&table.table_id, before, &exclude, CANDIDATE_LIMIT)
@@ -103,10 +147,25 @@ impl Runner {
             let windows: BTreeSet<BucketKey> = starts
                 .into_iter()
                 .map(|s| table.strategy.bucket_of(s).window())
-                .filter(|w| w.end() <= before)
+                .filter(|w| w.end() <= before && from.is_none_or(|f| w.start() >= f))
                 .collect();
             for window in windows {
-                match self.compact_window(&table, window).await {
+                let stop = if shutdown.is_cancelled() {
+                    report.interrupted = true;
+                    true
+                } else if attempted > 0 && started.elapsed() >= self.config.compact_budget {
+                    report.budget_spent = true;
+                    true
+                } else {
+                    false
+                };
+                if stop {
+                    *self.compact_cursor.lock().expect("cursor lock") =
+                        Some((table.table_id.clone(), window.start()));
+                    return Ok(report);
+                }
+                attempted += 1;
+                match self.compact_window_until(&table, window, shutdown).await {
                     Ok(WindowOutcome::Compacted {
                         segments,
                         buckets,
@@ -116,6 +175,12 @@ impl Runner {
                         report.segments += segments;
                         report.buckets += buckets;
                         report.rows += rows;
+                    }
+                    Ok(WindowOutcome::Interrupted) => {
+                        report.interrupted = true;
+                        *self.compact_cursor.lock().expect("cursor lock") =
+                            Some((table.table_id.clone(), window.start()));
+                        return Ok(report);
                     }
                     Ok(_) => report.skipped += 1,
                     Err(e) => {
@@ -132,11 +197,28 @@ impl Runner {
         Ok(report)
     }
 
-    /// Compacts one window of one table (see the module comment for the protocol).
+    /// Compacts one window of one table (see the module comment for the protocol), without
+    /// a shutdown signal.
     pub async fn compact_window(
         &self,
         table: &TableDefinition,
         window: BucketKey,
+    ) -> Result<WindowOutcome, ArchiverError> {
+        self.compact_window_until(table, window, &CancellationToken::new())
+            .await
+    }
+
+    /// Compacts one window of one table. When `shutdown` fires first, the work in progress
+    /// is dropped where it stands ([`WindowOutcome::Interrupted`]): no request is started
+    /// after that, the lease renewal stops, and the claim is released, so another process
+    /// may claim the window at once. Dropping is safe at every await point: before the
+    /// switch, whatever was written is under a generation no switch will name (GC's orphans
+    /// once the claim is released); the switch itself is one transaction, committed or not.
+    pub async fn compact_window_until(
+        &self,
+        table: &TableDefinition,
+        window: BucketKey,
+        shutdown: &CancellationToken,
     ) -> Result<WindowOutcome, ArchiverError> {
         let (start, end) = window.bounds();
         let state = self.store.window_state(&table.table_id, start, end).await?;
@@ -145,6 +227,9 @@ impl Runner {
         }
         if state.sources.is_empty() {
             return Ok(WindowOutcome::Empty);
+        }
+        if shutdown.is_cancelled() {
+            return Ok(WindowOutcome::Interrupted);
         }
         let sent = Instant::now();
         let Some(claim) = self
@@ -168,7 +253,14 @@ impl Runner {
             self.config.lease,
             self.config.op_deadline,
         );
-        let result = self.compact_claimed(table, window, &lease).await;
+        let result = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => {
+                info!(table = %table.table_id, %window, "compaction abandoned at shutdown");
+                Ok(WindowOutcome::Interrupted)
+            }
+            r = self.compact_claimed(table, window, &lease) => r,
+        };
         // Best effort: a claim that is not released expires with its lease.
         let current = lease.claim();
         drop(lease);
@@ -194,6 +286,7 @@ impl Runner {
         let mut segments = 0usize;
         let mut rows_total = 0u64;
         let mut batch = SegmentBatch::default();
+        let mut empty: Vec<CompactionSource> = Vec::new();
         let sources = &state.sources;
         // Sources are read a few at a time, in order (object-store latency dominates).
         // (The futures are made up front: a stream closure returning borrowing futures
@@ -206,19 +299,23 @@ impl Runner {
             let pk = &sources[i].bucket.partition_key;
             let mut j = i;
             let mut rows: Vec<Record> = Vec::new();
+            // The empty buckets of this partition are those pushed from here on.
+            let empty_from = empty.len();
             while j < sources.len() && &sources[j].bucket.partition_key == pk {
                 let got = reads.next().await.expect("one read per source")?;
                 if got.is_empty() {
-                    // A segment lists only buckets with rows; an empty archived bucket would
-                    // keep its old route and bring the window back every pass.
-                    return Err(ArchiverError::Unresolved {
-                        bucket: sources[j].bucket.clone(),
-                        step: "compaction",
-                        detail: "an archived bucket without rows cannot move to a segment".into(),
-                    });
+                    // A segment lists only buckets with rows: an empty archived bucket is
+                    // removed instead (before the switch, see `drop_empty_buckets`), or it
+                    // would keep its old route and bring the window back every pass.
+                    empty.push(sources[j].clone());
                 }
                 rows.extend(got);
                 j += 1;
+            }
+            if rows.is_empty() {
+                // A partition whose every bucket is empty has nothing to write.
+                i = j;
+                continue;
             }
             let bytes = row_bytes(&rows);
             let full = batch.bytes + bytes > self.config.segment_target_bytes
@@ -232,7 +329,13 @@ impl Runner {
                 );
                 segments += 1;
             }
-            batch.add(&sources[i..j], rows, bytes);
+            // An empty bucket moves nowhere (it is dropped before the switch).
+            let moving: Vec<CompactionSource> = sources[i..j]
+                .iter()
+                .filter(|src| !empty[empty_from..].contains(src))
+                .cloned()
+                .collect();
+            batch.add(&moving, rows, bytes);
             i = j;
         }
         if !batch.rows.is_empty() {
@@ -246,7 +349,15 @@ impl Runner {
         failpoint::hit("compact_before_switch");
         lease.check()?;
         let claim = lease.claim();
-        let switched = self.store.switch_routes(&claim, &switches).await?;
+        if !empty.is_empty() {
+            let dropped = self.store.drop_empty_buckets(&claim, &empty).await?;
+            info!(table = %table.table_id, %window, buckets = dropped, "empty archived buckets removed");
+        }
+        let switched = if switches.is_empty() {
+            0
+        } else {
+            self.store.switch_routes(&claim, &switches).await?
+        };
         failpoint::hit("compact_after_switch");
         self.metrics.buckets_compacted.inc_by(switched);
         info!(

@@ -62,6 +62,11 @@ pub struct ArchiverConfig {
     /// A segment is closed at the partition boundary where its rows (uncompressed key and
     /// value bytes) reach this size.
     pub segment_target_bytes: usize,
+    /// A compaction pass starts no new window once it has run this long, so archival,
+    /// cleanup, retention and GC get their turn; the window in progress is finished, the
+    /// rest are left for the next pass (which resumes where this one stopped). Zero: one
+    /// window per pass.
+    pub compact_budget: Duration,
 }
 
 impl ArchiverConfig {
@@ -85,6 +90,7 @@ impl ArchiverConfig {
             compaction: true,
             compact_after: Duration::from_secs(24 * 3600),
             segment_target_bytes: 128 << 20,
+            compact_budget: Duration::from_secs(300),
         }
     }
 
@@ -101,6 +107,7 @@ impl ArchiverConfig {
             (&OP_DEADLINE, self.op_deadline),
             (&JOB_RETENTION, self.job_retention),
             (&COMPACT_AFTER, self.compact_after),
+            (&COMPACT_BUDGET, self.compact_budget),
         ] {
             bound.check(value, &format!("{} s", value.as_secs_f64()))?;
         }
@@ -286,6 +293,13 @@ pub const COMPACT_AFTER: SecondsRange = SecondsRange {
     setting: "ARCHIVER_COMPACT_AFTER_SECONDS (--compact-after-seconds)",
     min: Duration::ZERO,
     max: Duration::from_secs(3650 * DAY),
+};
+/// `--compact-budget-seconds`: 0 compacts one window per pass; a day at most, so a pass
+/// never keeps archival, cleanup and GC waiting longer.
+pub const COMPACT_BUDGET: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_COMPACT_BUDGET_SECONDS (--compact-budget-seconds)",
+    min: Duration::ZERO,
+    max: Duration::from_secs(DAY),
 };
 /// `--segment-target-bytes`: from 1 MiB (tests) to 4 GiB (one segment is held in memory
 /// while it is written).

@@ -52,6 +52,17 @@ fn generation_dir(key: &str) -> &str {
     key.rsplit_once('/').map_or(key, |(dir, _)| dir)
 }
 
+/// The window directory of a segment object key (`.../segments/<window>/`, with the
+/// trailing slash), the unit a window claim protects; `None` for any other key. Every
+/// listed object is looked up by it in a hash set, so a pass is linear in the objects
+/// listed plus the claims and retired rows read.
+fn window_dir(key: &str) -> Option<&str> {
+    const MARK: &str = "/segments/";
+    let at = key.rfind(MARK)? + MARK.len();
+    let end = at + key[at..].find('/')? + 1;
+    Some(&key[..end])
+}
+
 /// The two ages GC waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GcDelays {
@@ -104,11 +115,22 @@ pub async fn collect_garbage_with(
             }
         }
     }
-    // A window being compacted: everything under its segments directory is kept.
-    let claimed_windows: Vec<String> = store
+    // A window being compacted: everything under its segments directory is kept, while its
+    // claim can still lead to a switch. A claim whose lease has expired can never switch
+    // (the switch checks the lease on the store's clock, and an expired claim cannot be
+    // renewed); it protects its window for one more orphan delay after the expiry (a switch
+    // transaction that began before the expiry may still commit), then nothing: a process
+    // that died between its switch and its release leaves a claim nobody releases, which
+    // must not keep the window's older generations (and their retired rows) forever. The
+    // store's clock is read before the claims, so a claim counted as expired was so when
+    // it was read.
+    let claims_now = store.now().await?;
+    let grace = i64::try_from(delays.orphans.as_micros()).unwrap_or(i64::MAX);
+    let claimed_windows: HashSet<String> = store
         .compaction_claims()
         .await?
         .iter()
+        .filter(|c| c.lease_expires_at.as_micros().saturating_add(grace) > claims_now.as_micros())
         .map(|c| archive.rooted(&format!("v4/{}/segments/{}/", c.table_id, c.window_key)))
         .collect();
     protected.extend(
@@ -120,14 +142,16 @@ pub async fn collect_garbage_with(
     );
     // Retired objects after routes (see the module comment).
     let store_now = store.now().await?;
-    let mut expired: Vec<String> = Vec::new();
+    let mut expired: HashSet<String> = HashSet::new();
+    let mut expired_keys: Vec<String> = Vec::new();
     for r in store.retired_objects().await? {
         let retired_for = store_now
             .as_micros()
             .saturating_sub(r.retired_at.as_micros());
         let due = u128::try_from(retired_for).unwrap_or(0) >= delays.retired.as_micros();
         if due {
-            expired.push(r.object_key);
+            expired.insert(generation_dir(&r.object_key).to_string());
+            expired_keys.push(r.object_key);
         } else {
             protected.insert(generation_dir(&r.object_key).to_string());
         }
@@ -139,7 +163,9 @@ pub async fn collect_garbage_with(
     let mut left: HashSet<String> = HashSet::new();
     for obj in objects {
         let dir = generation_dir(&obj.key);
-        if protected.contains(dir) || claimed_windows.iter().any(|w| obj.key.starts_with(w)) {
+        if protected.contains(dir)
+            || window_dir(&obj.key).is_some_and(|w| claimed_windows.contains(w))
+        {
             report.referenced += 1;
             left.insert(dir.to_string());
             continue;
@@ -156,14 +182,14 @@ pub async fn collect_garbage_with(
         }
         archive.delete_object(&obj.key).await?;
         metrics.gc_deletions.inc();
-        if expired.iter().any(|k| generation_dir(k) == dir) {
+        if expired.contains(dir) {
             metrics.retired_deletions.inc();
         }
         info!(key = %obj.key, "deleted unreferenced archive object");
         report.deleted += 1;
     }
     // Retired rows whose objects are all gone (deleted now or earlier) are done with.
-    let gone: Vec<String> = expired
+    let gone: Vec<String> = expired_keys
         .into_iter()
         .filter(|k| !left.contains(generation_dir(k)))
         .collect();
@@ -175,7 +201,20 @@ pub async fn collect_garbage_with(
 
 #[cfg(test)]
 mod tests {
-    use super::generation_dir;
+    use super::{generation_dir, window_dir};
+
+    #[test]
+    fn segment_objects_are_grouped_by_window_directory() {
+        assert_eq!(
+            window_dir("p/v4/t/segments/month:2024-03/0-2/manifest.json"),
+            Some("p/v4/t/segments/month:2024-03/")
+        );
+        assert_eq!(
+            window_dir("p/v4/t/01/day:2024-01-01/g3/manifest.json"),
+            None
+        );
+        assert_eq!(window_dir("p/v4/t/segments/"), None);
+    }
 
     #[test]
     fn objects_are_grouped_by_generation_directory() {

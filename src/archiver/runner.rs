@@ -138,6 +138,9 @@ pub struct Runner {
     pub(super) policies: PolicyCache,
     pub(super) worker: String,
     pub(super) clock: Clock,
+    /// Where the last compaction pass stopped at its budget or shutdown (table, window
+    /// start): the next pass resumes there (`compact.rs`).
+    pub(super) compact_cursor: std::sync::Mutex<Option<(crate::model::TableId, EventTime)>>,
 }
 
 impl Runner {
@@ -156,6 +159,7 @@ impl Runner {
             policies: PolicyCache::default(),
             worker: default_worker_name(),
             clock: Arc::new(Utc::now),
+            compact_cursor: std::sync::Mutex::default(),
         })
     }
 
@@ -410,7 +414,7 @@ impl Runner {
                         .is_none_or(|t: Instant| t.elapsed() >= self.config.interval * 10));
             if compact_due {
                 last_compact = Some(Instant::now());
-                match self.compact_pass().await {
+                match self.compact_pass_until(&shutdown).await {
                     Ok(r) if r.windows + r.failed > 0 => info!(
                         windows = r.windows,
                         segments = r.segments,

@@ -122,6 +122,14 @@ struct Args {
         allow_hyphen_values = true
     )]
     compact_after_seconds: String,
+    /// Seconds a compaction pass may run before it starts no new window (the window in progress is finished; the rest wait for the next pass); 0: one window per pass.
+    #[arg(
+        long,
+        env = "ARCHIVER_COMPACT_BUDGET_SECONDS",
+        default_value = "300",
+        allow_hyphen_values = true
+    )]
+    compact_budget_seconds: String,
     /// Segment size target: a segment is closed at the partition where its rows reach it.
     #[arg(
         long,
@@ -354,6 +362,7 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
         }
     };
     c.compact_after = config::COMPACT_AFTER.parse(&args.compact_after_seconds)?;
+    c.compact_budget = config::COMPACT_BUDGET.parse(&args.compact_budget_seconds)?;
     c.segment_target_bytes = config::SEGMENT_TARGET_BYTES.parse(&args.segment_target_bytes)?;
     c.concurrency = config::CONCURRENCY.parse(&args.concurrency)?;
     c.cleanup_batch_rows = config::CLEANUP_BATCH_ROWS.parse(&args.cleanup_batch_rows)?;
@@ -491,7 +500,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     }
     eprintln!("{}", once_outcome(&drained));
     if config.compaction && !drained.interrupted {
-        match runner.compact_pass().await {
+        match runner.compact_pass_until(&shutdown).await {
             Ok(c) => {
                 eprintln!(
                     "pulpitum-archiver: compaction: {} windows into {} segments ({} buckets, {} rows), {} skipped, {} failed",
@@ -500,7 +509,12 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
                 for e in &c.errors {
                     eprintln!("  {e}");
                 }
-                ok &= c.failed == 0;
+                if c.interrupted {
+                    eprintln!("pulpitum-archiver: compaction stopped by the shutdown signal; the window in progress was abandoned (its claim released)");
+                } else if c.budget_spent {
+                    eprintln!("pulpitum-archiver: compaction budget (--compact-budget-seconds) spent; the windows left are compacted by the next run");
+                }
+                ok &= c.failed == 0 && !c.interrupted;
             }
             Err(e) => {
                 eprintln!("pulpitum-archiver: compaction failed: {e}");

@@ -114,6 +114,25 @@ pub(crate) fn check_switches(
     Ok(())
 }
 
+/// [`check_switches`] for the buckets of a [`drop_empty_buckets`]: each must be of the
+/// claim's table and window, and listed once.
+///
+/// [`drop_empty_buckets`]: super::Compaction::drop_empty_buckets
+pub(crate) fn check_sources(
+    claim: &CompactionClaim,
+    sources: &[CompactionSource],
+) -> Result<(), super::StoreError> {
+    let as_switches: Vec<RouteSwitch> = sources
+        .iter()
+        .map(|s| RouteSwitch {
+            bucket: s.bucket.clone(),
+            from_object_key: s.object_key.clone(),
+            to_object_key: String::new(),
+        })
+        .collect();
+    check_switches(claim, &as_switches)
+}
+
 /// The distinct replaced keys of a switch, sorted (each is recorded once).
 pub(crate) fn retired_keys(switches: &[RouteSwitch]) -> Vec<String> {
     let keys: std::collections::BTreeSet<&str> = switches

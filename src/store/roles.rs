@@ -25,9 +25,10 @@ use async_trait::async_trait;
 use super::migrate::Migrated;
 use super::{
     AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, ChangeOutcome, Claim,
-    CompactionClaim, Eligibility, ExpiredBucket, HeadPage, HotPage, JobEnd, JobFilter, JobRecord,
-    JobStart, PageRequest, PolicyUpdate, RetiredObject, RouteSwitch, RoutedBucket, RowChange,
-    RowMask, StoreResult, TableDefinition, TablePolicy, WindowState, WorkItem,
+    CompactionClaim, CompactionSource, Eligibility, ExpiredBucket, HeadPage, HotPage, JobEnd,
+    JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, RetiredObject, RouteSwitch,
+    RoutedBucket, RowChange, RowMask, StoreResult, TableDefinition, TablePolicy, WindowState,
+    WorkItem,
 };
 use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
@@ -330,6 +331,25 @@ pub trait Compaction: Send + Sync + 'static {
         &self,
         claim: &CompactionClaim,
         switches: &[RouteSwitch],
+    ) -> StoreResult<u64>;
+
+    /// Removes archived buckets of the claim's window whose archive holds no rows, in one
+    /// transaction checked like [`switch_routes`](Self::switch_routes): the claim is
+    /// current, and every bucket is of the claim's table and window, listed once,
+    /// `archived` with `hot_deleted = true` and routed to its source's `object_key`
+    /// (else [`StoreError::RouteChanged`] naming the first that is not, and nothing is
+    /// written). Each bucket's metadata (its route) and masks are deleted, and its object is
+    /// recorded as retired, as retention does: a bucket with no metadata reads as empty
+    /// ([`HotPage::Missing`]), which is what it holds. A segment lists only buckets with
+    /// rows, so an empty bucket cannot be switched to one; kept with its per-bucket route,
+    /// it would bring its window back on every pass. Returns the number removed.
+    ///
+    /// [`StoreError::RouteChanged`]: super::StoreError::RouteChanged
+    /// [`HotPage::Missing`]: super::HotPage::Missing
+    async fn drop_empty_buckets(
+        &self,
+        claim: &CompactionClaim,
+        buckets: &[CompactionSource],
     ) -> StoreResult<u64>;
 
     /// Every retired object with the time it was (last) retired, ordered by key.

@@ -787,3 +787,141 @@ pub async fn refused_switches_write_nothing(store: Store) {
             hot_deleted: false
         }));
 }
+
+/// Dropping an empty archived bucket under a window claim: refused (writing nothing) for a
+/// stale claim, a bucket outside the window, a route that is not the source read, and a
+/// bucket whose hot rows are not deleted; otherwise its route goes (it reads as missing),
+/// its object is retired, and the other buckets are untouched.
+pub async fn empty_buckets_are_dropped_under_the_claim(store: Store) {
+    let tbl = table(&store, "events", DAY).await;
+    let a = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-03-01T10:00:00Z",
+        "t/a/1/m.json",
+        true,
+    )
+    .await;
+    let b = archived(
+        &store,
+        &tbl,
+        "b",
+        "2024-03-02T10:00:00Z",
+        "t/b/2/m.json",
+        true,
+    )
+    .await;
+    let c = archived(
+        &store,
+        &tbl,
+        "c",
+        "2024-03-03T10:00:00Z",
+        "t/c/3/m.json",
+        false,
+    )
+    .await;
+    let apr = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-04-01T10:00:00Z",
+        "t/a/apr/m.json",
+        true,
+    )
+    .await;
+    let source = |bucket: &BucketId, key: &str| CompactionSource {
+        bucket: bucket.clone(),
+        bucket_start: bucket.bucket_key.start(),
+        bucket_end: bucket.bucket_key.end(),
+        object_key: key.into(),
+    };
+    let stale = claim_march(&store, &tbl, SHORT).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    let untouched = routes(&store, &tbl).await;
+    let nothing_written = |what: &'static str| {
+        let store = store.clone();
+        let tbl = tbl.clone();
+        let untouched = untouched.clone();
+        async move {
+            assert_eq!(
+                routes(&store, &tbl).await,
+                untouched,
+                "{what}: routes changed"
+            );
+            assert!(
+                store.retired_objects().await.unwrap().is_empty(),
+                "{what}: keys were retired"
+            );
+        }
+    };
+    assert_stale_compaction(
+        store
+            .drop_empty_buckets(&stale, &[source(&a, "t/a/1/m.json")])
+            .await,
+        &stale,
+        "a stale claim",
+    );
+    nothing_written("a stale claim").await;
+    assert_route_changed(
+        store
+            .drop_empty_buckets(&claim, &[source(&apr, "t/a/apr/m.json")])
+            .await,
+        &apr,
+        "outside the window",
+    );
+    nothing_written("outside the window").await;
+    let reason = assert_route_changed(
+        store
+            .drop_empty_buckets(
+                &claim,
+                &[source(&a, "t/a/1/m.json"), source(&b, "t/b/OTHER/m.json")],
+            )
+            .await,
+        &b,
+        "another object",
+    );
+    assert!(reason.contains("t/b/2/m.json"), "{reason}");
+    nothing_written("another object").await;
+    assert_route_changed(
+        store
+            .drop_empty_buckets(&claim, &[source(&c, "t/c/3/m.json")])
+            .await,
+        &c,
+        "hot rows not deleted",
+    );
+    nothing_written("hot rows not deleted").await;
+
+    let dropped = store
+        .drop_empty_buckets(&claim, &[source(&a, "t/a/1/m.json")])
+        .await
+        .unwrap();
+    assert_eq!(dropped, 1);
+    assert_eq!(
+        retired_keys(&store.retired_objects().await.unwrap()),
+        ["t/a/1/m.json"]
+    );
+    let left: Vec<BucketId> = routes(&store, &tbl)
+        .await
+        .into_iter()
+        .map(|(b, _)| b)
+        .collect();
+    assert!(!left.contains(&a), "{left:?}");
+    for other in [&b, &c, &apr] {
+        assert!(left.contains(other), "{other} was dropped too");
+    }
+    let page = store
+        .read_page(
+            &a,
+            &PageRequest {
+                bounds: pulpitum::model::ScanBounds::all(),
+                descending: false,
+                limit: 10,
+                include_value: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(page, HotPage::Missing), "{page:?}");
+}

@@ -88,6 +88,7 @@ macro_rules! every_case {
             candidates_and_window_state,
             switch_moves_every_route_and_retires_the_sources,
             refused_switches_write_nothing,
+            empty_buckets_are_dropped_under_the_claim,
         );
     };
 }

@@ -293,6 +293,14 @@ impl Compaction for Counting {
         self.inner.switch_routes(c, s).await
     }
 
+    async fn drop_empty_buckets(
+        &self,
+        c: &CompactionClaim,
+        b: &[pulpitum::store::CompactionSource],
+    ) -> StoreResult<u64> {
+        self.inner.drop_empty_buckets(c, b).await
+    }
+
     async fn retired_objects(&self) -> StoreResult<Vec<RetiredObject>> {
         self.inner.retired_objects().await
     }

@@ -19,7 +19,7 @@ use rusqlite::{params, OptionalExtension, Row, Transaction};
 
 use crate::model::{EventTime, TableId};
 use crate::store::compaction::{
-    check_switches, claim_mismatch, retired_keys, route_mismatch, StoredClaim,
+    check_sources, check_switches, claim_mismatch, retired_keys, route_mismatch, StoredClaim,
 };
 use crate::store::{
     Compaction, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, StoreError,
@@ -434,6 +434,68 @@ impl Compaction for SqliteStore {
                 retire.execute(params![key, now])?;
             }
             Ok(switched)
+        })
+        .await
+    }
+
+    async fn drop_empty_buckets(
+        &self,
+        claim: &CompactionClaim,
+        buckets: &[CompactionSource],
+    ) -> StoreResult<u64> {
+        check_sources(claim, buckets)?;
+        if buckets.is_empty() {
+            return Ok(0);
+        }
+        let claim = claim.clone();
+        let buckets = buckets.to_vec();
+        self.run("drop_empty_buckets", Mode::Write, move |tx, now| {
+            verify_claim(tx, &claim, now)?;
+            let mut dropped = 0u64;
+            for s in &buckets {
+                let b = &s.bucket;
+                let key = b.bucket_key.to_string();
+                let ids = params![b.table_id.as_str(), b.partition_key.as_bytes(), key];
+                let row: Option<(String, bool, Option<String>)> = tx
+                    .prepare_cached(&format!(
+                        "SELECT state, hot_deleted, object_key FROM pulpitum_v4_bucket_metadata \
+                         WHERE {BUCKET_PK}"
+                    ))?
+                    .query_row(ids, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()?;
+                let reason = match &row {
+                    None => route_mismatch(&s.object_key, None, None, None),
+                    Some((state, hot_deleted, key)) => route_mismatch(
+                        &s.object_key,
+                        Some(state),
+                        Some(*hot_deleted),
+                        key.as_deref(),
+                    ),
+                };
+                if let Some(reason) = reason {
+                    return Err(StoreError::RouteChanged {
+                        bucket: b.clone(),
+                        reason,
+                    }
+                    .into());
+                }
+                tx.prepare_cached(&format!(
+                    "DELETE FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK}"
+                ))?
+                .execute(ids)?;
+                tx.prepare_cached(&format!(
+                    "DELETE FROM pulpitum_v4_row_masks WHERE {BUCKET_PK}"
+                ))?
+                .execute(ids)?;
+                tx.prepare_cached(
+                    "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) \
+                     VALUES (?1, ?2) ON CONFLICT (object_key) DO UPDATE SET \
+                       retired_at = max(retired_at, excluded.retired_at)",
+                )?
+                .execute(params![s.object_key, now])?;
+                dropped += 1;
+            }
+            Ok(dropped)
         })
         .await
     }

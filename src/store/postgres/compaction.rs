@@ -25,10 +25,13 @@ use tokio_postgres::{IsolationLevel, Row};
 use super::claims::new_token;
 use super::decode::{corrupt, event_time};
 use super::sql::{limit_param, micros, COMPACTIONS, META, RETIRED};
+
+/// The row masks table (edits and deletes of archived rows).
+const MASKS: &str = "pulpitum_v4_row_masks";
 use super::{PgStore, TxError};
 use crate::model::{BucketKey, EventTime, PartitionKey, TableId};
 use crate::store::compaction::{
-    check_switches, claim_mismatch, retired_keys, route_mismatch, StoredClaim,
+    check_sources, check_switches, claim_mismatch, retired_keys, route_mismatch, StoredClaim,
 };
 use crate::store::{
     Compaction, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, StoreError,
@@ -533,6 +536,101 @@ impl Compaction for PgStore {
             }
             tx.commit().await.map_err(TxError::Commit)?;
             Ok(switched)
+        })
+        .await
+    }
+
+    async fn drop_empty_buckets(
+        &self,
+        claim: &CompactionClaim,
+        buckets: &[CompactionSource],
+    ) -> StoreResult<u64> {
+        check_sources(claim, buckets)?;
+        if buckets.is_empty() {
+            return Ok(0);
+        }
+        let hold_sql = format!(
+            "UPDATE {COMPACTIONS} SET updated_at = now() \
+             WHERE table_id = $1 AND window_key = $2 AND owner_token = $3 AND generation = $4 \
+               AND lease_expires_at > now()"
+        );
+        let read_sql = format!(
+            "SELECT state, hot_deleted, object_key FROM {META} \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 AND bucket_start = $4"
+        );
+        // The route compare-and-set again in the statement that deletes.
+        let drop_sql = format!(
+            "DELETE FROM {META} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
+               AND bucket_start = $4 AND state = 'archived' AND hot_deleted AND object_key = $5"
+        );
+        let masks_sql = format!(
+            "DELETE FROM {MASKS} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3"
+        );
+        let retire_sql = format!(
+            "INSERT INTO {RETIRED} AS r (object_key, retired_at) VALUES ($1, now()) \
+             ON CONFLICT (object_key) DO UPDATE SET \
+               retired_at = GREATEST(r.retired_at, excluded.retired_at)"
+        );
+        let table = claim.table_id.as_str();
+        self.run("drop_empty_buckets", || async {
+            let mut client = self.pooled().await?;
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::Serializable)
+                .start()
+                .await?;
+            let held = tx
+                .execute(
+                    &hold_sql,
+                    &[
+                        &table,
+                        &claim.window_key,
+                        &claim.owner_token,
+                        &claim.generation,
+                    ],
+                )
+                .await?;
+            if held == 0 {
+                return Err(Self::compaction_refusal(&tx, claim, "drop_empty_buckets").await);
+            }
+            let mut dropped = 0u64;
+            for s in buckets {
+                let pk = s.bucket.partition_key.as_bytes();
+                let key = s.bucket.bucket_key.to_string();
+                let start = s.bucket.bucket_key.start().to_datetime();
+                let n = tx
+                    .execute(&drop_sql, &[&table, &pk, &key, &start, &s.object_key])
+                    .await?;
+                if n != 1 {
+                    let row = tx
+                        .query_opt(&read_sql, &[&table, &pk, &key, &start])
+                        .await?;
+                    let (state, hot_deleted, object_key): (
+                        Option<String>,
+                        Option<bool>,
+                        Option<String>,
+                    ) = match &row {
+                        Some(r) => (Some(r.try_get(0)?), Some(r.try_get(1)?), r.try_get(2)?),
+                        None => (None, None, None),
+                    };
+                    let reason = route_mismatch(
+                        &s.object_key,
+                        state.as_deref(),
+                        hot_deleted,
+                        object_key.as_deref(),
+                    )
+                    .unwrap_or_else(|| "the route changed while it was checked".into());
+                    return Err(TxError::Store(StoreError::RouteChanged {
+                        bucket: s.bucket.clone(),
+                        reason,
+                    }));
+                }
+                tx.execute(&masks_sql, &[&table, &pk, &key]).await?;
+                tx.execute(&retire_sql, &[&s.object_key]).await?;
+                dropped += 1;
+            }
+            tx.commit().await.map_err(TxError::Commit)?;
+            Ok(dropped)
         })
         .await
     }
