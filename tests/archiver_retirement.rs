@@ -4,7 +4,8 @@
 //! follows it; and the restore procedure of docs/backup.md, run end to end: a hot-store
 //! backup (`pg_dump`) taken before a compaction, restored (`pg_restore`) after the
 //! compaction and GC, reads every row, and GC then deletes nothing the restored registry
-//! names. With a backup retention of 0 the same restore loses the per-bucket objects: the
+//! names; the same on the embedded store, backed up and restored with SQLite's backup API
+//! (`sqlite3 .backup` / `.restore`) beside a local archive. With a backup retention of 0 the same restore loses the per-bucket objects: the
 //! retention is what keeps them.
 
 mod archiver_support;
@@ -119,10 +120,14 @@ async fn connect(
     (store, archive, ctx)
 }
 
-/// A table holding [`rows`], archived (and cleaned) into per-bucket objects, not compacted.
+/// A table holding [`rows`], archived (and cleaned) into per-bucket objects, not compacted,
+/// on PostgreSQL and radosgw.
 async fn archived(label: &str) -> Setup {
-    let db = fresh_database(label).await;
-    let archive_url = fresh_archive_url(label);
+    archived_on(fresh_database(label).await, fresh_archive_url(label)).await
+}
+
+/// [`archived`] on these stores.
+async fn archived_on(db: String, archive_url: String) -> Setup {
     let (store, archive, ctx) = connect(&db, &archive_url).await;
     try_query(&ctx, "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')").await.unwrap();
     let table = TableId::new("chat").unwrap();
@@ -367,12 +372,40 @@ async fn restore(db: &str, file: &std::path::Path) {
         .arg(file));
 }
 
+/// The embedded store's file in a `sqlite:PATH` URL.
+fn sqlite_path(db: &str) -> Option<&str> {
+    db.strip_prefix("sqlite:")
+}
+
 /// docs/backup.md run end to end: backup, compaction, GC past the delays, restore of the
-/// old backup with every process stopped, then the archivers started again.
-async fn backup_compact_gc_restore(label: &str, retention: Duration) -> (Setup, Setup) {
-    let s = archived(label).await;
-    let dump = std::env::temp_dir().join(format!("{}.dump", schema_of(&s.db)));
-    backup(&s.db, &dump);
+/// old backup with every process stopped, then the archivers started again. On
+/// PostgreSQL (`pg_dump`/`pg_restore`) when `embedded` is `None`, else on the embedded
+/// store in that folder (SQLite's backup API through `sqlite3 .backup` and `.restore`)
+/// with a local archive.
+async fn backup_compact_gc_restore(
+    label: &str,
+    retention: Duration,
+    embedded: Option<&std::path::Path>,
+) -> Setup {
+    let s = match embedded {
+        None => archived(label).await,
+        Some(dir) => {
+            let db = format!("sqlite:{}", dir.join("hot.sqlite3").display());
+            let archive = format!("file://{}", dir.join("archive").display());
+            archived_on(db, archive).await
+        }
+    };
+    let dump = match sqlite_path(&s.db) {
+        None => std::env::temp_dir().join(format!("{}.dump", schema_of(&s.db))),
+        Some(path) => std::path::Path::new(path).with_extension("backup"),
+    };
+    match sqlite_path(&s.db) {
+        None => backup(&s.db, &dump),
+        // Safe while the store has the file open (SQLite's online backup).
+        Some(path) => run(std::process::Command::new("sqlite3")
+            .arg(path)
+            .arg(format!(".backup {}", dump.display()))),
+    }
     let runner = Runner::new(s.store.clone(), s.archive.clone(), config(retention)).unwrap();
     compact(&s, &runner).await;
     check_rows(&s.ctx, "after compaction").await;
@@ -382,24 +415,44 @@ async fn backup_compact_gc_restore(label: &str, retention: Duration) -> (Setup, 
     // Every process stopped (their handles dropped), the old backup restored; the live
     // archive is kept.
     drop(runner);
-    restore(&s.db, &dump).await;
+    let Setup {
+        db, archive_url, ..
+    } = s;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    match sqlite_path(&db) {
+        None => restore(&db, &dump).await,
+        Some(path) => run(std::process::Command::new("sqlite3")
+            .arg(path)
+            .arg(format!(".restore {}", dump.display()))),
+    }
     let _ = std::fs::remove_file(&dump);
-    let (store, archive, ctx) = connect(&s.db, &s.archive_url).await;
-    let restored = Setup {
-        db: s.db.clone(),
-        archive_url: s.archive_url.clone(),
+    let (store, archive, ctx) = connect(&db, &archive_url).await;
+    Setup {
+        db,
+        archive_url,
         store,
         archive,
         ctx,
-    };
-    (s, restored)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_backup_restores_after_compaction_and_gc() {
-    let (before, r) =
-        backup_compact_gc_restore("restore", ArchiverConfig::with_defaults().backup_retention)
-            .await;
+    restores_whole(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_backup_restores_after_compaction_and_gc_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    restores_whole(Some(dir.path())).await;
+}
+
+/// [`backup_compact_gc_restore`] with the default backup retention: every row readable,
+/// GC deletes the segment and nothing the restored registry names, and the window is
+/// compacted again.
+async fn restores_whole(embedded: Option<&std::path::Path>) {
+    let retention = ArchiverConfig::with_defaults().backup_retention;
+    let r = backup_compact_gc_restore("restore", retention, embedded).await;
     // The restored registry names the per-bucket objects again, and they are all there.
     let named: BTreeSet<String> = routes(&*r.store).await.into_iter().collect();
     assert_eq!(named.len(), 15);
@@ -408,7 +461,6 @@ async fn an_old_backup_restores_after_compaction_and_gc() {
     assert!(named.is_subset(&live), "{named:?} not all in {live:?}");
     assert!(r.store.retired_objects().await.unwrap().is_empty());
     check_rows(&r.ctx, "restored").await;
-    drop(before);
 
     // The archivers started again: GC deletes the segment (nothing in the restored registry
     // names it) and nothing the registry names.
@@ -448,8 +500,7 @@ async fn an_old_backup_restores_after_compaction_and_gc() {
 /// restore then cannot read the rows: the query fails naming a missing object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_backup_retention_a_restore_loses_the_replaced_objects() {
-    let (before, r) = backup_compact_gc_restore("restorenone", Duration::ZERO).await;
-    drop(before);
+    let r = backup_compact_gc_restore("restorenone", Duration::ZERO, None).await;
     let named: BTreeSet<String> = routes(&*r.store).await.into_iter().collect();
     let live = object_keys(&r.archive).await;
     assert!(
