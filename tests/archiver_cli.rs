@@ -231,6 +231,27 @@ fn every_bad_setting_is_one_line_naming_setting_value_and_accepted_range() {
             "from 0 to 604800",
         ),
         (
+            &["--backup-retention-seconds", "-1"],
+            &[],
+            "ARCHIVER_BACKUP_RETENTION_SECONDS",
+            "\"-1\"",
+            "from 0 to 315360000",
+        ),
+        (
+            &[],
+            &[("ARCHIVER_READER_STATEMENT_TIMEOUT_SECONDS", "604801")],
+            "ARCHIVER_READER_STATEMENT_TIMEOUT_SECONDS",
+            "\"604801\"",
+            "from 0 to 604800",
+        ),
+        (
+            &["--reader-route-cache-seconds", "soon"],
+            &[],
+            "ARCHIVER_READER_ROUTE_CACHE_SECONDS",
+            "\"soon\"",
+            "from 0 to 86400",
+        ),
+        (
             &["--scan-limit", "-5"],
             &[],
             "ARCHIVER_SCAN_LIMIT",

@@ -322,9 +322,10 @@ async fn scenario(names: &Names, archive: &str) {
         "{err}"
     );
     assert!(err.contains("compaction: 1 windows"), "{err}");
-    // Retired objects go once retired for the cleanup delay plus 5 s and older than the
-    // GC delay, whose floor is the upload deadline plus the publication window plus 5 s
-    // (20 s is above it with these deadlines).
+    // Retired objects go once retired for the retirement delay (here 5 s: no reader bound
+    // and no backup retention) and older than the GC delay, whose floor is the upload
+    // deadline plus the publication window plus 5 s (20 s is above it with these
+    // deadlines).
     tokio::time::sleep(std::time::Duration::from_secs(21)).await;
     let mut gc = once.to_vec();
     gc.extend([
@@ -334,6 +335,12 @@ async fn scenario(names: &Names, archive: &str) {
         "1",
         "--gc-delay-seconds",
         "20",
+        "--reader-route-cache-seconds",
+        "0",
+        "--reader-statement-timeout-seconds",
+        "0",
+        "--backup-retention-seconds",
+        "0",
     ]);
     let (code, _, err) = archiver(names, "pulpitum_archiver", archive, &gc);
     assert_eq!(code, 0, "{err}");

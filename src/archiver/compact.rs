@@ -17,10 +17,12 @@
 //! A crash or a lost lease before step 4 leaves only objects nobody references, under a
 //! generation no later compaction reuses: garbage collection removes them after its delay.
 //! After step 4, the replaced objects stay readable until garbage collection finds them
-//! retired for longer than the cleanup delay (the readers' route-cache bound), so a reader
-//! that cached an old route still finds its object.
+//! retired for longer than [`ArchiverConfig::retirement_delay`] (every reader's bound on an
+//! old route, and the backup retention), so a reader that cached an old route, or a
+//! restored hot-store backup, still finds its object.
 //!
 //! [`ArchiverConfig::compact_after`]: super::ArchiverConfig::compact_after
+//! [`ArchiverConfig::retirement_delay`]: super::ArchiverConfig::retirement_delay
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -559,11 +561,4 @@ pub fn is_contention(e: &ArchiverError) -> bool {
         e,
         ArchiverError::Store(StoreError::StaleCompaction { .. } | StoreError::RouteChanged { .. })
     )
-}
-
-/// How long after its retirement a replaced object must still be kept: the readers'
-/// route-cache bound (the archiver's cleanup delay, at least the cache TTL) plus the clock
-/// skew allowance.
-pub fn retirement_delay(cleanup_delay: Duration) -> Duration {
-    cleanup_delay + super::config::CLOCK_SKEW_ALLOWANCE
 }

@@ -41,6 +41,17 @@ pub struct ArchiverConfig {
     /// How long after publication the hot rows are kept, so readers that cached the old
     /// route finish; at least the readers' archived-route cache bound.
     pub cleanup_delay: Duration,
+    /// The readers' archived-route cache bound (`RouteCacheConfig::ttl`, 60 s in the
+    /// binaries): part of [`Self::retirement_delay`].
+    pub reader_route_cache: Duration,
+    /// The longest statement of any reader (at least every server's statement timeout): a
+    /// scan reads with the routes it found for its whole run. Part of
+    /// [`Self::retirement_delay`].
+    pub reader_statement_timeout: Duration,
+    /// How old a hot-store backup may be and still be restored against the live archive
+    /// (docs/backup.md): objects a compaction or retention replaced are kept this long.
+    /// Part of [`Self::retirement_delay`].
+    pub backup_retention: Duration,
     /// Rows per snapshot page (one statement each).
     pub snapshot_page_rows: usize,
     /// Rows deleted per cleanup transaction.
@@ -81,6 +92,9 @@ impl ArchiverConfig {
             format: PayloadFormat::Parquet,
             gc_delay: Duration::from_secs(24 * 3600),
             cleanup_delay: Duration::from_secs(60),
+            reader_route_cache: crate::table::ROUTE_CACHE_TTL,
+            reader_statement_timeout: DEFAULT_READER_STATEMENT_TIMEOUT,
+            backup_retention: DEFAULT_BACKUP_RETENTION,
             snapshot_page_rows: 10_000,
             cleanup_batch_rows: 10_000,
             concurrency: 4,
@@ -108,6 +122,9 @@ impl ArchiverConfig {
             (&JOB_RETENTION, self.job_retention),
             (&COMPACT_AFTER, self.compact_after),
             (&COMPACT_BUDGET, self.compact_budget),
+            (&READER_ROUTE_CACHE, self.reader_route_cache),
+            (&READER_STATEMENT_TIMEOUT, self.reader_statement_timeout),
+            (&BACKUP_RETENTION, self.backup_retention),
         ] {
             bound.check(value, &format!("{} s", value.as_secs_f64()))?;
         }
@@ -151,6 +168,36 @@ impl ArchiverConfig {
             .saturating_add(CLOCK_SKEW_ALLOWANCE)
     }
 }
+
+impl ArchiverConfig {
+    /// How long after its retirement (by the store's clock) an object a compaction switch
+    /// or retention replaced must still be kept, so every reader that may still be sent to
+    /// it finds it:
+    ///
+    /// - a reader: a route is served from a cache for at most
+    ///   [`Self::reader_route_cache`] after it was read from the hot store, and a statement
+    ///   that started with it (or listed it at planning) reads with it for at most
+    ///   [`Self::reader_statement_timeout`]; the two add up, since a route cached just
+    ///   before the switch may start a statement just before its cache bound ends;
+    /// - a restore: a hot-store backup up to [`Self::backup_retention`] old names objects
+    ///   replaced since (docs/backup.md);
+    ///
+    /// the longer of the two, plus [`CLOCK_SKEW_ALLOWANCE`] between the reader's host and
+    /// the store.
+    pub fn retirement_delay(&self) -> Duration {
+        self.reader_route_cache
+            .saturating_add(self.reader_statement_timeout)
+            .max(self.backup_retention)
+            .saturating_add(CLOCK_SKEW_ALLOWANCE)
+    }
+}
+
+/// The servers' default statement timeout (`PULPITUM_SERVER_STATEMENT_TIMEOUT_MS`).
+pub const DEFAULT_READER_STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Seven days: docs/backup.md advises a daily hot-store backup kept a week, so any backup
+/// an operator keeps restores against the live archive alone.
+pub const DEFAULT_BACKUP_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How far the object store's clock (which dates objects) may be from this host's (which
 /// ages them) for [`ArchiverConfig::min_gc_delay`].
@@ -281,6 +328,26 @@ pub const CLEANUP_DELAY: SecondsRange = SecondsRange {
     setting: "ARCHIVER_CLEANUP_DELAY_SECONDS (--cleanup-delay-seconds)",
     min: Duration::ZERO,
     max: Duration::from_secs(7 * DAY),
+};
+/// `--reader-route-cache-seconds`: the readers' route-cache bound (a day at most, far above
+/// the 60 s the binaries use).
+pub const READER_ROUTE_CACHE: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_READER_ROUTE_CACHE_SECONDS (--reader-route-cache-seconds)",
+    min: Duration::ZERO,
+    max: Duration::from_secs(DAY),
+};
+/// `--reader-statement-timeout-seconds`: the servers' statement timeout.
+pub const READER_STATEMENT_TIMEOUT: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_READER_STATEMENT_TIMEOUT_SECONDS (--reader-statement-timeout-seconds)",
+    min: Duration::ZERO,
+    max: Duration::from_secs(7 * DAY),
+};
+/// `--backup-retention-seconds`: 0 (backups are restored with their archive copy) to ten
+/// years.
+pub const BACKUP_RETENTION: SecondsRange = SecondsRange {
+    setting: "ARCHIVER_BACKUP_RETENTION_SECONDS (--backup-retention-seconds)",
+    min: Duration::ZERO,
+    max: Duration::from_secs(3650 * DAY),
 };
 /// `--job-retention-seconds`: at least an hour, so a runbook query finds the last attempts.
 pub const JOB_RETENTION: SecondsRange = SecondsRange {
@@ -507,6 +574,54 @@ mod tests {
         }
         c.gc_delay = floor + Duration::from_millis(1);
         assert!(c.validate().is_ok());
+    }
+
+    /// The retirement delay is derived from the three settings it covers, each alone able
+    /// to lengthen it, plus the skew allowance; a bad value of each is refused by name.
+    #[test]
+    fn the_retirement_delay_follows_the_readers_and_the_backup_retention() {
+        let secs = Duration::from_secs;
+        let mut c = ArchiverConfig::with_defaults();
+        // Defaults: the backup retention (7 days) is the longest.
+        assert_eq!(
+            c.retirement_delay(),
+            secs(7 * 24 * 3600) + CLOCK_SKEW_ALLOWANCE
+        );
+        c.backup_retention = Duration::ZERO;
+        c.reader_route_cache = Duration::ZERO;
+        c.reader_statement_timeout = Duration::ZERO;
+        assert_eq!(c.retirement_delay(), CLOCK_SKEW_ALLOWANCE);
+        // A cached route may start a statement just before its cache bound ends: the two
+        // reader bounds add up.
+        c.reader_route_cache = secs(60);
+        assert_eq!(c.retirement_delay(), secs(65));
+        c.reader_statement_timeout = secs(900);
+        assert_eq!(c.retirement_delay(), secs(965));
+        c.backup_retention = secs(3 * 3600);
+        assert_eq!(c.retirement_delay(), secs(3 * 3600 + 5));
+        c.backup_retention = secs(100);
+        assert_eq!(c.retirement_delay(), secs(965));
+        // The cleanup delay (hot rows) is not a reader bound of archived routes.
+        c.cleanup_delay = secs(7 * 24 * 3600);
+        assert_eq!(c.retirement_delay(), secs(965));
+        type Set = fn(&mut ArchiverConfig);
+        let cases: [(&str, Set); 3] = [
+            ("ARCHIVER_READER_ROUTE_CACHE_SECONDS", |c| {
+                c.reader_route_cache = Duration::from_secs(2 * 86_400)
+            }),
+            ("ARCHIVER_READER_STATEMENT_TIMEOUT_SECONDS", |c| {
+                c.reader_statement_timeout = Duration::from_secs(8 * 86_400)
+            }),
+            ("ARCHIVER_BACKUP_RETENTION_SECONDS", |c| {
+                c.backup_retention = Duration::from_secs(3651 * 86_400)
+            }),
+        ];
+        for (setting, set) in cases {
+            let mut c = ArchiverConfig::with_defaults();
+            set(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(setting), "{err}");
+        }
     }
 
     #[test]

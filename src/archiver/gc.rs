@@ -19,9 +19,10 @@
 //! segment) are read after the routes: a switch records the old key as retired in the same
 //! transaction that removes its route, so an object is always either routed or retired at
 //! the moment it is looked at. A retired object is kept until it has been retired for the
-//! retirement delay (the readers' route-cache bound plus skew), since its age from creation
-//! says nothing about when readers stopped being sent to it; its retired row is forgotten
-//! once its objects are gone.
+//! retirement delay ([`super::ArchiverConfig::retirement_delay`]: the longest a reader may
+//! still act on a route it read, or the backup retention, whichever is longer, plus skew),
+//! since its age from creation says nothing about when readers, or a restored hot-store
+//! backup, stopped naming it; its retired row is forgotten once its objects are gone.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -69,14 +70,14 @@ pub struct GcDelays {
     /// An unreferenced object must be at least this old (from its creation).
     pub orphans: Duration,
     /// A retired object must have been retired at least this long (store clock): see
-    /// [`super::compact::retirement_delay`].
+    /// [`super::ArchiverConfig::retirement_delay`].
     pub retired: Duration,
 }
 
-/// One GC pass with the orphan delay `delay` and the retirement delay of the default
-/// cleanup delay (the readers' default route-cache bound). `delay` is taken as given (a test may pass zero when no worker runs);
-/// the archiver passes its validated [`super::ArchiverConfig::gc_delay`] to
-/// [`collect_garbage_with`].
+/// One GC pass with the orphan delay `delay` and the default retirement delay
+/// ([`super::ArchiverConfig::retirement_delay`] of the defaults). `delay` is taken as given
+/// (a test may pass zero when no worker runs); the archiver passes its validated
+/// configuration's [`super::Runner::gc_delays`] to [`collect_garbage_with`].
 pub async fn collect_garbage(
     store: &dyn HotStore,
     archive: &ArchiveStore,
@@ -85,9 +86,7 @@ pub async fn collect_garbage(
 ) -> Result<GcReport, ArchiverError> {
     let delays = GcDelays {
         orphans: delay,
-        retired: super::compact::retirement_delay(
-            super::ArchiverConfig::with_defaults().cleanup_delay,
-        ),
+        retired: super::ArchiverConfig::with_defaults().retirement_delay(),
     };
     collect_garbage_with(store, archive, delays, metrics).await
 }

@@ -177,12 +177,12 @@ impl Runner {
         self
     }
 
-    /// The GC delays of this configuration: the orphan delay, and the retirement delay of
-    /// its cleanup delay (the readers' route-cache bound).
+    /// The GC delays of this configuration: the orphan delay, and the retirement delay
+    /// ([`super::ArchiverConfig::retirement_delay`]: readers' bounds, backup retention).
     pub fn gc_delays(&self) -> super::GcDelays {
         super::GcDelays {
             orphans: self.config.gc_delay,
-            retired: super::compact::retirement_delay(self.config.cleanup_delay),
+            retired: self.config.retirement_delay(),
         }
     }
 

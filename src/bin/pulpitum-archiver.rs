@@ -90,7 +90,7 @@ struct Args {
         allow_hyphen_values = true
     )]
     gc_delay_seconds: String,
-    /// Seconds hot rows are kept after publication, 0 to 604800: a margin for readers in the middle of a hot page (routed reads need none; see docs/archiver.md). Objects replaced by compaction are kept this long plus 5 s.
+    /// Seconds hot rows are kept after publication, 0 to 604800: a margin for readers in the middle of a hot page (routed reads need none; see docs/archiver.md).
     #[arg(
         long,
         env = "ARCHIVER_CLEANUP_DELAY_SECONDS",
@@ -98,6 +98,30 @@ struct Args {
         allow_hyphen_values = true
     )]
     cleanup_delay_seconds: String,
+    /// Seconds the readers may serve an archived route from their cache (60 in pulpitum and pulpitum serve). Objects replaced by compaction or retention are kept at least this plus --reader-statement-timeout-seconds plus 5 s.
+    #[arg(
+        long,
+        env = "ARCHIVER_READER_ROUTE_CACHE_SECONDS",
+        default_value = "60",
+        allow_hyphen_values = true
+    )]
+    reader_route_cache_seconds: String,
+    /// Seconds the longest reader statement may run: at least every server's --statement-timeout-ms (a scan reads with the routes it found for its whole run).
+    #[arg(
+        long,
+        env = "ARCHIVER_READER_STATEMENT_TIMEOUT_SECONDS",
+        default_value = "300",
+        allow_hyphen_values = true
+    )]
+    reader_statement_timeout_seconds: String,
+    /// Seconds a hot-store backup stays restorable against the live archive: objects replaced by compaction or retention are kept at least this long (docs/backup.md).
+    #[arg(
+        long,
+        env = "ARCHIVER_BACKUP_RETENTION_SECONDS",
+        default_value = "604800",
+        allow_hyphen_values = true
+    )]
+    backup_retention_seconds: String,
     /// Seconds of job history kept (pulpitum_jobs); older rows are pruned each cycle.
     #[arg(
         long,
@@ -351,6 +375,10 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
     c.gc_delay = config::GC_DELAY.parse(&args.gc_delay_seconds)?;
     c.cleanup_delay = config::CLEANUP_DELAY.parse(&args.cleanup_delay_seconds)?;
     c.job_retention = config::JOB_RETENTION.parse(&args.job_retention_seconds)?;
+    c.reader_route_cache = config::READER_ROUTE_CACHE.parse(&args.reader_route_cache_seconds)?;
+    c.reader_statement_timeout =
+        config::READER_STATEMENT_TIMEOUT.parse(&args.reader_statement_timeout_seconds)?;
+    c.backup_retention = config::BACKUP_RETENTION.parse(&args.backup_retention_seconds)?;
     c.compaction = match args.compaction.as_str() {
         "on" => true,
         "off" => false,

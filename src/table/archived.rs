@@ -12,51 +12,95 @@
 //! The bucket's delete and edit records ([`super::masks`]) are read from the hot store
 //! before the payload is opened and applied to every batch, for per-bucket objects and
 //! segments alike.
+//!
+//! A route may name an object that is gone: garbage collection deletes an object a
+//! compaction replaced once it has been retired for the archiver's retirement delay, which
+//! covers the readers' bounds, but a reader past them (a cursor held open, a route kept
+//! against the configuration) meets `NotFound`. A read that meets it before returning any
+//! row of the object asks the hot store for the bucket's route once, bypassing the cache
+//! ([`DurableTable::reresolve`]); if the route moved to another object, the read follows it
+//! from the same bounds, else the `NotFound` (naming the object) stands. Rows already
+//! returned from an object are never re-read elsewhere: a later `NotFound` stands too.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::{self, BoxStream, StreamExt};
 
 use super::masks::Masks;
 use super::routes::Step;
-use super::{BucketChunk, BucketScan, DurableTable, TableError, Tier};
+use super::{BucketChunk, BucketScan, DurableTable, Route, TableError, Tier};
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics, RouteManifest};
 use crate::model::{BucketId, ScanBounds};
 
+/// One archived read: the bucket, the route's object and when the route was read, the
+/// bounds, and whether the route may still be re-read after a `NotFound`.
+struct Read {
+    table: DurableTable,
+    bucket: BucketId,
+    object_key: String,
+    read_at: Instant,
+    bounds: ScanBounds,
+    req: BucketScan,
+    first_of_bucket: bool,
+    may_reresolve: bool,
+}
+
 impl DurableTable {
     /// Streams an archived bucket's rows matching `bounds`, in the read's order, from the
-    /// manifest at `object_key`. The first non-empty batch is the bucket's first chunk when
-    /// `first_of_bucket` (nothing was read from another tier before).
+    /// manifest at `object_key` (a route read from the hot store at `read_at`). The first
+    /// non-empty batch is the bucket's first chunk when `first_of_bucket` (nothing was read
+    /// from another tier before).
     pub(super) fn read_archived(
         &self,
         bucket: BucketId,
-        object_key: String,
+        (object_key, read_at): (String, Instant),
         bounds: ScanBounds,
         req: &BucketScan,
         first_of_bucket: bool,
     ) -> BoxStream<'static, Result<Step, TableError>> {
-        let table = self.clone();
-        let req = req.clone();
-        stream::once(async move {
-            match table
-                .open_archive(&bucket, &object_key, &req, &bounds)
-                .await
-            {
-                Ok(batches) => chunks(bucket, batches, first_of_bucket),
-                Err(e) => stream::once(async move { Err(e) }).boxed(),
-            }
+        Read {
+            table: self.clone(),
+            bucket,
+            object_key,
+            read_at,
+            bounds,
+            req: req.clone(),
+            first_of_bucket,
+            may_reresolve: true,
+        }
+        .stream()
+    }
+
+    /// The bucket's route read again from the hot store, bypassing the cache, after its
+    /// object `gone` was not found: `Some` when it now names another object (to be read
+    /// instead), `None` when it did not change (or the bucket is no longer archived), so
+    /// the `NotFound` stands.
+    pub(super) async fn reresolve(
+        &self,
+        bucket: &BucketId,
+        gone: &str,
+    ) -> Result<Option<(String, Instant)>, TableError> {
+        self.inner.cache.forget(bucket, gone);
+        let read_at = Instant::now();
+        let Some(meta) = self.inner.store.bucket(bucket).await? else {
+            return Ok(None);
+        };
+        Ok(match Route::of_state(&meta.state, read_at) {
+            Route::Archived { object_key, .. } if object_key != gone => Some((object_key, read_at)),
+            _ => None,
         })
-        .flatten()
-        .boxed()
     }
 
     /// The validated manifest of an Archived route: from the cache when fresh and naming the
-    /// same object, else read from the archive (checked against the bucket) and cached.
+    /// same object, else read from the archive (checked against the bucket) and cached for
+    /// what is left of the route's bound from `read_at`.
     async fn manifest_for(
         &self,
         bucket: &BucketId,
         object_key: &str,
+        read_at: Instant,
     ) -> Result<RouteManifest, TableError> {
         if let Some(m) = self.inner.cache.manifest(bucket, object_key) {
             return Ok(m);
@@ -70,9 +114,12 @@ impl DurableTable {
                 bucket: bucket.clone(),
                 source: Box::new(source),
             })?;
-        self.inner
-            .cache
-            .insert(bucket.clone(), object_key.to_string(), manifest.clone());
+        self.inner.cache.insert(
+            bucket.clone(),
+            object_key.to_string(),
+            manifest.clone(),
+            read_at,
+        );
         Ok(manifest)
     }
 
@@ -82,11 +129,11 @@ impl DurableTable {
     async fn open_archive(
         &self,
         bucket: &BucketId,
-        object_key: &str,
+        (object_key, read_at): (&str, Instant),
         req: &BucketScan,
         bounds: &ScanBounds,
     ) -> Result<BoxStream<'static, Result<RecordBatch, ArchiveError>>, TableError> {
-        let manifest = self.manifest_for(bucket, object_key).await?;
+        let manifest = self.manifest_for(bucket, object_key, read_at).await?;
         // Read on every archived bucket read, never cached: a DELETE is visible to every
         // read that starts after it returns.
         let masks = Masks::new(self.inner.store.row_masks(bucket).await?);
@@ -132,40 +179,109 @@ impl DurableTable {
     }
 }
 
-/// The archive's batches as chunks: empty batches skipped, the first error returned as the
-/// bucket's and the read ended there.
-fn chunks(
-    bucket: BucketId,
-    batches: BoxStream<'static, Result<RecordBatch, ArchiveError>>,
-    first_of_bucket: bool,
-) -> BoxStream<'static, Result<Step, TableError>> {
-    stream::unfold(
-        Some((batches, bucket, first_of_bucket)),
-        |state| async move {
-            let (mut batches, bucket, mut first_of_bucket) = state?;
-            loop {
-                match batches.next().await? {
-                    Err(source) => {
-                        let e = TableError::Archive {
-                            bucket,
-                            source: Box::new(source),
-                        };
-                        return Some((Err(e), None));
+/// Where [`Read::chunks`] is: reading the object (and whether a row of it was returned),
+/// or forwarding the read of the route found after a `NotFound`.
+enum Chunks {
+    Reading(
+        BoxStream<'static, Result<RecordBatch, ArchiveError>>,
+        Read,
+        bool,
+    ),
+    Rest(BoxStream<'static, Result<Step, TableError>>),
+}
+
+impl Read {
+    /// The rows, or after a `NotFound` before any of them the rows of the route read again
+    /// (see the module comment).
+    fn stream(self) -> BoxStream<'static, Result<Step, TableError>> {
+        stream::once(async move {
+            let opened = self
+                .table
+                .open_archive(
+                    &self.bucket,
+                    (&self.object_key, self.read_at),
+                    &self.req,
+                    &self.bounds,
+                )
+                .await;
+            match opened {
+                Ok(batches) => self.chunks(batches),
+                Err(e) => self.failed(e).await,
+            }
+        })
+        .flatten()
+        .boxed()
+    }
+
+    /// A failure before any row of the object was returned: a `NotFound` re-reads the route
+    /// once and reads the new object from the same bounds; anything else stands.
+    async fn failed(self, e: TableError) -> BoxStream<'static, Result<Step, TableError>> {
+        let not_found = matches!(&e, TableError::Archive { source, .. }
+            if matches!(**source, ArchiveError::NotFound { .. }));
+        if !(not_found && self.may_reresolve) {
+            return stream::once(async move { Err(e) }).boxed();
+        }
+        match self.table.reresolve(&self.bucket, &self.object_key).await {
+            Ok(Some((object_key, read_at))) => Read {
+                object_key,
+                read_at,
+                may_reresolve: false,
+                ..self
+            }
+            .stream(),
+            Ok(None) => stream::once(async move { Err(e) }).boxed(),
+            Err(other) => stream::once(async move { Err(other) }).boxed(),
+        }
+    }
+
+    /// The archive's batches as chunks: empty batches skipped, the first error returned as
+    /// the bucket's and the read ended there (after a re-read of the route when no row of
+    /// the object was returned yet).
+    fn chunks(
+        self,
+        batches: BoxStream<'static, Result<RecordBatch, ArchiveError>>,
+    ) -> BoxStream<'static, Result<Step, TableError>> {
+        stream::unfold(
+            Some(Chunks::Reading(batches, self, false)),
+            |state| async move {
+                let (mut batches, mut read, returned) = match state? {
+                    Chunks::Reading(batches, read, returned) => (batches, read, returned),
+                    Chunks::Rest(mut rest) => {
+                        let item = rest.next().await?;
+                        return Some((item, Some(Chunks::Rest(rest))));
                     }
-                    Ok(batch) if batch.num_rows() == 0 => continue,
-                    Ok(batch) => {
-                        let chunk = BucketChunk {
-                            tier: Tier::Archived,
-                            pages: 0,
-                            first_of_bucket: std::mem::take(&mut first_of_bucket),
-                            batch,
-                        };
-                        let state = Some((batches, bucket, first_of_bucket));
-                        return Some((Ok(Step::Rows(chunk)), state));
+                };
+                loop {
+                    match batches.next().await? {
+                        Err(source) => {
+                            let e = TableError::Archive {
+                                bucket: read.bucket.clone(),
+                                source: Box::new(source),
+                            };
+                            if returned {
+                                return Some((Err(e), None));
+                            }
+                            // Nothing of this object returned yet: the rest of the bucket is
+                            // the whole of it, wherever its route now leads.
+                            let mut rest = read.failed(e).await;
+                            let item = rest.next().await?;
+                            return Some((item, Some(Chunks::Rest(rest))));
+                        }
+                        Ok(batch) if batch.num_rows() == 0 => continue,
+                        Ok(batch) => {
+                            let chunk = BucketChunk {
+                                tier: Tier::Archived,
+                                pages: 0,
+                                first_of_bucket: std::mem::take(&mut read.first_of_bucket),
+                                batch,
+                            };
+                            let next = Chunks::Reading(batches, read, true);
+                            return Some((Ok(Step::Rows(chunk)), Some(next)));
+                        }
                     }
                 }
-            }
-        },
-    )
-    .boxed()
+            },
+        )
+        .boxed()
+    }
 }

@@ -10,6 +10,8 @@
 //! [`page_chunk`] turns either into a chunk and the next page's cursor; the rows are
 //! counted against the limit once, above every reader ([`RowLimit`]).
 
+use std::time::Instant;
+
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::{self, BoxStream, StreamExt};
 
@@ -53,11 +55,15 @@ impl DurableTable {
                 return Ok(None);
             }
             let page = page_request(&req, bounds, left);
+            let read_at = Instant::now();
             match table.inner.store.read_page(&bucket, &page).await? {
                 HotPage::Missing => Ok(None),
                 HotPage::Archived { object_key } => {
                     let moved = Step::Moved {
-                        route: Route::Archived { object_key },
+                        route: Route::Archived {
+                            object_key,
+                            read_at,
+                        },
                         bounds: page.bounds,
                         first_of_bucket,
                     };
@@ -90,6 +96,7 @@ impl DurableTable {
         // it); leaving them out keeps the head statement to its index probes.
         let lower = (from > EventTime::min_supported()).then_some(from);
         let upper = (to.as_micros() < EventTime::end_of_supported().as_micros() - 1).then_some(to);
+        let read_at = Instant::now();
         let head = self
             .inner
             .store
@@ -102,7 +109,10 @@ impl DurableTable {
             HotPage::Missing => (None, None),
             HotPage::Archived { object_key } => {
                 let moved = Step::Moved {
-                    route: Route::Archived { object_key },
+                    route: Route::Archived {
+                        object_key,
+                        read_at,
+                    },
                     bounds: req.bounds.clone(),
                     first_of_bucket: true,
                 };

@@ -442,9 +442,16 @@ impl DurableTable {
     ) -> BoxStream<'static, Result<Step, TableError>> {
         match route {
             Route::Hot => self.read_hot(bucket.clone(), bounds, req, limit, first_of_bucket),
-            Route::Archived { object_key } => {
-                self.read_archived(bucket.clone(), object_key, bounds, req, first_of_bucket)
-            }
+            Route::Archived {
+                object_key,
+                read_at,
+            } => self.read_archived(
+                bucket.clone(),
+                (object_key, read_at),
+                bounds,
+                req,
+                first_of_bucket,
+            ),
         }
     }
 }

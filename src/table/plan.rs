@@ -20,6 +20,7 @@
 //! scan's [`RowLimit`] is spent, so a page that stops early never lists a long history.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 
@@ -117,6 +118,8 @@ impl DurableTable {
                 to: interval.map(|i| i.1),
                 ..BucketFilter::default()
             };
+            // Routes age from before the statement that read them (the cache's bound).
+            let read_at = Instant::now();
             let mut metas = self.list_buckets(&filter).await?;
             metas.sort_by(|a, b| {
                 (&a.id.partition_key, a.id.bucket_key.start())
@@ -140,7 +143,7 @@ impl DurableTable {
                         buckets: Vec::new(),
                     })
                     .buckets
-                    .push((m.id, Route::from(&m.state)));
+                    .push((m.id, Route::of_state(&m.state, read_at)));
             }
         }
         Ok(BucketPlan {
@@ -284,17 +287,17 @@ impl DurableTable {
         let table = self.clone();
         let bounds = req.bounds.clone();
         self.list_in_pages(partition, interval, req.descending, limit.clone())
-            .map_ok(|page| stream::iter(page.into_iter().map(Ok)))
+            .map_ok(|(read_at, page)| stream::iter(page.into_iter().map(move |m| Ok((read_at, m)))))
             .try_flatten()
             .filter(move |m| {
                 let keep = match m {
-                    Ok(m) => bounds.may_overlap(&m.id.bucket_key),
+                    Ok((_, m)) => bounds.may_overlap(&m.id.bucket_key),
                     Err(_) => true,
                 };
                 futures::future::ready(keep)
             })
             .map(move |m| {
-                let m = match m {
+                let (read_at, m) = match m {
                     Ok(m) => m,
                     Err(e) => return stream::once(futures::future::ready(Err(e))).boxed(),
                 };
@@ -303,7 +306,7 @@ impl DurableTable {
                 }
                 let req = req.starting(&limit);
                 let bounds = req.bounds.clone();
-                let route = Route::from(&m.state);
+                let route = Route::of_state(&m.state, read_at);
                 table.read_bucket(m.id, Some(route), bounds, req, limit.clone(), true)
             })
             .flatten()
@@ -319,7 +322,7 @@ impl DurableTable {
         interval: (EventTime, EventTime),
         descending: bool,
         wanted: RowLimit,
-    ) -> BoxStream<'static, Result<Vec<BucketMeta>, TableError>> {
+    ) -> BoxStream<'static, Result<(Instant, Vec<BucketMeta>), TableError>> {
         let table = self.clone();
         stream::try_unfold(Some(interval), move |left| {
             let table = table.clone();
@@ -339,6 +342,7 @@ impl DurableTable {
                     descending,
                     limit: Some(LIST_PAGE),
                 };
+                let read_at = Instant::now();
                 let page = table.list_buckets(&filter).await?;
                 let next = match page.last() {
                     Some(last) if page.len() >= LIST_PAGE => {
@@ -346,7 +350,7 @@ impl DurableTable {
                     }
                     _ => None,
                 };
-                Ok(Some((page, next)))
+                Ok(Some(((read_at, page), next)))
             }
         })
         .boxed()

@@ -9,8 +9,12 @@
 //! an archived bucket never becomes Hot again; compaction may move it to a segment holding
 //! the same rows, and the object it replaced stays readable for longer than this cache's
 //! bound), so it is kept, with its validated manifest, in a bounded process-local cache,
-//! for at most [`ROUTE_CACHE_TTL`]. A tier's reader hands a
-//! read over to another tier with the route it found (`Step::Moved`).
+//! for at most [`ROUTE_CACHE_TTL`] from the moment it was read from the hot store: a route
+//! carries that moment (`read_at` of [`Route::Archived`]), so a route a scan listed at planning
+//! and reads minutes later is cached only for what is left of its bound, never for a fresh
+//! one. A tier's reader hands a read over to another tier with the route it found
+//! (`Step::Moved`). A reader that finds a route's object gone asks the hot store again
+//! (`DurableTable::reresolve`, in `archived`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -58,19 +62,25 @@ pub enum Route {
     /// A published archive: the manifest at `object_key` (a bucket's own archive, or a
     /// segment holding it). Final in tier: an archived bucket never becomes Hot again; its
     /// object may be replaced by a segment holding the same rows (compaction), and the old
-    /// object outlives its route by at least [`ROUTE_CACHE_TTL`] plus skew.
+    /// object outlives its route by at least the archiver's retirement delay (its reader
+    /// bounds: this cache's bound plus the statement timeout, plus skew).
     Archived {
         /// Key of the published manifest.
         object_key: String,
+        /// When the route was read from the hot store (the statement's start, or earlier):
+        /// the cache's bound runs from here, not from when a read cached it.
+        read_at: Instant,
     },
 }
 
-impl From<&BucketState> for Route {
-    fn from(state: &BucketState) -> Self {
+impl Route {
+    /// The route a bucket's stored state names, read from the hot store at `read_at`.
+    pub fn of_state(state: &BucketState, read_at: Instant) -> Self {
         match state {
             BucketState::Hot | BucketState::Archiving => Self::Hot,
             BucketState::Archived { object_key, .. } => Self::Archived {
                 object_key: object_key.clone(),
+                read_at,
             },
         }
     }
@@ -97,7 +107,8 @@ pub(super) enum Step {
 struct CachedRoute {
     object_key: String,
     manifest: RouteManifest,
-    inserted: Instant,
+    /// When the route was read from the hot store (not when it was cached).
+    read_at: Instant,
 }
 
 /// A bounded cache of archived routes: bucket -> validated manifest.
@@ -128,20 +139,23 @@ impl RouteCache {
     /// The cached route of a bucket, if any and fresh.
     pub(super) fn route(&self, bucket: &BucketId) -> Option<Route> {
         self.get(bucket)
-            .map(|(object_key, _)| Route::Archived { object_key })
+            .map(|(object_key, _, read_at)| Route::Archived {
+                object_key,
+                read_at,
+            })
     }
 
     /// The cached manifest of a bucket, if fresh and naming the same object.
     pub(super) fn manifest(&self, bucket: &BucketId, object_key: &str) -> Option<RouteManifest> {
         self.get(bucket)
-            .and_then(|(key, m)| (key == object_key).then_some(m))
+            .and_then(|(key, m, _)| (key == object_key).then_some(m))
     }
 
-    fn get(&self, bucket: &BucketId) -> Option<(String, RouteManifest)> {
+    fn get(&self, bucket: &BucketId) -> Option<(String, RouteManifest, Instant)> {
         let mut entries = self.entries.lock().expect("route cache poisoned");
         match entries.get(bucket) {
-            Some(e) if e.inserted.elapsed() < self.config.ttl => {
-                Some((e.object_key.clone(), e.manifest.clone()))
+            Some(e) if e.read_at.elapsed() < self.config.ttl => {
+                Some((e.object_key.clone(), e.manifest.clone(), e.read_at))
             }
             Some(_) => {
                 entries.remove(bucket);
@@ -151,20 +165,30 @@ impl RouteCache {
         }
     }
 
-    /// Keeps a validated manifest as the bucket's route, evicting expired entries, then the
-    /// oldest, when full.
-    pub(super) fn insert(&self, bucket: BucketId, object_key: String, manifest: RouteManifest) {
-        if self.config.capacity == 0 {
+    /// Keeps a validated manifest as the bucket's route, read from the hot store at
+    /// `read_at`: not at all when that is already past the bound, nor over a route read
+    /// later. Evicts expired entries, then the oldest, when full.
+    pub(super) fn insert(
+        &self,
+        bucket: BucketId,
+        object_key: String,
+        manifest: RouteManifest,
+        read_at: Instant,
+    ) {
+        let ttl = self.config.ttl;
+        if self.config.capacity == 0 || read_at.elapsed() >= ttl {
             return;
         }
         let mut entries = self.entries.lock().expect("route cache poisoned");
+        if entries.get(&bucket).is_some_and(|e| e.read_at > read_at) {
+            return;
+        }
         if entries.len() >= self.config.capacity && !entries.contains_key(&bucket) {
-            let ttl = self.config.ttl;
-            entries.retain(|_, e| e.inserted.elapsed() < ttl);
+            entries.retain(|_, e| e.read_at.elapsed() < ttl);
             if entries.len() >= self.config.capacity {
                 if let Some(oldest) = entries
                     .iter()
-                    .min_by_key(|(_, e)| e.inserted)
+                    .min_by_key(|(_, e)| e.read_at)
                     .map(|(k, _)| k.clone())
                 {
                     entries.remove(&oldest);
@@ -176,9 +200,20 @@ impl RouteCache {
             CachedRoute {
                 object_key,
                 manifest,
-                inserted: Instant::now(),
+                read_at,
             },
         );
+    }
+
+    /// Drops a bucket's entry if it still names `object_key` (an object found gone).
+    pub(super) fn forget(&self, bucket: &BucketId, object_key: &str) {
+        let mut entries = self.entries.lock().expect("route cache poisoned");
+        if entries
+            .get(bucket)
+            .is_some_and(|e| e.object_key == object_key)
+        {
+            entries.remove(bucket);
+        }
     }
 
     pub(super) fn len(&self) -> usize {

@@ -179,3 +179,84 @@ async fn the_route_cache_is_bounded() {
     assert!(uncached.cached_route(&bucket).is_none());
     env.cleanup().await;
 }
+
+/// A route's cache bound runs from when the route was read from the hot store, not from when
+/// a read cached it: a route a scan listed at planning and read later is cached only for
+/// what is left of the bound, and not at all once the bound has passed (a stale route never
+/// gets a fresh TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_route_ages_from_when_it_was_read_from_the_store() {
+    let env = Env::new("routeage").await;
+    let def = TableDefinition::new(
+        TableId::new("chat").unwrap(),
+        BucketStrategy::CalendarDayUtc,
+        "chat",
+    );
+    env.store.register_table(&def).await.unwrap();
+    let ttl = std::time::Duration::from_millis(1500);
+    let table = DurableTable::with_cache(
+        env.store.clone() as Arc<dyn HotStore>,
+        env.archive.clone(),
+        def.clone(),
+        RouteCacheConfig { capacity: 10, ttl },
+    );
+    let records = msgs(5, 4);
+    table.append_batch(&records).await.unwrap();
+    let bucket = BucketId::of_record(&def.table_id, def.strategy, &records[0]);
+    let mut loaded = dataset::Loaded::default();
+    dataset::archive(&env, &bucket, PayloadFormat::Parquet, true, &mut loaded).await;
+    let req = BucketScan {
+        bounds: ScanBounds::all(),
+        descending: false,
+        include_value: true,
+        include_keys: true,
+        page_rows: 100,
+        limit: None,
+    };
+    let listed_route = || async {
+        let plan = table
+            .plan_buckets(None, &ScanBounds::all(), false)
+            .await
+            .unwrap();
+        let (id, route) = plan.keys[0].buckets[0].clone();
+        assert_eq!(id, bucket);
+        route
+    };
+    let read = |route| {
+        let table = table.clone();
+        let (bucket, req) = (bucket.clone(), req.clone());
+        async move {
+            let chunks: Vec<_> = table.scan_bucket(bucket, Some(route), req).collect().await;
+            chunks
+                .into_iter()
+                .map(|c| c.unwrap().batch.num_rows())
+                .sum::<usize>()
+        }
+    };
+
+    // Listed, read two thirds of the bound later: cached, but only until the bound from
+    // the listing ends.
+    let route = listed_route().await;
+    let listed = std::time::Instant::now();
+    tokio::time::sleep(ttl * 2 / 3).await;
+    assert_eq!(read(route).await, 4);
+    assert!(table.cached_route(&bucket).is_some(), "inside its bound");
+    tokio::time::sleep(
+        (listed + ttl + ttl / 6).saturating_duration_since(std::time::Instant::now()),
+    )
+    .await;
+    assert!(
+        table.cached_route(&bucket).is_none(),
+        "a route read from the store more than the bound ago is still cached"
+    );
+
+    // Listed and read after the bound: read (the object is still there), never cached.
+    let route = listed_route().await;
+    tokio::time::sleep(ttl + ttl / 6).await;
+    assert_eq!(read(route).await, 4);
+    assert!(
+        table.cached_route(&bucket).is_none(),
+        "a route older than the bound was cached afresh"
+    );
+    env.cleanup().await;
+}
