@@ -213,8 +213,7 @@ async fn a_damaged_stored_payload_is_refused_before_any_manifest() {
     }
 }
 
-/// An encoder that alters one value of a partition spanning several row groups, pushed in
-/// pieces, through the multipart path: the bytes stored are the bytes encoded and every key
+/// An encoder that alters one value, rows pushed in pieces, through the multipart path: the bytes stored are the bytes encoded and every key
 /// and count is consistent, so only the slice digests (rows handed in against rows decoded
 /// through the ranged reader) can refuse it.
 #[cfg(feature = "failpoints")]
