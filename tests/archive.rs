@@ -1324,5 +1324,7 @@ async fn a_payload_larger_than_one_upload_chunk_round_trips() {
 
 #[path = "archive/segments.rs"]
 mod segments;
+#[path = "archive/streamed.rs"]
+mod streamed;
 #[path = "archive/write_safety.rs"]
 mod write_safety;

@@ -45,7 +45,9 @@ pub use manifest::{Manifest, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VER
 pub use parquet::{envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS};
 pub(crate) use route::retry_transient;
 pub use route::RouteManifest;
-pub use segment::{SegmentManifest, SegmentSpec, WrittenSegment, SEGMENTS_DIR};
+pub use segment::{
+    SegmentManifest, SegmentSpec, SegmentUpload, SegmentWriter, WrittenSegment, SEGMENTS_DIR,
+};
 pub use url::install_http_transport;
 pub use write::WriteError;
 
@@ -218,6 +220,15 @@ pub enum ArchiveError {
         store: String,
         /// What the probe saw.
         reason: String,
+    },
+    /// The local spill file of a segment being written could not be created, written or
+    /// read back (a full or missing spill directory).
+    #[error("segment spill file in {dir}: {source}")]
+    Spill {
+        /// The spill directory.
+        dir: String,
+        /// The I/O error.
+        source: std::io::Error,
     },
     /// A value failed model validation.
     #[error(transparent)]
@@ -435,6 +446,18 @@ impl ArchiveStore {
     pub fn with_block_size(mut self, bytes: u64) -> Self {
         self.block_size = bytes.max(4096);
         self
+    }
+
+    /// The same store with its own segment cache keeping at most `bytes` of decoded
+    /// partition slices (default 256 MiB, shared by clones; 0 keeps none). The compactor
+    /// reads its sources through a store with none, so its memory stays bounded by its own
+    /// settings; footers and manifests are kept either way (a few KiB each, 1,024 of each).
+    #[must_use]
+    pub fn with_segment_cache_bytes(&self, bytes: usize) -> Self {
+        Self {
+            segments: Arc::new(segment::SegmentCache::with_partition_bytes(bytes)),
+            ..self.clone()
+        }
     }
 
     /// Verification block size of new archives.

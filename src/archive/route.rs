@@ -12,7 +12,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::{
     batches_to_records, check_scan, segment, ArchiveError, ArchiveScan, ArchiveScanMetrics,
-    ArchiveStore, Manifest, SegmentManifest, SegmentSpec, WrittenSegment,
+    ArchiveStore, Manifest, SegmentManifest, SegmentSpec, SegmentUpload, SegmentWriter,
+    WrittenSegment,
 };
 use crate::model::{BucketId, Record};
 
@@ -28,8 +29,9 @@ pub enum RouteManifest {
 }
 
 impl ArchiveStore {
-    /// Writes one segment from rows sorted by `(partition_key, event_time, sort_key)`:
-    /// create-once payload, read back and decoded against the rows, then the manifest (see
+    /// Writes one segment from rows sorted by `(partition_key, event_time, sort_key)` with
+    /// the default [`SegmentUpload`] settings: encoded into a spill file, uploaded
+    /// create-once, verified by ranges against digests of the rows, then the manifest (see
     /// `segment/write.rs`). Returns only when all of that succeeded.
     pub async fn write_segment(
         &self,
@@ -37,6 +39,17 @@ impl ArchiveStore {
         records: &[Record],
     ) -> Result<WrittenSegment, ArchiveError> {
         segment::write_segment(self, spec, records).await
+    }
+
+    /// A streaming writer of one segment (see `segment/write.rs`): rows are pushed in
+    /// order, encoded into a spill file, and [`SegmentWriter::finish`] uploads, verifies
+    /// and commits it. Memory is bounded by the settings, not by the segment's size.
+    pub fn segment_writer(
+        &self,
+        spec: &SegmentSpec,
+        upload: &SegmentUpload,
+    ) -> Result<SegmentWriter, ArchiveError> {
+        SegmentWriter::new(self, spec, upload)
     }
 
     /// A segment manifest, validated (and kept: manifests are immutable).

@@ -6,10 +6,13 @@
 //!
 //! 1. claim the window (fresh owner token, generation + 1, a lease by the store's clock);
 //! 2. read the window's sources (every bucket's current route) after the claim;
-//! 3. per run of partitions up to the target size: read each source bucket verified (a
-//!    per-bucket archive or an older segment), write one segment under the claim's
-//!    generation (create-once payload, read back and decoded against the rows, then the
-//!    manifest); the claim's lease is renewed in the background all along;
+//! 3. per run of partitions up to the target size: stream each source bucket verified (a
+//!    per-bucket archive or an older segment) into one segment writer under the claim's
+//!    generation, which encodes into a spill file, then uploads (create-once PUT, or a
+//!    multipart upload under a unique key), verifies the stored payload by ranges against
+//!    digests of the rows, and writes the manifest; memory is bounded by the settings
+//!    (`docs/segments.md`), not by the window; the claim's lease is renewed in the
+//!    background all along;
 //! 4. switch: one transaction that checks the claim and that every bucket's route is still
 //!    the source read, moves all of them, and records the replaced objects as retired;
 //! 5. release the claim.
@@ -31,11 +34,16 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::stream::BoxStream;
 use futures::StreamExt;
 
-use crate::archive::{SegmentSpec, SEGMENTS_DIR};
+use crate::archive::{
+    ArchiveError, ArchiveScan, ArchiveStore, RouteManifest, SegmentSpec, SegmentWriter,
+    SEGMENTS_DIR,
+};
 use crate::failpoint;
-use crate::model::{BucketKey, EventTime, Record};
+use crate::model::{batch_to_records, BucketKey, EventTime};
 use crate::store::{
     CompactionClaim, CompactionSource, HotStore, RouteSwitch, StoreError, TableDefinition,
 };
@@ -287,65 +295,91 @@ impl Runner {
         let mut switches: Vec<RouteSwitch> = Vec::with_capacity(state.sources.len());
         let mut segments = 0usize;
         let mut rows_total = 0u64;
-        let mut batch = SegmentBatch::default();
+        // Archived buckets without rows: removed instead (before the switch, see
+        // `drop_empty_buckets`); a segment lists only buckets with rows, and an empty bucket
+        // left on its old route would bring the window back every pass.
         let mut empty: Vec<CompactionSource> = Vec::new();
         let sources = &state.sources;
-        // Sources are read a few at a time, in order (object-store latency dominates).
+        // Sources are read through a store that caches no decoded rows, so what this holds
+        // is bounded by the settings, not by the window.
+        let archive = self.archive.with_segment_cache_bytes(0);
+        // Sources are opened a few ahead, in order (their manifests and footers, a few KiB
+        // each: object-store latency dominates); their rows are streamed, batch by batch,
+        // only when the segment writer reaches them. The sorted stream of a partition is the
+        // concatenation of its sources: they are its buckets in bucket order (time-disjoint),
+        // each sorted by `(event_time, sort_key)`; the writer refuses any row out of order.
         // (The futures are made up front: a stream closure returning borrowing futures
         // would not be `Send` for every lifetime, which `tokio::spawn` of the runner needs.)
-        let pending: Vec<_> = sources.iter().map(|src| self.read_source(src)).collect();
-        let mut reads = futures::stream::iter(pending).buffered(self.config.concurrency.max(1) * 2);
+        let pending: Vec<_> = sources
+            .iter()
+            .map(|src| read_source(&archive, src))
+            .collect();
+        let mut opened =
+            futures::stream::iter(pending).buffered(self.config.concurrency.max(1) * 2);
+        let mut batch: Option<SegmentBatch> = None;
         let mut i = 0;
         while i < sources.len() {
-            // One partition's sources, read whole: a partition never spans segments.
+            // One partition's sources: a partition never spans segments.
             let pk = &sources[i].bucket.partition_key;
-            let mut j = i;
-            let mut rows: Vec<Record> = Vec::new();
-            // The empty buckets of this partition are those pushed from here on.
-            let empty_from = empty.len();
-            while j < sources.len() && &sources[j].bucket.partition_key == pk {
-                let got = reads.next().await.expect("one read per source")?;
-                if got.is_empty() {
-                    // A segment lists only buckets with rows: an empty archived bucket is
-                    // removed instead (before the switch, see `drop_empty_buckets`), or it
-                    // would keep its old route and bring the window back every pass.
-                    empty.push(sources[j].clone());
+            let b = match &mut batch {
+                Some(b) => b,
+                None => {
+                    // A lost claim stops the work before anything more is written under it
+                    // (the switch would refuse it anyway).
+                    lease.check()?;
+                    let spec = SegmentSpec {
+                        table_id: table.table_id.clone(),
+                        strategy: table.strategy,
+                        window,
+                        generation: lease.claim().generation,
+                        ordinal: u32::try_from(segments).unwrap_or(u32::MAX),
+                    };
+                    let writer = self
+                        .archive
+                        .segment_writer(&spec, &self.config.segment_upload())?;
+                    batch.insert(SegmentBatch {
+                        writer,
+                        sources: Vec::new(),
+                    })
                 }
-                rows.extend(got);
+            };
+            let mut j = i;
+            while j < sources.len() && &sources[j].bucket.partition_key == pk {
+                let (rows, expected) = opened.next().await.expect("one read per source")?;
+                let got = stream_source(rows, &sources[j], &mut b.writer).await?;
+                if got != expected {
+                    return Err(ArchiverError::Unresolved {
+                        bucket: sources[j].bucket.clone(),
+                        step: "compaction",
+                        detail: format!(
+                            "its archive yielded {got} rows, its manifest says {expected}"
+                        ),
+                    });
+                }
+                if got == 0 {
+                    empty.push(sources[j].clone());
+                    j += 1;
+                    continue;
+                }
+                b.sources.push(sources[j].clone());
                 j += 1;
             }
-            if rows.is_empty() {
-                // A partition whose every bucket is empty has nothing to write.
-                i = j;
-                continue;
-            }
-            let bytes = row_bytes(&rows);
-            let full = batch.bytes + bytes > self.config.segment_target_bytes
-                || batch.partitions >= SEGMENT_MAX_PARTITIONS;
-            if full && !batch.rows.is_empty() {
-                let done = std::mem::take(&mut batch);
-                rows_total += done.rows.len() as u64;
-                switches.extend(
-                    self.write_batch(table, window, lease, segments, done)
-                        .await?,
-                );
+            i = j;
+            // A segment is closed at the partition boundary where its rows reach the target.
+            let full = b.writer.input_bytes() >= self.config.segment_target_bytes as u64
+                || b.writer.partitions() >= SEGMENT_MAX_PARTITIONS;
+            if full {
+                let done = batch.take().expect("a batch is open");
+                rows_total += done.writer.rows();
+                switches.extend(self.write_batch(lease, done).await?);
                 segments += 1;
             }
-            // An empty bucket moves nowhere (it is dropped before the switch).
-            let moving: Vec<CompactionSource> = sources[i..j]
-                .iter()
-                .filter(|src| !empty[empty_from..].contains(src))
-                .cloned()
-                .collect();
-            batch.add(&moving, rows, bytes);
-            i = j;
         }
-        if !batch.rows.is_empty() {
-            rows_total += batch.rows.len() as u64;
-            switches.extend(
-                self.write_batch(table, window, lease, segments, batch)
-                    .await?,
-            );
+        // (A batch opened for partitions whose every bucket was empty holds no rows and
+        // writes nothing.)
+        if let Some(done) = batch.filter(|b| b.writer.rows() > 0) {
+            rows_total += done.writer.rows();
+            switches.extend(self.write_batch(lease, done).await?);
             segments += 1;
         }
         failpoint::hit("compact_before_switch");
@@ -378,34 +412,17 @@ impl Runner {
         })
     }
 
-    /// Writes one segment from a batch; returns the batch's switches.
+    /// Finishes one segment (upload, verification by ranges, manifest); returns its
+    /// batch's switches.
     async fn write_batch(
         &self,
-        table: &TableDefinition,
-        window: BucketKey,
         lease: &WindowLease,
-        ordinal: usize,
         batch: SegmentBatch,
     ) -> Result<Vec<RouteSwitch>, ArchiverError> {
-        // A lost claim stops the work before anything more is written under it (the switch
-        // would refuse it anyway).
         lease.check()?;
-        let spec = SegmentSpec {
-            table_id: table.table_id.clone(),
-            strategy: table.strategy,
-            window,
-            generation: lease.claim().generation,
-            ordinal: u32::try_from(ordinal).unwrap_or(u32::MAX),
-        };
-        // A retry of the same generation and ordinal finds what an earlier attempt created
-        // and compares it (create-once), so retrying the whole write is safe.
-        let mut attempt = 0;
-        let written = loop {
-            match self.archive.write_segment(&spec, &batch.rows).await {
-                Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
-                other => break other?,
-            }
-        };
+        // Transient failures are retried request by request inside; the rows are not held,
+        // so the segment is not rewritten as a whole.
+        let written = batch.writer.finish().await?;
         self.metrics.segments_written.inc();
         self.metrics
             .bytes_compacted
@@ -420,31 +437,68 @@ impl Runner {
             })
             .collect())
     }
+}
 
-    /// One source bucket's rows, verified against its manifest (per-bucket archive or
-    /// segment).
-    async fn read_source(&self, source: &CompactionSource) -> Result<Vec<Record>, ArchiverError> {
-        // Each request is retried on its own, so a retry never repeats one that succeeded.
-        // A segment's manifest is opened once per store: `open_route` keeps it.
-        let mut attempt = 0;
-        let route = loop {
-            match self
-                .archive
-                .open_route(&source.object_key, &source.bucket)
-                .await
-            {
-                Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
-                other => break other?,
-            }
-        };
-        let mut attempt = 0;
-        loop {
-            match self.archive.read_bucket(&route, &source.bucket).await {
-                Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
-                other => return Ok(other?),
-            }
+/// Rows of one source, streamed.
+type SourceRows = BoxStream<'static, Result<RecordBatch, ArchiveError>>;
+
+/// Opens one source bucket for a verified, streamed read (per-bucket archive or segment):
+/// its rows, and how many its manifest says it holds.
+async fn read_source(
+    archive: &ArchiveStore,
+    source: &CompactionSource,
+) -> Result<(SourceRows, u64), ArchiverError> {
+    // Each request is retried on its own, so a retry never repeats one that succeeded.
+    // A segment's manifest is opened once per store: `open_route` keeps it.
+    let mut attempt = 0;
+    let route = loop {
+        match archive.open_route(&source.object_key, &source.bucket).await {
+            Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
+            other => break other?,
+        }
+    };
+    let expected = match &route {
+        RouteManifest::Bucket(m) => m.row_count,
+        RouteManifest::Segment(m) => m.entry_for(&m.payload_key, &source.bucket)?.1,
+    };
+    let req = ArchiveScan::default();
+    let mut attempt = 0;
+    loop {
+        match archive
+            .scan_route(&route, &source.bucket, &req, Arc::default())
+            .await
+        {
+            Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
+            other => return Ok((other?, expected)),
         }
     }
+}
+
+/// Streams one opened source into the segment writer, checking that every row is the
+/// source bucket's; returns the rows read. (Verification of the bytes is the scan's: every
+/// block or row group against its digest, row counts against the manifest.)
+async fn stream_source(
+    mut rows: SourceRows,
+    source: &CompactionSource,
+    writer: &mut SegmentWriter,
+) -> Result<u64, ArchiverError> {
+    let mut n = 0u64;
+    while let Some(batch) = rows.next().await {
+        let records = batch_to_records(&batch?).map_err(ArchiveError::from)?;
+        if let Some(r) = records.iter().find(|r| {
+            r.partition_key != source.bucket.partition_key
+                || !source.bucket.bucket_key.contains(r.event_time)
+        }) {
+            return Err(ArchiverError::Unresolved {
+                bucket: source.bucket.clone(),
+                step: "compaction",
+                detail: format!("its archive holds a row at {} outside it", r.event_time),
+            });
+        }
+        n += records.len() as u64;
+        writer.push(records)?;
+    }
+    Ok(n)
 }
 
 /// A window claim's lease, renewed in the background every third of it while the
@@ -529,29 +583,11 @@ impl WindowLease {
     }
 }
 
-/// The rows and sources of the segment being filled.
-#[derive(Default)]
+/// The segment being filled: its writer (rows already encoded into its spill file) and
+/// the sources whose rows it holds.
 struct SegmentBatch {
-    rows: Vec<Record>,
+    writer: SegmentWriter,
     sources: Vec<CompactionSource>,
-    bytes: usize,
-    partitions: usize,
-}
-
-impl SegmentBatch {
-    fn add(&mut self, sources: &[CompactionSource], rows: Vec<Record>, bytes: usize) {
-        self.bytes += bytes;
-        self.partitions += 1;
-        self.rows.extend(rows);
-        self.sources.extend(sources.iter().cloned());
-    }
-}
-
-/// The uncompressed size of rows, as the segment target counts it.
-fn row_bytes(rows: &[Record]) -> usize {
-    rows.iter()
-        .map(|r| r.partition_key.as_bytes().len() + 8 + r.sort_key.as_bytes().len() + r.value.len())
-        .sum()
 }
 
 /// Whether a store error means the compaction lost its window or a route moved under it

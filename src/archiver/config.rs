@@ -78,6 +78,14 @@ pub struct ArchiverConfig {
     /// rest are left for the next pass (which resumes where this one stopped). Zero: one
     /// window per pass.
     pub compact_budget: Duration,
+    /// Directory of the file a segment's payload is encoded into before its upload (`None`:
+    /// the system's temporary directory); it needs room for one segment's payload.
+    pub spill_dir: Option<std::path::PathBuf>,
+    /// A segment payload up to this size is one create-once PUT; a larger one is a
+    /// multipart upload under a unique key.
+    pub segment_put_max_bytes: usize,
+    /// Part size of a segment's multipart upload and of the ranged reads verifying it.
+    pub segment_part_bytes: usize,
 }
 
 impl ArchiverConfig {
@@ -105,6 +113,9 @@ impl ArchiverConfig {
             compact_after: Duration::from_secs(24 * 3600),
             segment_target_bytes: 128 << 20,
             compact_budget: Duration::from_secs(300),
+            spill_dir: None,
+            segment_put_max_bytes: crate::archive::segment::SEGMENT_PUT_MAX_BYTES as usize,
+            segment_part_bytes: crate::archive::segment::SEGMENT_PART_BYTES,
         }
     }
 
@@ -134,11 +145,21 @@ impl ArchiverConfig {
             (&CLEANUP_BATCH_ROWS, self.cleanup_batch_rows),
             (&CONCURRENCY, self.concurrency),
             (&SEGMENT_TARGET_BYTES, self.segment_target_bytes),
+            (&SEGMENT_PUT_MAX_BYTES, self.segment_put_max_bytes),
+            (&SEGMENT_PART_BYTES, self.segment_part_bytes),
         ] {
             bound.check(value, &value.to_string())?;
         }
         let bad =
             |setting: &'static str, reason: String| Err(ArchiverError::Config { setting, reason });
+        if let Some(dir) = &self.spill_dir {
+            if !dir.is_dir() {
+                return bad(
+                    "ARCHIVER_SPILL_DIR (--spill-dir)",
+                    format!("{} is not a directory", dir.display()),
+                );
+            }
+        }
         let floor = self.min_gc_delay();
         if self.gc_delay <= floor {
             // An object younger than this may belong to a publication still in progress.
@@ -157,6 +178,15 @@ impl ArchiverConfig {
             );
         }
         Ok(())
+    }
+
+    /// How segments are spilled and uploaded (see `docs/segments.md`).
+    pub fn segment_upload(&self) -> crate::archive::SegmentUpload {
+        crate::archive::SegmentUpload {
+            spill_dir: self.spill_dir.clone(),
+            put_max_bytes: self.segment_put_max_bytes as u64,
+            part_bytes: self.segment_part_bytes,
+        }
     }
 
     /// The GC delay must exceed this: the longest a claimed generation's first object can
@@ -368,12 +398,25 @@ pub const COMPACT_BUDGET: SecondsRange = SecondsRange {
     min: Duration::ZERO,
     max: Duration::from_secs(DAY),
 };
-/// `--segment-target-bytes`: from 1 MiB (tests) to 4 GiB (one segment is held in memory
-/// while it is written).
+/// `--segment-target-bytes`: from 1 MiB (tests) to 4 GiB (a segment is encoded into a
+/// spill file, never held in memory).
 pub const SEGMENT_TARGET_BYTES: CountRange = CountRange {
     setting: "ARCHIVER_SEGMENT_TARGET_BYTES (--segment-target-bytes)",
     min: 1 << 20,
     max: 4 << 30,
+};
+/// `--segment-put-max-bytes`: from 1 MiB to 5 GiB (S3's largest single PUT).
+pub const SEGMENT_PUT_MAX_BYTES: CountRange = CountRange {
+    setting: "ARCHIVER_SEGMENT_PUT_MAX_BYTES (--segment-put-max-bytes)",
+    min: 1 << 20,
+    max: 5 << 30,
+};
+/// `--segment-part-bytes`: from 5 MiB (S3's smallest part) to 1 GiB; two parts are in
+/// memory during an upload.
+pub const SEGMENT_PART_BYTES: CountRange = CountRange {
+    setting: "ARCHIVER_SEGMENT_PART_BYTES (--segment-part-bytes)",
+    min: 5 << 20,
+    max: 1 << 30,
 };
 /// `--upload-deadline-seconds`: 0 would defer every bucket.
 pub const UPLOAD_DEADLINE: SecondsRange = SecondsRange {

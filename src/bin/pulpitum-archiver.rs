@@ -162,6 +162,27 @@ struct Args {
         allow_hyphen_values = true
     )]
     segment_target_bytes: String,
+    /// Directory a segment's payload is encoded into before its upload (default: the
+    /// system's temporary directory).
+    #[arg(long, env = "ARCHIVER_SPILL_DIR")]
+    spill_dir: Option<std::path::PathBuf>,
+    /// Segment payloads up to this size are one create-once PUT; larger ones a multipart
+    /// upload under a unique key.
+    #[arg(
+        long,
+        env = "ARCHIVER_SEGMENT_PUT_MAX_BYTES",
+        default_value = "16777216",
+        allow_hyphen_values = true
+    )]
+    segment_put_max_bytes: String,
+    /// Part size of a segment's multipart upload (and of the ranged reads verifying it).
+    #[arg(
+        long,
+        env = "ARCHIVER_SEGMENT_PART_BYTES",
+        default_value = "16777216",
+        allow_hyphen_values = true
+    )]
+    segment_part_bytes: String,
     /// Buckets processed at once.
     #[arg(
         long,
@@ -392,6 +413,9 @@ fn build_config(args: &Args) -> Result<ArchiverConfig, ArchiverError> {
     c.compact_after = config::COMPACT_AFTER.parse(&args.compact_after_seconds)?;
     c.compact_budget = config::COMPACT_BUDGET.parse(&args.compact_budget_seconds)?;
     c.segment_target_bytes = config::SEGMENT_TARGET_BYTES.parse(&args.segment_target_bytes)?;
+    c.spill_dir = args.spill_dir.clone();
+    c.segment_put_max_bytes = config::SEGMENT_PUT_MAX_BYTES.parse(&args.segment_put_max_bytes)?;
+    c.segment_part_bytes = config::SEGMENT_PART_BYTES.parse(&args.segment_part_bytes)?;
     c.concurrency = config::CONCURRENCY.parse(&args.concurrency)?;
     c.cleanup_batch_rows = config::CLEANUP_BATCH_ROWS.parse(&args.cleanup_batch_rows)?;
     c.snapshot_page_rows = config::SNAPSHOT_PAGE_ROWS.parse(&args.snapshot_page_rows)?;

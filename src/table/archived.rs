@@ -184,7 +184,7 @@ impl DurableTable {
 enum Chunks {
     Reading(
         BoxStream<'static, Result<RecordBatch, ArchiveError>>,
-        Read,
+        Box<Read>,
         bool,
     ),
     Rest(BoxStream<'static, Result<Step, TableError>>),
@@ -242,7 +242,7 @@ impl Read {
         batches: BoxStream<'static, Result<RecordBatch, ArchiveError>>,
     ) -> BoxStream<'static, Result<Step, TableError>> {
         stream::unfold(
-            Some(Chunks::Reading(batches, self, false)),
+            Some(Chunks::Reading(batches, Box::new(self), false)),
             |state| async move {
                 let (mut batches, mut read, returned) = match state? {
                     Chunks::Reading(batches, read, returned) => (batches, read, returned),

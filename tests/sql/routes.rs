@@ -212,6 +212,7 @@ async fn a_cached_route_ages_from_when_it_was_read_from_the_store() {
         include_keys: true,
         page_rows: 100,
         limit: None,
+        archive_metrics: None,
     };
     let listed_route = || async {
         let plan = table

@@ -302,13 +302,24 @@ impl SegmentManifest {
                 actual: key.to_string(),
             });
         }
-        let sibling = format!(
-            "{}payload.parquet",
-            &key[..key.len() - "manifest.json".len()]
-        );
-        if m.payload_key != sibling {
+        // The payload is the manifest's sibling: `payload.parquet` (one create-once PUT) or
+        // `payload-<32 hex digits>.parquet` (a multipart upload, made unique by its nonce).
+        let dir = &key[..key.len() - "manifest.json".len()];
+        let sibling = format!("{dir}payload.parquet");
+        let nonce_sibling = m
+            .payload_key
+            .strip_prefix(dir)
+            .and_then(|name| name.strip_prefix("payload-"))
+            .and_then(|name| name.strip_suffix(".parquet"))
+            .is_some_and(|n| {
+                n.len() == 32
+                    && n.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            });
+        if m.payload_key != sibling && !nonce_sibling {
             return Err(invalid(format!(
-                "payload_key {:?} is not the manifest's sibling {sibling:?}",
+                "payload_key {:?} is not the manifest's sibling {sibling:?} (or \
+                 payload-<nonce>.parquet)",
                 m.payload_key
             )));
         }

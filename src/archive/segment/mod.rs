@@ -6,7 +6,8 @@
 //! buckets, a year of month buckets) into segments sorted by `(partition_key, event_time,
 //! sort_key)`, split by partition-key range toward a target size, and switches the
 //! buckets' routes to them. This module is the storage half: the v6 manifest (v5 still
-//! read; `manifest.rs`), the writer that creates and verifies a segment (`write.rs`), the
+//! read; `manifest.rs`), the streaming writer that encodes a segment into a spill file (`write.rs`) and uploads,
+//! verifies and commits it (`upload.rs`), the
 //! pruned reader that streams one bucket's row groups (`pruned.rs`, v6) and the reader
 //! that fetches a whole partition with ranged reads verified per row group (`read.rs`, v5).
 //! The design and its reasons are in `docs/segments.md`, the format in
@@ -15,6 +16,7 @@
 mod manifest;
 pub(crate) mod pruned;
 pub(crate) mod read;
+mod upload;
 mod write;
 
 pub use manifest::{
@@ -23,7 +25,10 @@ pub use manifest::{
 };
 pub(crate) use read::SegmentCache;
 pub(crate) use write::write_segment;
-pub use write::{SegmentSpec, WrittenSegment, GROUP_MAX_BYTES, GROUP_MIN_ROWS};
+pub use write::{
+    SegmentSpec, SegmentUpload, SegmentWriter, WrittenSegment, GROUP_MAX_BYTES, GROUP_MIN_ROWS,
+    SEGMENT_PART_BYTES, SEGMENT_PUT_MAX_BYTES,
+};
 
 /// The path component every segment key holds (`<prefix>/v4/<table>/segments/...`): how a
 /// route names a segment rather than a per-bucket archive.

@@ -1,37 +1,43 @@
-//! Writing one segment: encode, create once, read back, verify, then the manifest.
+//! Writing one segment, streamed: rows are encoded into a local spill file as they come,
+//! then the payload is uploaded, verified by ranges, and only then is the manifest created.
 //!
-//! The compactor hands over the rows of a run of partitions, already verified against their
-//! source archives and sorted by `(partition_key, event_time, sort_key)`. They are encoded
-//! in memory (a segment is bounded by the target size), with a row group cut at a partition
-//! boundary once the group holds [`GROUP_MIN_ROWS`] rows or [`GROUP_MAX_BYTES`] bytes, so a
-//! small partition shares a group and a large one starts its own. The payload is created
-//! with create-if-absent in one PUT, read back whole and compared by SHA-256, and then every
-//! partition is read again through the reader queries use (ranged reads of the footer and
-//! of each of its row groups, each checked against its digest) and compared, row for row,
-//! with the rows handed in. Only then is the
-//! manifest created (one conditional PUT, read back and parsed): a manifest key that this
-//! function returns names a segment that is known to hold exactly those rows.
+//! The compactor hands over the rows of a run of partitions in pieces
+//! ([`SegmentWriter::push`]), sorted by `(partition_key, event_time, sort_key)`; the writer
+//! holds at most one encode batch of them ([`ENCODE_BATCH_ROWS`]) and the row group being
+//! encoded, so its memory does not depend on the size of a partition or a segment. A row
+//! group is cut at a partition boundary once it holds [`GROUP_MIN_ROWS`] rows or
+//! [`GROUP_MAX_BYTES`] bytes (small partitions share a group, a large one starts its own),
+//! inside a partition every [`ROW_GROUP_ROWS`] rows or [`GROUP_MAX_BYTES`] bytes (a large
+//! partition spans many groups). The encoded file goes to a spill directory
+//! ([`SegmentUpload::spill_dir`]), unlinked as soon as it is created so that nothing is left
+//! behind by a crash.
+//!
+//! While encoding, the writer records for every *slice* (one partition's rows in one row
+//! group) its row count, its first and last `(event_time, sort_key)` (the manifest v6
+//! bounds) and a SHA-256 of its logical rows ([`hash_row`]). `finish` (in `upload.rs`)
+//! computes the payload's digests from the spill file, uploads it (one create-once PUT, or a
+//! multipart upload under a unique key for a large payload), reads it back by ranges for
+//! its SHA-256, decodes every slice through the reader queries use and compares it with the
+//! recorded digest, and only then creates the manifest: a manifest key this module returns
+//! names a segment known to hold exactly the rows handed in.
 
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use chrono::{DateTime, Utc};
 use parquet::arrow::ArrowWriter;
-use parquet::file::metadata::{ParquetMetaDataReader, SortingColumn};
+use parquet::file::metadata::SortingColumn;
+use sha2::{Digest, Sha256};
 
-use super::manifest::{
-    segment_dir, slices_of, ByteRange, PartitionEntry, RowGroupEntry, SegmentManifest,
-    SEGMENT_MANIFEST_VERSION,
-};
-use super::pruned::slice_rows;
-use super::read::SegmentCache;
-use crate::archive::integrity::sha256_hex;
+use super::manifest::PartitionEntry;
+use super::upload;
 use crate::archive::parquet::{writer_properties, ENCODE_BATCH_ROWS, ROW_GROUP_ROWS};
-use crate::archive::write::is_condition_failure;
-use crate::archive::{retry_transient, ArchiveError, ArchiveScanMetrics, ArchiveStore};
+use crate::archive::{ArchiveError, ArchiveStore};
 use crate::model::envelope::{COL_PARTITION, COL_SORT, COL_TIME};
 use crate::model::{
-    batch_to_records, envelope_schema, records_to_batch, BucketKey, BucketStrategy, Record, TableId,
+    envelope_schema, records_to_batch, BucketKey, BucketStrategy, EventTime, Record, SortKey,
+    TableId,
 };
 
 /// A row group is closed at the next partition boundary once it holds this many rows, so
@@ -55,16 +61,48 @@ pub struct SegmentSpec {
     pub ordinal: u32,
 }
 
+/// Where a segment's payload is encoded and how it is uploaded (the archiver's
+/// `ARCHIVER_SPILL_DIR`, `ARCHIVER_SEGMENT_PUT_MAX_BYTES` and
+/// `ARCHIVER_SEGMENT_PART_BYTES`, see `docs/settings.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentUpload {
+    /// Directory of the spill file the payload is encoded into (`None`: the system's
+    /// temporary directory). It needs room for one segment's payload.
+    pub spill_dir: Option<PathBuf>,
+    /// A payload up to this size is one create-once PUT (`If-None-Match: *`) at
+    /// `payload.parquet`; a larger one is a multipart upload at a key made unique by a
+    /// random nonce (`payload-<nonce>.parquet`), since radosgw ignores the condition on
+    /// multipart completion.
+    pub put_max_bytes: u64,
+    /// Part size of multipart uploads, and of the ranged reads that verify a payload.
+    pub part_bytes: usize,
+}
+
+/// Default [`SegmentUpload::put_max_bytes`].
+pub const SEGMENT_PUT_MAX_BYTES: u64 = 16 << 20;
+/// Default [`SegmentUpload::part_bytes`].
+pub const SEGMENT_PART_BYTES: usize = 16 << 20;
+
+impl Default for SegmentUpload {
+    fn default() -> Self {
+        Self {
+            spill_dir: None,
+            put_max_bytes: SEGMENT_PUT_MAX_BYTES,
+            part_bytes: SEGMENT_PART_BYTES,
+        }
+    }
+}
+
 /// A written, verified segment.
 #[derive(Debug, Clone)]
 pub struct WrittenSegment {
     /// Key of its manifest (what routes will name).
     pub manifest_key: String,
     /// The manifest as stored.
-    pub manifest: Arc<SegmentManifest>,
+    pub manifest: Arc<crate::archive::SegmentManifest>,
 }
 
-fn invalid(spec: &SegmentSpec, reason: String) -> ArchiveError {
+pub(super) fn invalid(spec: &SegmentSpec, reason: String) -> ArchiveError {
     ArchiveError::InvalidInput {
         bucket: format!(
             "{} segment {} of {}",
@@ -74,361 +112,364 @@ fn invalid(spec: &SegmentSpec, reason: String) -> ArchiveError {
     }
 }
 
-/// Rows in the window, non-empty, strictly increasing by `(partition, time, sort key)`.
-fn check_input(spec: &SegmentSpec, records: &[Record]) -> Result<(), ArchiveError> {
-    if records.is_empty() {
-        return Err(invalid(spec, "a segment needs at least one row".into()));
+/// The canonical encoding of one logical row that slice digests are computed over: each
+/// byte string length-prefixed (u32 little-endian), the time as nanoseconds (i64 LE). The
+/// writer hashes the rows handed in, the verification the rows decoded from the store.
+pub(super) fn hash_row(h: &mut Sha256, pk: &[u8], nanos: i64, sk: &[u8], value: &[u8]) {
+    for b in [pk, &nanos.to_le_bytes()[..], sk, value] {
+        h.update((b.len() as u32).to_le_bytes());
+        h.update(b);
     }
-    if spec.window.strategy() != spec.strategy.window_strategy() {
-        return Err(invalid(
-            spec,
-            format!(
-                "window {} is not a window of {}",
-                spec.window, spec.strategy
-            ),
-        ));
-    }
-    if spec.generation < 0 {
-        return Err(invalid(
-            spec,
-            format!("negative generation {}", spec.generation),
-        ));
-    }
-    for (i, r) in records.iter().enumerate() {
-        if !spec.window.contains(r.event_time) {
+}
+
+/// One partition's rows in one row group, as handed in: what the manifest's bounds say and
+/// what the decoded rows must hash to.
+#[derive(Debug, Clone)]
+pub(super) struct SliceDigest {
+    pub rows: u64,
+    pub first: (EventTime, SortKey),
+    pub last: (EventTime, SortKey),
+    pub sha256: [u8; 32],
+}
+
+struct OpenSlice {
+    hasher: Sha256,
+    rows: u64,
+    first: (EventTime, SortKey),
+    last: (EventTime, SortKey),
+}
+
+/// A segment being written: rows go in with [`Self::push`], [`Self::finish`] uploads and
+/// verifies it and creates its manifest. Dropping it abandons the segment (nothing has been
+/// uploaded before `finish`; the spill file is already unlinked).
+pub struct SegmentWriter {
+    store: ArchiveStore,
+    spec: SegmentSpec,
+    upload: SegmentUpload,
+    spill_dir: PathBuf,
+    writer: Option<ArrowWriter<BufWriter<File>>>,
+    /// Rows of the current partition not yet encoded (at most [`ENCODE_BATCH_ROWS`]).
+    pending: Vec<Record>,
+    /// Clustering key of the last row encoded (order is checked across pieces).
+    last: Option<(crate::model::PartitionKey, EventTime, SortKey)>,
+    parts: Vec<PartitionEntry>,
+    slices: Vec<SliceDigest>,
+    current: Option<OpenSlice>,
+    /// Rows in the row group being encoded, and in each one closed.
+    group_rows: usize,
+    groups: Vec<u64>,
+    rows: u64,
+    bytes: u64,
+    /// Test hook (`ArchiveStore::with_lossy_encoder`): the first row encoded gets a value
+    /// other than the one handed in (and hashed).
+    lossy: bool,
+}
+
+impl SegmentWriter {
+    pub(crate) fn new(
+        store: &ArchiveStore,
+        spec: &SegmentSpec,
+        upload: &SegmentUpload,
+    ) -> Result<Self, ArchiveError> {
+        if spec.window.strategy() != spec.strategy.window_strategy() {
             return Err(invalid(
                 spec,
-                format!("row {i} at {} is outside the window", r.event_time),
+                format!(
+                    "window {} is not a window of {}",
+                    spec.window, spec.strategy
+                ),
             ));
         }
-        if i > 0 {
-            let p = &records[i - 1];
-            let a = (
+        if spec.generation < 0 {
+            return Err(invalid(
+                spec,
+                format!("negative generation {}", spec.generation),
+            ));
+        }
+        if upload.part_bytes < 1 << 20 {
+            return Err(ArchiveError::Config(format!(
+                "segment part size {} is below 1 MiB",
+                upload.part_bytes
+            )));
+        }
+        let spill_dir = upload.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let file = upload::spill_file(&spill_dir)?;
+        // Row groups are cut here, never by the Parquet writer, so that every slice's digest
+        // and bounds are known exactly.
+        let props = writer_properties(ROW_GROUP_ROWS)
+            .into_builder()
+            .set_max_row_group_row_count(None)
+            .set_sorting_columns(Some(
+                [COL_PARTITION, COL_TIME, COL_SORT]
+                    .into_iter()
+                    .map(|c| SortingColumn {
+                        column_idx: c as i32,
+                        descending: false,
+                        nulls_first: false,
+                    })
+                    .collect(),
+            ))
+            .build();
+        let writer = ArrowWriter::try_new(
+            BufWriter::with_capacity(1 << 20, file),
+            envelope_schema(true),
+            Some(props),
+        )
+        .map_err(|e| invalid(spec, format!("encoding: {e}")))?;
+        Ok(Self {
+            store: store.clone(),
+            spec: spec.clone(),
+            upload: upload.clone(),
+            spill_dir,
+            writer: Some(writer),
+            pending: Vec::with_capacity(ENCODE_BATCH_ROWS),
+            last: None,
+            parts: Vec::new(),
+            slices: Vec::new(),
+            current: None,
+            group_rows: 0,
+            groups: Vec::new(),
+            rows: 0,
+            bytes: 0,
+            lossy: store.lossy_encoder(),
+        })
+    }
+
+    /// Rows handed in so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Uncompressed bytes handed in so far (key and value bytes, as the segment target
+    /// counts them).
+    pub fn input_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Partitions begun so far.
+    pub fn partitions(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Adds rows, which must continue the strictly increasing `(partition_key, event_time,
+    /// sort_key)` order of every row before them and lie in the window.
+    pub fn push(&mut self, records: Vec<Record>) -> Result<(), ArchiveError> {
+        for r in records {
+            self.push_one(r)?;
+        }
+        Ok(())
+    }
+
+    fn push_one(&mut self, r: Record) -> Result<(), ArchiveError> {
+        let n = self.rows;
+        if !self.spec.window.contains(r.event_time) {
+            return Err(invalid(
+                &self.spec,
+                format!("row {n} at {} is outside the window", r.event_time),
+            ));
+        }
+        let before = match (self.pending.last(), &self.last) {
+            (Some(p), _) => Some((
                 p.partition_key.as_bytes(),
                 p.event_time,
                 p.sort_key.as_bytes(),
-            );
-            let b = (
-                r.partition_key.as_bytes(),
-                r.event_time,
-                r.sort_key.as_bytes(),
-            );
-            if a >= b {
-                return Err(invalid(spec, format!("row {i} is not after row {}", i - 1)));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The partitions of sorted rows, with their buckets.
-fn partitions(strategy: BucketStrategy, records: &[Record]) -> Vec<(PartitionEntry, usize)> {
-    let mut out: Vec<(PartitionEntry, usize)> = Vec::new();
-    for (i, r) in records.iter().enumerate() {
-        let bucket = strategy.bucket_of(r.event_time);
-        match out.last_mut() {
-            Some((p, _)) if p.partition_key == r.partition_key => {
-                p.rows += 1;
-                match p.buckets.last_mut() {
-                    Some((k, n)) if *k == bucket => *n += 1,
-                    _ => p.buckets.push((bucket, 1)),
-                }
-            }
-            _ => out.push((
-                PartitionEntry {
-                    partition_key: r.partition_key.clone(),
-                    first_row: i as u64,
-                    rows: 1,
-                    buckets: vec![(bucket, 1)],
-                    slices: Vec::new(),
-                },
-                i,
             )),
-        }
-    }
-    out
-}
-
-/// Encodes sorted rows, cutting row groups at partition boundaries.
-fn encode(
-    spec: &SegmentSpec,
-    records: &[Record],
-    parts: &[(PartitionEntry, usize)],
-    lossy: bool,
-) -> Result<Vec<u8>, ArchiveError> {
-    let props = writer_properties(ROW_GROUP_ROWS)
-        .into_builder()
-        .set_sorting_columns(Some(
-            [COL_PARTITION, COL_TIME, COL_SORT]
-                .into_iter()
-                .map(|c| SortingColumn {
-                    column_idx: c as i32,
-                    descending: false,
-                    nulls_first: false,
-                })
-                .collect(),
-        ))
-        .build();
-    let fail = |e: parquet::errors::ParquetError| invalid(spec, format!("encoding: {e}"));
-    let mut w =
-        ArrowWriter::try_new(Vec::new(), envelope_schema(true), Some(props)).map_err(fail)?;
-    for (n, (p, start)) in parts.iter().enumerate() {
-        if w.in_progress_rows() >= GROUP_MIN_ROWS || w.in_progress_size() >= GROUP_MAX_BYTES {
-            w.flush().map_err(fail)?;
-        }
-        let mut rows = &records[*start..*start + p.rows as usize];
-        let altered: Vec<Record>;
-        if lossy && n == 0 {
-            // Test hook: the encoder silently alters one value of the first partition. Row
-            // counts and keys stay right, so the manifest is consistent and only the
-            // writer's decoded comparison can tell.
-            let mut v = rows.to_vec();
-            let mid = v.len() / 2;
-            v[mid].value.push(b'!');
-            altered = v;
-            rows = &altered;
-        }
-        for chunk in rows.chunks(ENCODE_BATCH_ROWS) {
-            w.write(&records_to_batch(chunk, true)).map_err(fail)?;
-            if w.in_progress_size() >= GROUP_MAX_BYTES {
-                w.flush().map_err(fail)?;
+            (None, Some((pk, t, sk))) => Some((pk.as_bytes(), *t, sk.as_bytes())),
+            (None, None) => None,
+        };
+        if let Some(prev) = before {
+            if prev
+                >= (
+                    r.partition_key.as_bytes(),
+                    r.event_time,
+                    r.sort_key.as_bytes(),
+                )
+            {
+                return Err(invalid(
+                    &self.spec,
+                    format!("row {n} is not after row {}", n.saturating_sub(1)),
+                ));
             }
         }
+        let new_partition = self
+            .parts
+            .last()
+            .is_none_or(|p| p.partition_key != r.partition_key);
+        if new_partition {
+            self.write_pending()?;
+            self.close_slice();
+            let w = self.writer.as_ref().expect("open until finish");
+            if self.group_rows > 0
+                && (w.in_progress_rows() >= GROUP_MIN_ROWS
+                    || w.in_progress_size() >= GROUP_MAX_BYTES)
+            {
+                self.cut()?;
+            }
+            self.parts.push(PartitionEntry {
+                partition_key: r.partition_key.clone(),
+                first_row: self.rows,
+                rows: 0,
+                buckets: Vec::new(),
+                slices: Vec::new(),
+            });
+        }
+        let bucket = self.spec.strategy.bucket_of(r.event_time);
+        let p = self.parts.last_mut().expect("a partition is open");
+        p.rows += 1;
+        match p.buckets.last_mut() {
+            Some((k, c)) if *k == bucket => *c += 1,
+            _ => p.buckets.push((bucket, 1)),
+        }
+        self.rows += 1;
+        self.bytes +=
+            (r.partition_key.as_bytes().len() + 8 + r.sort_key.as_bytes().len() + r.value.len())
+                as u64;
+        self.pending.push(r);
+        if self.pending.len() >= ENCODE_BATCH_ROWS {
+            self.write_pending()?;
+        }
+        Ok(())
     }
-    // Writes the footer and hands back the buffer.
-    w.into_inner().map_err(fail)
-}
 
-/// Row groups' byte ranges and the tail, read from the encoded file's own footer.
-fn layout(key: &str, bytes: &Bytes) -> Result<(Vec<RowGroupEntry>, ByteRange), ArchiveError> {
-    let meta = ParquetMetaDataReader::new()
-        .parse_and_finish(bytes)
-        .map_err(|e| ArchiveError::decode(key, e))?;
-    let mut groups = Vec::with_capacity(meta.num_row_groups());
-    let mut end = 4u64;
-    for rg in meta.row_groups() {
-        let (mut from, mut to) = (u64::MAX, 0u64);
-        for c in rg.columns() {
-            let (o, n) = c.byte_range();
-            from = from.min(o);
-            to = to.max(o + n);
+    fn fail(&self, e: parquet::errors::ParquetError) -> ArchiveError {
+        invalid(&self.spec, format!("encoding: {e}"))
+    }
+
+    /// Encodes the pending rows (all of one partition), cutting a row group every
+    /// [`ROW_GROUP_ROWS`] rows and once the group reaches [`GROUP_MAX_BYTES`].
+    fn write_pending(&mut self) -> Result<(), ArchiveError> {
+        if self.pending.is_empty() {
+            return Ok(());
         }
-        if from < end || to <= from {
-            return Err(ArchiveError::decode(key, "row groups overlap or are empty"));
+        let chunk = std::mem::take(&mut self.pending);
+        let mut at = 0;
+        while at < chunk.len() {
+            let room = ROW_GROUP_ROWS - self.group_rows;
+            let piece = &chunk[at..at + room.min(chunk.len() - at)];
+            self.digest(piece);
+            let batch = if self.lossy {
+                // Test hook: the encoder silently alters one value. Row counts and keys stay
+                // right, so the manifest is consistent and only the slice digests can tell.
+                self.lossy = false;
+                let mut v = piece.to_vec();
+                v[0].value.push(b'!');
+                records_to_batch(&v, true)
+            } else {
+                records_to_batch(piece, true)
+            };
+            let w = self.writer.as_mut().expect("open until finish");
+            w.write(&batch).map_err(|e| self.fail(e))?;
+            self.group_rows += piece.len();
+            at += piece.len();
+            if self.group_rows == ROW_GROUP_ROWS {
+                self.cut()?;
+            }
         }
-        end = to;
-        let slice = &bytes[from as usize..to as usize];
-        groups.push(RowGroupEntry {
-            range: ByteRange {
-                offset: from,
-                length: to - from,
-                sha256: sha256_hex(slice),
-            },
-            rows: rg.num_rows() as u64,
+        let w = self.writer.as_ref().expect("open until finish");
+        if self.group_rows > 0 && w.in_progress_size() >= GROUP_MAX_BYTES {
+            self.cut()?;
+        }
+        let l = chunk.last().expect("not empty");
+        self.last = Some((l.partition_key.clone(), l.event_time, l.sort_key.clone()));
+        self.pending = chunk;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Adds rows (one partition's, inside one row group) to the open slice.
+    fn digest(&mut self, rows: &[Record]) {
+        let (Some(f), Some(l)) = (rows.first(), rows.last()) else {
+            return;
+        };
+        let s = self.current.get_or_insert_with(|| OpenSlice {
+            hasher: Sha256::new(),
+            rows: 0,
+            first: (f.event_time, f.sort_key.clone()),
+            last: (f.event_time, f.sort_key.clone()),
         });
+        for r in rows {
+            hash_row(
+                &mut s.hasher,
+                r.partition_key.as_bytes(),
+                r.event_time.as_nanos(),
+                r.sort_key.as_bytes(),
+                &r.value,
+            );
+        }
+        s.rows += rows.len() as u64;
+        s.last = (l.event_time, l.sort_key.clone());
     }
-    let tail = &bytes[end as usize..];
-    Ok((
-        groups,
-        ByteRange {
-            offset: end,
-            length: tail.len() as u64,
-            sha256: sha256_hex(tail),
-        },
-    ))
-}
 
-/// Creates `bytes` at `key` once; an object already there must hold the same bytes. A
-/// transient failure is retried: a create that did commit is then found and compared.
-async fn create_once(op: &opendal::Operator, key: &str, bytes: Bytes) -> Result<(), ArchiveError> {
-    let mut attempt = 0;
-    loop {
-        let e = match op.write_with(key, bytes.clone()).if_not_exists(true).await {
-            Ok(_) => return Ok(()),
-            Err(e) if is_condition_failure(&e) => {
-                let stored = read(op, key).await?;
-                if stored != bytes {
-                    return Err(ArchiveError::AlreadyExistsDifferent {
-                        key: key.to_string(),
-                    });
-                }
-                return Ok(());
-            }
-            Err(e) => ArchiveError::storage("write", key, e),
-        };
-        if !retry_transient(&e, &mut attempt).await {
-            return Err(e);
+    fn close_slice(&mut self) {
+        if let Some(s) = self.current.take() {
+            self.slices.push(SliceDigest {
+                rows: s.rows,
+                first: s.first,
+                last: s.last,
+                sha256: s.hasher.finalize().into(),
+            });
         }
     }
-}
 
-/// A whole object, transient failures retried.
-async fn read(op: &opendal::Operator, key: &str) -> Result<Bytes, ArchiveError> {
-    let mut attempt = 0;
-    loop {
-        let e = match op.read(key).await {
-            Ok(b) => return Ok(b.to_bytes()),
-            Err(e) => ArchiveError::storage("read", key, e),
-        };
-        if !retry_transient(&e, &mut attempt).await {
-            return Err(e);
+    /// Closes the row group being encoded.
+    fn cut(&mut self) -> Result<(), ArchiveError> {
+        self.close_slice();
+        let w = self.writer.as_mut().expect("open until finish");
+        w.flush().map_err(|e| self.fail(e))?;
+        self.groups.push(self.group_rows as u64);
+        self.group_rows = 0;
+        Ok(())
+    }
+
+    /// Encodes the rest, then uploads, verifies and commits the segment (see the module
+    /// comment). Returns only when all of that succeeded; transient storage failures are
+    /// retried request by request.
+    pub async fn finish(mut self) -> Result<WrittenSegment, ArchiveError> {
+        self.write_pending()?;
+        self.close_slice();
+        if self.rows == 0 {
+            return Err(invalid(
+                &self.spec,
+                "a segment needs at least one row".into(),
+            ));
         }
+        if self.group_rows > 0 {
+            self.cut()?;
+        }
+        let spill_err = |dir: &PathBuf, e: std::io::Error| ArchiveError::Spill {
+            dir: dir.display().to_string(),
+            source: e,
+        };
+        let w = self.writer.take().expect("open until finish");
+        let buffered = w.into_inner().map_err(|e| self.fail(e))?;
+        let file = buffered
+            .into_inner()
+            .map_err(|e| spill_err(&self.spill_dir, e.into_error()))?;
+        upload::commit(upload::Encoded {
+            store: self.store,
+            spec: self.spec,
+            upload: self.upload,
+            spill_dir: self.spill_dir,
+            file,
+            parts: self.parts,
+            slices: self.slices,
+            groups: self.groups,
+            rows: self.rows,
+        })
+        .await
     }
 }
 
+/// [`SegmentWriter`] over rows held by the caller, with the default upload settings (the
+/// public `ArchiveStore::write_segment`).
 pub(crate) async fn write_segment(
     store: &ArchiveStore,
     spec: &SegmentSpec,
     records: &[Record],
 ) -> Result<WrittenSegment, ArchiveError> {
-    check_input(spec, records)?;
-    let dir = store.rooted(&segment_dir(
-        &spec.table_id,
-        &spec.window,
-        spec.ordinal,
-        spec.generation,
-    ));
-    let payload_key = format!("{dir}/payload.parquet");
-    let manifest_key = format!("{dir}/manifest.json");
-    let parts = partitions(spec.strategy, records);
-    let encoded = Bytes::from(encode(spec, records, &parts, store.lossy_encoder())?);
-    let (row_groups, footer) = layout(&payload_key, &encoded)?;
-    let mut parts = parts;
-    for (p, start) in &mut parts {
-        p.slices = slices_of(&row_groups, p.first_row, p.rows);
-        let mut at = *start;
-        for g in &mut p.slices {
-            let (f, l) = (&records[at], &records[at + g.rows as usize - 1]);
-            g.bounds = Some((
-                (f.event_time, f.sort_key.clone()),
-                (l.event_time, l.sort_key.clone()),
-            ));
-            at += g.rows as usize;
-        }
+    let mut w = SegmentWriter::new(store, spec, &SegmentUpload::default())?;
+    for chunk in records.chunks(ENCODE_BATCH_ROWS) {
+        w.push(chunk.to_vec())?;
     }
-    let now = Utc::now();
-    let manifest = SegmentManifest {
-        version: SEGMENT_MANIFEST_VERSION,
-        table_id: spec.table_id.clone(),
-        bucket_strategy: spec.strategy,
-        window: spec.window,
-        generation: spec.generation,
-        ordinal: spec.ordinal,
-        payload_key: payload_key.clone(),
-        row_count: records.len() as u64,
-        byte_length: encoded.len() as u64,
-        sha256: sha256_hex(&encoded),
-        footer,
-        row_groups,
-        partitions: parts.iter().map(|(p, _)| p.clone()).collect(),
-        created_at: DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now),
-    };
-    // The manifest must be one a reader accepts before anything is written.
-    let manifest_bytes = manifest.to_json_bytes();
-    SegmentManifest::parse(&manifest_bytes, &manifest_key)?;
-
-    let op = store.operator();
-    create_once(op, &payload_key, encoded.clone()).await?;
-    crate::failpoint::hit("segment_after_payload");
-    // Read back: the stored object must be the encoded bytes, then it must decode to the
-    // rows handed in, partition by partition, through the reader queries use.
-    let stored = read(op, &payload_key).await?;
-    if stored.len() as u64 != manifest.byte_length {
-        return Err(ArchiveError::LengthMismatch {
-            key: payload_key,
-            expected: manifest.byte_length,
-            actual: stored.len() as u64,
-        });
-    }
-    let actual = sha256_hex(&stored);
-    if actual != manifest.sha256 {
-        return Err(ArchiveError::ChecksumMismatch {
-            key: payload_key,
-            expected: manifest.sha256.clone(),
-            actual,
-        });
-    }
-    drop(stored);
-    verify_decoded(op, &manifest, records, &parts).await?;
-
-    match create_once(op, &manifest_key, Bytes::from(manifest_bytes)).await {
-        Ok(()) => {}
-        // A retry of the same generation wrote the manifest first, with another created_at.
-        Err(ArchiveError::AlreadyExistsDifferent { .. }) => {
-            let existing = SegmentManifest::parse(&read(op, &manifest_key).await?, &manifest_key)?;
-            let mut mine = manifest.clone();
-            mine.created_at = existing.created_at;
-            if mine != existing {
-                return Err(ArchiveError::AlreadyExistsDifferent { key: manifest_key });
-            }
-        }
-        Err(e) => return Err(e),
-    }
-    let back = SegmentManifest::parse(&read(op, &manifest_key).await?, &manifest_key)?;
-    let mut mine = manifest;
-    mine.created_at = back.created_at;
-    if mine != back {
-        return Err(ArchiveError::InvalidManifest {
-            key: manifest_key,
-            reason: "read-back manifest differs from the one written".into(),
-        });
-    }
-    crate::failpoint::hit("segment_after_manifest");
-    Ok(WrittenSegment {
-        manifest_key,
-        manifest: Arc::new(back),
-    })
-}
-
-/// Decodes every partition of the stored payload through the reader queries use (the
-/// footer and each row group fetched with its own ranged read and checked against its
-/// digest, each group cut to the partition's rows and checked against the manifest's
-/// bounds, nothing cached) and compares it with the rows the segment was written from.
-/// Checking the whole file as one buffer would pass a payload whose ranged reads cannot be
-/// decoded (a partition spanning row groups once was one). Memory holds one row group.
-async fn verify_decoded(
-    op: &opendal::Operator,
-    m: &SegmentManifest,
-    records: &[Record],
-    parts: &[(PartitionEntry, usize)],
-) -> Result<(), ArchiveError> {
-    let key = m.payload_key.as_str();
-    let cache = SegmentCache::with_partition_bytes(0);
-    let metrics = ArchiveScanMetrics::default();
-    for (p, start) in parts {
-        let mut at = *start;
-        for g in &p.slices {
-            // Each group's reads are retried on their own (a transient failure of one
-            // ranged read should not restart the whole segment).
-            let mut attempt = 0;
-            let batch = loop {
-                match slice_rows(op, &cache, m, p, g, &metrics).await {
-                    Err(e) if retry_transient(&e, &mut attempt).await => {}
-                    other => break other?,
-                }
-            };
-            let decoded = batch_to_records(&batch)?;
-            let want = &records[at..at + g.rows as usize];
-            at += g.rows as usize;
-            if decoded.len() != want.len() {
-                return Err(ArchiveError::RowCountMismatch {
-                    key: key.to_string(),
-                    expected: want.len() as u64,
-                    actual: decoded.len() as u64,
-                });
-            }
-            if decoded.as_slice() != want {
-                return Err(ArchiveError::decode(
-                    key,
-                    format!(
-                        "partition {} decodes to rows that differ from the rows written \
-                         (row group {})",
-                        p.partition_key.to_hex(),
-                        g.row_group
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
+    w.finish().await
 }
