@@ -436,10 +436,14 @@ async fn scenario(names: &Names, archive: &str) {
 
 /// The archiver's best-effort steps (writing and pruning the job history, reading the
 /// policies) only log a warning when refused: a run with the documented grants logs none.
+/// The one warning allowed is a step that kept meeting serialization conflicts (40001)
+/// with the run's other workers on a loaded machine: the step is retried at the next
+/// cycle, and it says nothing about grants.
 fn quiet(stderr: &str) {
     for line in stderr.lines() {
+        let transient = line.contains("kept conflicting after") && line.contains("40001");
         assert!(
-            !line.contains(" WARN ") && !line.contains(" ERROR "),
+            transient || (!line.contains(" WARN ") && !line.contains(" ERROR ")),
             "the archiver logged a warning: {line}"
         );
     }
