@@ -33,13 +33,22 @@ const COMPACTOR_LIFE: Duration = Duration::from_secs(12);
 /// Deadlines of every archiver here, and the smallest GC delay they allow: above the upload
 /// deadline (3 s) plus the publication window at a 1 s operation deadline (13 s) plus the
 /// 5 s clock-skew allowance.
-const DEADLINES: [&str; 6] = [
+// The retirement delay is cut to seconds (no backup retention, readers bounded at 1 s) so
+// that replaced objects are collected within the test: a reader holding a route longer
+// meets NotFound and follows the new route.
+const DEADLINES: [&str; 12] = [
     "--op-deadline-seconds",
     "1",
     "--upload-deadline-seconds",
     "3",
     "--gc-delay-seconds",
     "22",
+    "--backup-retention-seconds",
+    "0",
+    "--reader-route-cache-seconds",
+    "1",
+    "--reader-statement-timeout-seconds",
+    "1",
 ];
 const GC_DELAY: Duration = Duration::from_secs(22);
 
