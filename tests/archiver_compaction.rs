@@ -1,6 +1,7 @@
 //! Compaction with the real runner against PostgreSQL and S3: windows of published buckets
 //! move into segments while SQL reads them, readers holding old routes keep reading until
-//! the retirement delay, late buckets are folded into a window's next generation, and a
+//! the retirement delay, late buckets make work for their partitions only, windows are
+//! worked a segment at a time across passes, and a
 //! window with unfinished buckets is left alone.
 
 mod archiver_support;
@@ -310,8 +311,29 @@ async fn replaced_objects_outlive_the_switch_by_the_retirement_delay() {
     check_queries(&fresh, channels, per_channel, 2).await;
 }
 
+/// The manifest key each bucket routes to, by (partition, bucket).
+async fn route_keys(s: &Setup) -> Vec<(PartitionKey, String, String)> {
+    s.store
+        .list_buckets(&s.table, &BucketFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| {
+            let key = match m.state {
+                BucketState::Archived { object_key, .. } => object_key,
+                other => panic!("{other:?}"),
+            };
+            (m.id.partition_key, m.id.bucket_key.to_string(), key)
+        })
+        .collect()
+}
+
+/// Late buckets make work for their partitions only: a new channel's bucket and an existing
+/// channel's new day are rewritten (the existing channel with all its buckets of the
+/// window, from the older segment), the untouched channel keeps its route to the older
+/// segment, which is therefore kept by GC even once it is retired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_late_bucket_is_folded_into_the_next_generation_of_its_window() {
+async fn a_late_bucket_rewrites_only_its_partition() {
     let s = setup("compactlate").await;
     let early = rows("2021-03-01T00:00:00Z", 2, 40);
     s.store.append_batch(&s.table, &early).await.unwrap();
@@ -321,33 +343,44 @@ async fn a_late_bucket_is_folded_into_the_next_generation_of_its_window() {
         .await
         .unwrap();
     let first = runner.compact_pass().await.unwrap();
-    assert_eq!(first.windows, 1);
-    let old_segment = match &routes(&s).await[0].1 {
-        BucketState::Archived { object_key, .. } => object_key.clone(),
-        other => panic!("{other:?}"),
+    assert_eq!((first.windows, first.buckets), (1, 8), "{first:?}");
+    let old_segment = route_keys(&s).await[0].2.clone();
+    assert!(route_keys(&s).await.iter().all(|r| r.2 == old_segment));
+    // Late appends into the same month: a new channel, and a new day of channel 2.
+    let relabel = |rows: Vec<Record>, ch: i64, first_id: i64| {
+        rows.into_iter()
+            .enumerate()
+            .map(|(i, mut r)| {
+                r.partition_key = PartitionKey::from_i64(ch);
+                r.sort_key = SortKey::new(encode_i64(first_id + i as i64).to_vec()).unwrap();
+                r
+            })
+            .collect::<Vec<_>>()
     };
-    // A late append into the same month (a new channel), archived afterwards.
-    let late = rows("2021-03-20T00:00:00Z", 1, 5)
-        .into_iter()
-        .map(|mut r| {
-            r.partition_key = PartitionKey::from_i64(9);
-            r
-        })
-        .collect::<Vec<_>>();
-    s.store.append_batch(&s.table, &late).await.unwrap();
+    let late_new = relabel(rows("2021-03-20T00:00:00Z", 1, 5), 9, 900_000);
+    let late_day = relabel(rows("2021-03-25T00:00:00Z", 1, 3), 2, 200_040);
+    s.store.append_batch(&s.table, &late_new).await.unwrap();
+    s.store.append_batch(&s.table, &late_day).await.unwrap();
     runner
         .drain(&CancellationToken::new(), &|_, _| {})
         .await
         .unwrap();
     let second = runner.compact_pass().await.unwrap();
     assert_eq!(
-        (second.windows, second.buckets),
-        (1, 9),
-        "8 early buckets and the late one"
+        (second.windows, second.segments, second.buckets),
+        (1, 1, 6),
+        "channel 9's bucket, and channel 2's four early buckets with its late one: {second:?}"
     );
-    let now = routes(&s).await;
-    assert!(now.iter().all(|(_, st)| in_segment(st)));
-    assert!(now.iter().all(|(_, st)| !matches!(st, BucketState::Archived { object_key, .. } if *object_key == old_segment)));
+    let now = route_keys(&s).await;
+    assert!(now.iter().all(|r| r.2.contains("/segments/")));
+    for (pk, bucket, key) in &now {
+        let untouched = *pk == PartitionKey::from_i64(1);
+        assert_eq!(
+            key == &old_segment,
+            untouched,
+            "{pk:?} {bucket} routes to {key}"
+        );
+    }
     let retired: Vec<String> = s
         .store
         .retired_objects()
@@ -356,14 +389,94 @@ async fn a_late_bucket_is_folded_into_the_next_generation_of_its_window() {
         .into_iter()
         .map(|r| r.object_key)
         .collect();
-    assert!(
-        retired.contains(&old_segment),
-        "the first generation's segment is retired"
+    assert!(retired.contains(&old_segment), "channel 2 moved off it");
+    // Past every delay, GC keeps the older segment: channel 1 still routes to it.
+    let delays = GcDelays {
+        orphans: Duration::ZERO,
+        retired: Duration::ZERO,
+    };
+    collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
+        .await
+        .unwrap();
+    let fresh = session(
+        s.store.clone(),
+        s.archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
+    let b = query(&fresh, "SELECT count(*), sum(id) FROM chat").await;
+    let want: i64 = early
+        .iter()
+        .chain(&late_new)
+        .chain(&late_day)
+        .map(|r| pulpitum::model::decode_i64(r.sort_key.as_bytes()).unwrap())
+        .sum();
+    assert_eq!((ints(&b, 0), ints(&b, 1)), (vec![88], vec![want]));
+    let b = query(
+        &fresh,
+        "SELECT id FROM chat WHERE channel_id = 2 ORDER BY timestamp, id",
+    )
+    .await;
+    assert_eq!(
+        ints(&b, 0),
+        (200_000..200_043).collect::<Vec<_>>(),
+        "channel 2 whole, from its new segment"
     );
-    let b = query(&s.ctx, "SELECT count(*) FROM chat").await;
-    assert_eq!(ints(&b, 0), vec![85]);
     // Nothing left to do: the next pass finds no window.
-    assert_eq!(runner.compact_pass().await.unwrap().windows, 0);
+    let third = runner.compact_pass().await.unwrap();
+    assert_eq!((third.windows, third.buckets, third.skipped), (0, 0, 0));
+}
+
+/// A window is worked a page of partitions and a segment at a time, each segment switched
+/// as soon as it is written: with a budget of zero every pass writes one segment and
+/// stops, SQL reads every row between passes, the next pass resumes with the partitions
+/// that still have work, and no bucket is rewritten twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_window_is_compacted_a_segment_at_a_time_across_passes() {
+    let s = setup("compactpaged").await;
+    let (channels, per_channel) = (11, 30);
+    s.store
+        .append_batch(
+            &s.table,
+            &rows("2021-03-01T00:00:00Z", channels, per_channel),
+        )
+        .await
+        .unwrap();
+    archive_only(&s).await;
+    let mut c = config();
+    c.compact_budget = Duration::ZERO;
+    c.compact_page_partitions = 3;
+    c.segment_max_partitions = 4;
+    let runner = Runner::new(s.store.clone(), s.archive.clone(), c).unwrap();
+    let metrics = runner.metrics();
+    let in_segments = || async {
+        route_keys(&s)
+            .await
+            .iter()
+            .filter(|r| r.2.contains("/segments/"))
+            .count()
+    };
+    let mut seen = Vec::new();
+    for round in 0..4 {
+        let r = runner.compact_pass().await.unwrap();
+        assert_eq!(r.failed, 0, "{r:?}");
+        seen.push((r.segments, r.buckets, r.budget_spent, in_segments().await));
+        check_queries(&s.ctx, channels, per_channel, round).await;
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (1, 12, true, 12), // channels 1-4 (3 days each), then the budget
+            (1, 12, true, 24), // channels 5-8: the switched ones have no work left
+            (1, 9, false, 33), // channels 9-11 end the window
+            (0, 0, false, 33), // nothing left
+        ]
+    );
+    assert_eq!(metrics.buckets_compacted.get(), 33, "no bucket rewritten");
+    let segments: std::collections::BTreeSet<String> =
+        route_keys(&s).await.into_iter().map(|r| r.2).collect();
+    assert_eq!(segments.len(), 3, "{segments:?}");
 }
 
 /// The text cells of every row of a query, for checks on what a system table shows.
@@ -688,4 +801,166 @@ async fn partitions_of_several_row_groups_read_back_through_sql() {
             );
         }
     }
+}
+
+/// The rows an archive object holds for one bucket, read raw (no masks applied).
+async fn stored_rows(s: &Setup, key: &str, bucket: &pulpitum::model::BucketId) -> Vec<Record> {
+    use futures::StreamExt;
+    let route = s.archive.open_route(key, bucket).await.unwrap();
+    let mut rows = s
+        .archive
+        .scan_route(
+            &route,
+            bucket,
+            &pulpitum::archive::ArchiveScan::default(),
+            Arc::default(),
+        )
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while let Some(b) = rows.next().await {
+        out.extend(pulpitum::model::batch_to_records(&b.unwrap()).unwrap());
+    }
+    out
+}
+
+/// Deleted and edited archived rows leave the archive at the next compaction: the
+/// partitions with masks are rewritten with the masks applied (a bucket whose every row was
+/// deleted is dropped), the untouched partition keeps its route, a reader that planned on
+/// the old routes still sees no deleted row, the masks the rewrite applied are forgotten by
+/// GC after the retirement delay and a mask written after the rewrite is not; SQL answers
+/// the same throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleted_and_edited_archived_rows_are_rewritten_out_of_the_archive() {
+    let s = setup("compactpurge").await;
+    let (channels, per_channel) = (3, 30);
+    let all = rows("2021-03-01T00:00:00Z", channels, per_channel);
+    s.store.append_batch(&s.table, &all).await.unwrap();
+    archive_only(&s).await;
+    let runner = Runner::new(s.store.clone(), s.archive.clone(), config()).unwrap();
+    assert_eq!(runner.compact_pass().await.unwrap().buckets, 9);
+    let first = route_keys(&s).await[0].2.clone();
+    check_queries(&s.ctx, channels, per_channel, 0).await;
+
+    for sql in [
+        "DELETE FROM chat WHERE channel_id = 2 AND id = 200005",
+        // Every row of channel 2's second day.
+        "DELETE FROM chat WHERE channel_id = 2 AND id >= 200010 AND id < 200020",
+        "UPDATE chat SET content = 'edited' WHERE channel_id = 3 AND id = 300021",
+    ] {
+        query(&s.ctx, sql).await;
+    }
+    let gone = |id: i64| id == 200_005 || (200_010..200_020).contains(&id);
+    let expect = |extra_gone: &dyn Fn(i64) -> bool| {
+        let ids: Vec<i64> = all
+            .iter()
+            .map(|r| pulpitum::model::decode_i64(r.sort_key.as_bytes()).unwrap())
+            .filter(|id| !gone(*id) && !extra_gone(*id))
+            .collect();
+        (vec![ids.len() as i64], vec![ids.iter().sum::<i64>()])
+    };
+    let answer = |ctx: SessionContext| async move {
+        let b = query(&ctx, "SELECT count(*), sum(id) FROM chat").await;
+        let edited = query(
+            &ctx,
+            "SELECT count(*) FROM chat WHERE channel_id = 3 AND content = 'edited'",
+        )
+        .await;
+        ((ints(&b, 0), ints(&b, 1)), ints(&edited, 0))
+    };
+    assert_eq!(answer(s.ctx.clone()).await, (expect(&|_| false), vec![1]));
+
+    let report = runner.compact_pass().await.unwrap();
+    assert_eq!(
+        (report.windows, report.buckets),
+        (1, 5),
+        "channel 2's first and third days and channel 3's three; the emptied day dropped: \
+         {report:?}"
+    );
+    assert_eq!(runner.metrics().masks_purged.get(), 12);
+    let now = route_keys(&s).await;
+    assert_eq!(now.len(), 8, "channel 2's second day is gone: {now:?}");
+    let rewritten = now
+        .iter()
+        .find(|r| r.0 == PartitionKey::from_i64(2))
+        .unwrap()
+        .2
+        .clone();
+    assert_ne!(rewritten, first);
+    for (pk, bucket, key) in &now {
+        let untouched = *pk == PartitionKey::from_i64(1);
+        assert_eq!(key == &first, untouched, "{pk:?} {bucket}");
+    }
+    // The new segment holds neither the deleted rows nor the old body; the old one still
+    // holds both (it is retired, and GC deletes it once no route names it).
+    let bucket = |ch: i64, day: &str| pulpitum::model::BucketId {
+        table_id: s.table.clone(),
+        partition_key: PartitionKey::from_i64(ch),
+        bucket_key: BucketKey::parse_any(&format!("day:2021-03-{day}")).unwrap(),
+    };
+    let ids = |rows: &[Record]| -> Vec<i64> {
+        rows.iter()
+            .map(|r| pulpitum::model::decode_i64(r.sort_key.as_bytes()).unwrap())
+            .collect()
+    };
+    let new_day1 = stored_rows(&s, &rewritten, &bucket(2, "01")).await;
+    assert_eq!(ids(&new_day1).len(), 9);
+    assert!(!ids(&new_day1).contains(&200_005));
+    assert!(ids(&stored_rows(&s, &first, &bucket(2, "01")).await).contains(&200_005));
+    let new_day3 = stored_rows(&s, &rewritten, &bucket(3, "03")).await;
+    let edited: Vec<&Record> = new_day3.iter().filter(|r| r.value == b"edited").collect();
+    assert_eq!(edited.len(), 1);
+    assert_eq!(
+        pulpitum::model::decode_i64(edited[0].sort_key.as_bytes()),
+        Some(300_021)
+    );
+    // The session planned on the old routes (inside its cache bound): the masks it reads
+    // still hide the deleted rows in the old segment.
+    assert_eq!(answer(s.ctx.clone()).await, (expect(&|_| false), vec![1]));
+
+    // A delete after the rewrite: masked, not rewritten yet.
+    query(
+        &s.ctx,
+        "DELETE FROM chat WHERE channel_id = 1 AND id = 100000",
+    )
+    .await;
+    let later = |id: i64| id == 100_000;
+    // GC inside the retirement delay forgets no mask.
+    let inside = GcDelays {
+        orphans: Duration::ZERO,
+        retired: Duration::from_secs(3600),
+    };
+    let r = collect_garbage_with(&*s.store, &s.archive, inside, &ArchiverMetrics::default())
+        .await
+        .unwrap();
+    assert_eq!(r.masks_forgotten, 0);
+    // Past it, the twelve rewritten masks go, the new one stays.
+    let past = GcDelays {
+        orphans: Duration::ZERO,
+        retired: Duration::ZERO,
+    };
+    let r = collect_garbage_with(&*s.store, &s.archive, past, &ArchiverMetrics::default())
+        .await
+        .unwrap();
+    assert_eq!(r.masks_forgotten, 12, "{r:?}");
+    assert_eq!(s.store.row_masks(&bucket(1, "01")).await.unwrap().len(), 1);
+    let fresh = || async {
+        session(
+            s.store.clone(),
+            s.archive.clone(),
+            SessionOptions::default(),
+        )
+        .await
+        .unwrap()
+    };
+    assert_eq!(answer(fresh().await).await, (expect(&later), vec![1]));
+    // The next pass rewrites channel 1; nothing is left to do after it.
+    let r = runner.compact_pass().await.unwrap();
+    assert_eq!((r.windows, r.buckets), (1, 3), "{r:?}");
+    assert_eq!(runner.compact_pass().await.unwrap().windows, 0);
+    let r = collect_garbage_with(&*s.store, &s.archive, past, &ArchiverMetrics::default())
+        .await
+        .unwrap();
+    assert_eq!(r.masks_forgotten, 1, "{r:?}");
+    assert_eq!(answer(fresh().await).await, (expect(&later), vec![1]));
 }

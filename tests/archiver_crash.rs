@@ -318,8 +318,8 @@ async fn a_worker_paused_past_its_lease_cannot_delete_hot_rows() {
     recover(&f, "the stale worker").await;
 }
 
-/// A crash between a window's switch and the release of its claim, on the window's second
-/// generation: the claim is never released (nobody claims a window whose every bucket is
+/// A crash between a window's (last) switch and the release of its claim, on the window's
+/// second generation: the claim is never released (nobody claims a window whose every bucket is
 /// in a segment), yet once its lease has expired GC no longer protects the window, so the
 /// first generation's segment (retired by the switch) is deleted and its retired row
 /// forgotten: nothing is kept forever.
@@ -338,24 +338,28 @@ async fn a_crash_after_the_switch_leaves_nothing_kept_forever() {
         .filter(|k| k.contains("/segments/"))
         .collect();
     assert!(!first_segments.is_empty());
-    // A late bucket of the same window, then generation 2 crashes right after its switch.
+    // A late bucket of the same window in every partition (a late bucket gives work to its
+    // partition only, so every partition moves off generation 1), then generation 2
+    // crashes right after its switch.
     let table = TableId::new("chat").unwrap();
     let base = EventTime::parse_rfc3339("2021-03-20T00:00:00Z")
         .unwrap()
         .as_micros();
-    let late: Vec<Record> = (0..20)
-        .map(|i| Record {
-            partition_key: PartitionKey::new(vec![9]).unwrap(),
-            event_time: EventTime::from_micros(base + i * 1_000_000).unwrap(),
-            sort_key: SortKey::new((i as u64).to_be_bytes().to_vec()).unwrap(),
-            value: format!("late {i}").into_bytes(),
-        })
-        .collect();
-    f.store.append_batch(&table, &late).await.unwrap();
-    f.expected.insert(
-        BucketId::of_record(&table, BucketStrategy::CalendarDayUtc, &late[0]),
-        late,
-    );
+    for p in 1..=3u8 {
+        let late: Vec<Record> = (0..20)
+            .map(|i| Record {
+                partition_key: PartitionKey::new(vec![p]).unwrap(),
+                event_time: EventTime::from_micros(base + i * 1_000_000).unwrap(),
+                sort_key: SortKey::new((i as u64).to_be_bytes().to_vec()).unwrap(),
+                value: format!("late {i}").into_bytes(),
+            })
+            .collect();
+        f.store.append_batch(&table, &late).await.unwrap();
+        f.expected.insert(
+            BucketId::of_record(&table, BucketStrategy::CalendarDayUtc, &late[0]),
+            late,
+        );
+    }
     let status = configured(archiver(&f.db, &f.archive_url))
         .env("PULPITUM_FAILPOINT", "compact_after_switch")
         .status()

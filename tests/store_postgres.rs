@@ -781,7 +781,10 @@ async fn a_switch_of_thousands_of_buckets_is_one_transaction() {
                 bucket_key: key,
             },
             from_object_key: format!("src/{i}/manifest.json"),
-            to_object_key: format!("big/segments/month:2024-03/{}-1/manifest.json", i / 1000),
+            to_object_key: format!(
+                "big/segments/month:2024-03/s{:05}-g1/manifest.json",
+                i / 1000
+            ),
         })
         .collect();
     let start = EventTime::parse_rfc3339("2024-03-01T00:00:00Z").unwrap();
@@ -838,5 +841,115 @@ async fn a_switch_of_thousands_of_buckets_is_one_transaction() {
         took < std::time::Duration::from_secs(10),
         "a switch of {MANY} buckets took {took:?}"
     );
+    store.drop_schema().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Compaction's work list at scale (docs/segments.md, "Finding work")
+
+/// Partitions per month in the work-list test.
+const WIDE: i64 = 200_000;
+
+/// In a registry of 400,000 archived buckets (a month of 200,000 partitions already in
+/// segments, then a month of 200,000 still per-bucket), finding the next due window and a
+/// page of a window's partitions with work read the partial indexes of migrations 18 and
+/// 19, never the table: their plans (`EXPLAIN`, with the statement's own text and
+/// parameters) name a work-list index and no sequential scan, and the answers skip the
+/// month already in segments. (Without the indexes PostgreSQL scans the table, or the
+/// whole primary key, for both.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_work_list_reads_the_partial_indexes_in_a_registry_of_many_partitions() {
+    use pulpitum::model::BucketKey;
+    use pulpitum::store::postgres::work_list_statements;
+    use pulpitum::store::Compaction;
+
+    let store = fresh_store().await;
+    store.migrate().await.unwrap();
+    let tbl = TableId::new("wide").unwrap();
+    let def = TableDefinition::new(tbl.clone(), BucketStrategy::CalendarDayUtc, "raw");
+    store.register_table(&def).await.unwrap();
+    let client = store.raw_client().await.unwrap();
+    for (day, key) in [
+        ("2024-02-01", "'wide/segments/month:2024-02/s' || lpad((i / 16384)::TEXT, 5, '0') || '-g1/manifest.json'"),
+        ("2024-03-01", "'wide/p' || i::TEXT || '/day:2024-03-01/g1/manifest.json'"),
+    ] {
+        let sql = format!(
+            "INSERT INTO pulpitum_v4_bucket_metadata (table_id, partition_key, bucket_key, \
+               bucket_strategy, bucket_start, bucket_end, state, generation, object_key, \
+               hot_deleted, published_at) \
+             SELECT 'wide', convert_to('p' || lpad(i::TEXT, 7, '0'), 'UTF8'), 'day:' || $2::TEXT, \
+               'calendar_day_utc', $2::TEXT::TIMESTAMPTZ, $2::TEXT::TIMESTAMPTZ + INTERVAL '1 day', \
+               'archived', 1, {key}, true, now() \
+             FROM generate_series(1, $1::INT8) AS i"
+        );
+        client.execute(&sql, &[&WIDE, &day]).await.unwrap();
+    }
+    client
+        .batch_execute("ANALYZE pulpitum_v4_bucket_metadata")
+        .await
+        .unwrap();
+    let t = |s: &str| EventTime::parse_rfc3339(s).unwrap();
+    let (mar, apr) = (t("2024-03-01T00:00:00Z"), t("2024-04-01T00:00:00Z"));
+
+    // The answers: February is in segments, March is the work.
+    assert_eq!(
+        store
+            .next_compaction_start(&tbl, EventTime::min_supported(), t("2025-01-01T00:00:00Z"))
+            .await
+            .unwrap(),
+        Some(mar)
+    );
+    let page = store
+        .partitions_to_compact(&tbl, mar, apr, None, 1_024, true)
+        .await
+        .unwrap();
+    assert_eq!(page.len(), 1_024);
+    assert_eq!(page[0].as_bytes(), b"p0000001");
+    let feb = BucketKey::parse_any("month:2024-02").unwrap().bounds();
+    assert!(store
+        .partitions_to_compact(&tbl, feb.0, feb.1, None, 10, true)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // The plans.
+    let [(name_next, next_sql), (name_parts, parts_sql)] = work_list_statements();
+    let explain = |sql: String| format!("EXPLAIN (FORMAT JSON) {sql}");
+    let min = EventTime::min_supported().to_datetime();
+    let empty: &[u8] = &[];
+    let plans = [
+        (
+            name_next,
+            client
+                .query_one(&explain(next_sql), &[&"wide", &min])
+                .await
+                .unwrap(),
+        ),
+        (
+            name_parts,
+            client
+                .query_one(
+                    &explain(parts_sql),
+                    &[
+                        &"wide",
+                        &empty,
+                        &mar.to_datetime(),
+                        &apr.to_datetime(),
+                        &1_024_i64,
+                    ],
+                )
+                .await
+                .unwrap(),
+        ),
+    ];
+    for (name, row) in plans {
+        let plan: serde_json::Value = row.get(0);
+        let text = plan.to_string();
+        assert!(
+            text.contains("pulpitum_v4_bucket_metadata_to_compact"),
+            "{name} does not use a work-list index: {text}"
+        );
+        assert!(!text.contains("Seq Scan"), "{name} scans the table: {text}");
+    }
     store.drop_schema().await.unwrap();
 }

@@ -5,29 +5,36 @@
 //! in the past. The protocol, in order:
 //!
 //! 1. claim the window (fresh owner token, generation + 1, a lease by the store's clock);
-//! 2. read the window's sources (every bucket's current route) after the claim;
-//! 3. per run of partitions up to the target size: stream each source bucket verified (a
-//!    per-bucket archive or an older segment) into one segment writer under the claim's
-//!    generation, which encodes into a spill file, then uploads (create-once PUT, or a
-//!    multipart upload under a unique key), verifies the stored payload by ranges against
-//!    digests of the rows, and writes the manifest; memory is bounded by the settings
-//!    (`docs/segments.md`), not by the window; the claim's lease is renewed in the
-//!    background all along;
-//! 4. switch: one transaction that checks the claim and that every bucket's route is still
-//!    the source read, moves all of them, and records the replaced objects as retired;
+//! 2. list, a page at a time and in key order, the window's partitions that have work: a
+//!    bucket archived and cleaned but still routed to its per-bucket object (the partial
+//!    index of the work list answers this, however many partitions are already in
+//!    segments); a partition with a bucket not ready yet is left for a later pass;
+//! 3. per run of partitions up to the segment limits (target bytes, partitions, buckets):
+//!    stream every bucket the partitions have in the window, verified (a per-bucket archive
+//!    or an older segment), into one segment writer under the claim's generation, which
+//!    encodes into a spill file, then uploads (create-once PUT, or a multipart upload under
+//!    a unique key), verifies the stored payload by ranges against digests of the rows, and
+//!    writes the manifest; memory is bounded by the settings (`docs/segments.md`), not by
+//!    the window; the claim's lease is renewed in the background all along;
+//! 4. switch that segment's buckets: one transaction that checks the claim and that every
+//!    bucket's route is still the source read, moves them, and records the replaced
+//!    objects as retired. Each segment is switched as soon as it is written, so a window of
+//!    millions of partitions is many bounded transactions, and work done before a crash, a
+//!    shutdown or the pass's time budget stays done (those partitions have no work left);
 //! 5. release the claim.
 //!
-//! A crash or a lost lease before step 4 leaves only objects nobody references, under a
+//! A crash or a lost lease before a switch leaves only objects nobody references, under a
 //! generation no later compaction reuses: garbage collection removes them after its delay.
-//! After step 4, the replaced objects stay readable until garbage collection finds them
+//! After a switch, the replaced objects stay readable until garbage collection finds them
 //! retired for longer than [`ArchiverConfig::retirement_delay`] (every reader's bound on an
 //! old route, and the backup retention), so a reader that cached an old route, or a
-//! restored hot-store backup, still finds its object.
+//! restored hot-store backup, still finds its object. An older segment that other
+//! partitions still route to is kept as long as any does.
 //!
 //! [`ArchiverConfig::compact_after`]: super::ArchiverConfig::compact_after
 //! [`ArchiverConfig::retirement_delay`]: super::ArchiverConfig::retirement_delay
 
-use std::collections::BTreeSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,21 +47,25 @@ use futures::StreamExt;
 
 use crate::archive::{
     ArchiveError, ArchiveScan, ArchiveStore, RouteManifest, SegmentSpec, SegmentWriter,
-    SEGMENTS_DIR,
 };
 use crate::failpoint;
-use crate::model::{batch_to_records, BucketKey, EventTime};
+use crate::model::{batch_to_records, BucketKey, EventTime, Record};
 use crate::store::{
-    CompactionClaim, CompactionSource, HotStore, RouteSwitch, StoreError, TableDefinition,
+    CompactionClaim, CompactionSource, HotStore, RouteSwitch, RowMask, StoreError, TableDefinition,
 };
 
 use super::runner::Runner;
 use super::ArchiverError;
 
-/// Windows looked at per table and pass (the oldest first).
-const CANDIDATE_LIMIT: usize = 10_000;
 /// Most partitions in one segment, so its manifest stays a few MiB.
 pub const SEGMENT_MAX_PARTITIONS: usize = 16_384;
+/// Most buckets in one segment: its switch is one transaction of this many route updates
+/// at most, and the switches held until then stay a few MiB.
+pub const SEGMENT_MAX_BUCKETS: usize = 32_768;
+/// Segments one window claim writes at most (ordinals 0 to 99,998, five digits in the key).
+const MAX_SEGMENTS_PER_CLAIM: usize = 99_999;
+/// Partitions listed per page of a window's work.
+pub const COMPACT_PAGE_PARTITIONS: usize = 1_024;
 
 /// What happened to one window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,14 +79,24 @@ pub enum WindowOutcome {
         /// Rows rewritten.
         rows: u64,
     },
-    /// Some bucket of the window is not archived and cleaned yet.
+    /// The pass's time budget ran out inside the window: what is counted was written and
+    /// switched; the rest of the window's work is left for the next pass.
+    Paused {
+        /// Segments written.
+        segments: usize,
+        /// Buckets switched.
+        buckets: u64,
+        /// Rows rewritten.
+        rows: u64,
+    },
+    /// Every partition of the window with work has a bucket not archived and cleaned yet.
     NotReady,
     /// Another compactor holds the window.
     Busy,
-    /// The window has no archived buckets.
+    /// The window has no work (left).
     Empty,
-    /// Shutdown stopped the work: nothing was switched by this attempt after the signal,
-    /// and the claim was released.
+    /// Shutdown stopped the work: nothing was switched by this attempt after the signal
+    /// (segments switched before it stay switched), and the claim was released.
     Interrupted,
 }
 
@@ -110,14 +131,19 @@ impl Runner {
     }
 
     /// One compaction pass over every table: each window that is due and holds at least
-    /// one bucket not yet in a segment is compacted, oldest first, table by table.
+    /// one archived bucket not yet in a segment is compacted, oldest first, table by table.
+    /// Due windows are found one index probe each (`Compaction::next_compaction_start`),
+    /// jumping from a window's end to the next bucket with work, so windows already in
+    /// segments cost nothing however many there are.
     ///
     /// The pass shares the process with archival, cleanup, retention and GC: once it has
-    /// run for [`ArchiverConfig::compact_budget`] it starts no new window (the first window
-    /// is always started, so every pass makes progress), and the next pass resumes at the
-    /// window where this one stopped, so windows late in the order are not starved by a
-    /// long backlog before them. `shutdown` stops it at once: the window in progress is
-    /// abandoned (see [`Self::compact_window_until`]) and nothing more is started.
+    /// run for [`ArchiverConfig::compact_budget`] it writes no new segment (the first
+    /// segment is always finished, so every pass makes progress), and the next pass resumes
+    /// at the window where this one stopped, so windows late in the order are not starved by
+    /// a long backlog before them; inside that window, the partitions already switched have
+    /// no work left and are not listed again. `shutdown` stops it at once: the segment in
+    /// progress is abandoned (see [`Self::compact_window_until`]) and nothing more is
+    /// started.
     ///
     /// [`ArchiverConfig::compact_budget`]: super::ArchiverConfig::compact_budget
     pub async fn compact_pass_until(
@@ -125,6 +151,7 @@ impl Runner {
         shutdown: &CancellationToken,
     ) -> Result<CompactReport, ArchiverError> {
         let started = Instant::now();
+        let deadline = started + self.config.compact_budget;
         let mut report = CompactReport::default();
         if shutdown.is_cancelled() {
             report.interrupted = true;
@@ -135,7 +162,6 @@ impl Runner {
         // A cutoff before the supported range means no window is due yet.
         let before = EventTime::from_micros(now.as_micros().saturating_sub(after))
             .unwrap_or_else(|_| EventTime::min_supported());
-        let exclude = format!("%{SEGMENTS_DIR}%");
         let mut tables = self.store.tables().await?;
         tables.sort_by(|a, b| a.table_id.cmp(&b.table_id));
         // Resume where the last pass stopped: that table first (at that window), the rest
@@ -146,36 +172,38 @@ impl Runner {
         }
         let mut attempted = 0usize;
         for table in tables {
-            let from = resume
+            let mut from = resume
                 .as_ref()
                 .filter(|(t, _)| *t == table.table_id)
-                .map(|(_, w)| *w);
-            let starts = self
+                .map_or_else(EventTime::min_supported, |(_, w)| *w);
+            while let Some(first) = self
                 .store
-                .compaction_candidates(&table.table_id, before, &exclude, CANDIDATE_LIMIT)
-                .await?;
-            let windows: BTreeSet<BucketKey> = starts
-                .into_iter()
-                .map(|s| table.strategy.bucket_of(s).window())
-                .filter(|w| w.end() <= before && from.is_none_or(|f| w.start() >= f))
-                .collect();
-            for window in windows {
+                .next_compaction_start(&table.table_id, from, before)
+                .await?
+            {
+                let window = table.strategy.bucket_of(first).window();
+                // A window not over by the cutoff is here for its masks only (the store
+                // returns such a window only when a bucket of it has masks to rewrite).
+                let routes_due = window.end() <= before;
                 let stop = if shutdown.is_cancelled() {
                     report.interrupted = true;
                     true
-                } else if attempted > 0 && started.elapsed() >= self.config.compact_budget {
+                } else if attempted > 0 && Instant::now() >= deadline {
                     report.budget_spent = true;
                     true
                 } else {
                     false
                 };
+                let cursor = || Some((table.table_id.clone(), window.start()));
                 if stop {
-                    *self.compact_cursor.lock().expect("cursor lock") =
-                        Some((table.table_id.clone(), window.start()));
+                    *self.compact_cursor.lock().expect("cursor lock") = cursor();
                     return Ok(report);
                 }
                 attempted += 1;
-                match self.compact_window_until(&table, window, shutdown).await {
+                match self
+                    .compact_window_within(&table, window, routes_due, shutdown, Some(deadline))
+                    .await
+                {
                     Ok(WindowOutcome::Compacted {
                         segments,
                         buckets,
@@ -186,10 +214,21 @@ impl Runner {
                         report.buckets += buckets;
                         report.rows += rows;
                     }
+                    Ok(WindowOutcome::Paused {
+                        segments,
+                        buckets,
+                        rows,
+                    }) => {
+                        report.segments += segments;
+                        report.buckets += buckets;
+                        report.rows += rows;
+                        report.budget_spent = true;
+                        *self.compact_cursor.lock().expect("cursor lock") = cursor();
+                        return Ok(report);
+                    }
                     Ok(WindowOutcome::Interrupted) => {
                         report.interrupted = true;
-                        *self.compact_cursor.lock().expect("cursor lock") =
-                            Some((table.table_id.clone(), window.start()));
+                        *self.compact_cursor.lock().expect("cursor lock") = cursor();
                         return Ok(report);
                     }
                     Ok(_) => report.skipped += 1,
@@ -202,40 +241,61 @@ impl Runner {
                             .push(format!("{} {window}: {e}", table.table_id));
                     }
                 }
+                from = window.end();
             }
         }
         Ok(report)
     }
 
     /// Compacts one window of one table (see the module comment for the protocol), without
-    /// a shutdown signal.
+    /// a shutdown signal or time budget.
     pub async fn compact_window(
         &self,
         table: &TableDefinition,
         window: BucketKey,
     ) -> Result<WindowOutcome, ArchiverError> {
-        self.compact_window_until(table, window, &CancellationToken::new())
+        self.compact_window_within(table, window, true, &CancellationToken::new(), None)
             .await
     }
 
-    /// Compacts one window of one table. When `shutdown` fires first, the work in progress
-    /// is dropped where it stands ([`WindowOutcome::Interrupted`]): no request is started
-    /// after that, the lease renewal stops, and the claim is released, so another process
-    /// may claim the window at once. Dropping is safe at every await point: before the
-    /// switch, whatever was written is under a generation no switch will name (GC's orphans
-    /// once the claim is released); the switch itself is one transaction, committed or not.
+    /// Compacts one window of one table, without a time budget (see
+    /// [`Self::compact_window_within`]).
     pub async fn compact_window_until(
         &self,
         table: &TableDefinition,
         window: BucketKey,
         shutdown: &CancellationToken,
     ) -> Result<WindowOutcome, ArchiverError> {
+        self.compact_window_within(table, window, true, shutdown, None)
+            .await
+    }
+
+    /// Compacts one window of one table. When `shutdown` fires first, the work in progress
+    /// is dropped where it stands ([`WindowOutcome::Interrupted`]): no request is started
+    /// after that, the lease renewal stops, and the claim is released, so another process
+    /// may claim the window at once. Dropping is safe at every await point: before a
+    /// switch, whatever was written is under a generation no switch will name (GC's orphans
+    /// once the claim is released); a switch is one transaction, committed or not. Once
+    /// `budget` has passed, the window stops after the segment that is being written
+    /// ([`WindowOutcome::Paused`]); one segment is always finished first. With
+    /// `routes_due` false (a window not over by the compaction cutoff), only partitions
+    /// with masks to rewrite are compacted.
+    pub async fn compact_window_within(
+        &self,
+        table: &TableDefinition,
+        window: BucketKey,
+        routes_due: bool,
+        shutdown: &CancellationToken,
+        budget: Option<Instant>,
+    ) -> Result<WindowOutcome, ArchiverError> {
         let (start, end) = window.bounds();
-        let state = self.store.window_state(&table.table_id, start, end).await?;
-        if state.not_ready > 0 {
-            return Ok(WindowOutcome::NotReady);
-        }
-        if state.sources.is_empty() {
+        // Nothing to claim for when no partition has work (a resumed window may be done).
+        if self
+            .store
+            .partitions_to_compact(&table.table_id, start, end, None, 1, routes_due)
+            .await?
+            .is_empty()
+        {
             return Ok(WindowOutcome::Empty);
         }
         if shutdown.is_cancelled() {
@@ -269,7 +329,7 @@ impl Runner {
                 info!(table = %table.table_id, %window, "compaction abandoned at shutdown");
                 Ok(WindowOutcome::Interrupted)
             }
-            r = self.compact_claimed(table, window, &lease) => r,
+            r = self.compact_claimed(table, window, routes_due, &lease, budget) => r,
         };
         // Best effort: a claim that is not released expires with its lease.
         let current = lease.claim();
@@ -284,104 +344,191 @@ impl Runner {
         &self,
         table: &TableDefinition,
         window: BucketKey,
+        routes_due: bool,
         lease: &WindowLease,
+        budget: Option<Instant>,
     ) -> Result<WindowOutcome, ArchiverError> {
         let (start, end) = window.bounds();
-        // The sources as they are now that the window is ours; the switch re-checks each.
-        let state = self.store.window_state(&table.table_id, start, end).await?;
-        if state.not_ready > 0 {
-            return Ok(WindowOutcome::NotReady);
-        }
-        let mut switches: Vec<RouteSwitch> = Vec::with_capacity(state.sources.len());
-        let mut segments = 0usize;
-        let mut rows_total = 0u64;
-        // Archived buckets without rows: removed instead (before the switch, see
-        // `drop_empty_buckets`); a segment lists only buckets with rows, and an empty bucket
-        // left on its old route would bring the window back every pass.
-        let mut empty: Vec<CompactionSource> = Vec::new();
-        let sources = &state.sources;
+        let mut done = Totals::default();
+        let mut not_ready = 0usize;
         // Sources are read through a store that caches no decoded rows, so what this holds
         // is bounded by the settings, not by the window.
         let archive = self.archive.with_segment_cache_bytes(0);
-        // Sources are opened a few ahead, in order (their manifests and footers, a few KiB
-        // each: object-store latency dominates); their rows are streamed, batch by batch,
-        // only when the segment writer reaches them. The sorted stream of a partition is the
-        // concatenation of its sources: they are its buckets in bucket order (time-disjoint),
-        // each sorted by `(event_time, sort_key)`; the writer refuses any row out of order.
-        // (The futures are made up front: a stream closure returning borrowing futures
-        // would not be `Send` for every lifetime, which `tokio::spawn` of the runner needs.)
-        let pending: Vec<_> = sources
-            .iter()
-            .map(|src| read_source(&archive, src))
-            .collect();
-        let mut opened =
-            futures::stream::iter(pending).buffered(self.config.concurrency.max(1) * 2);
         let mut batch: Option<SegmentBatch> = None;
-        let mut i = 0;
-        while i < sources.len() {
-            // One partition's sources: a partition never spans segments.
-            let pk = &sources[i].bucket.partition_key;
-            let b = match &mut batch {
-                Some(b) => b,
-                None => {
-                    // A lost claim stops the work before anything more is written under it
-                    // (the switch would refuse it anyway).
-                    lease.check()?;
-                    let spec = SegmentSpec {
-                        table_id: table.table_id.clone(),
-                        strategy: table.strategy,
-                        window,
-                        generation: lease.claim().generation,
-                        ordinal: u32::try_from(segments).unwrap_or(u32::MAX),
-                    };
-                    let writer = self
-                        .archive
-                        .segment_writer(&spec, &self.config.segment_upload())?;
-                    batch.insert(SegmentBatch {
-                        writer,
-                        sources: Vec::new(),
-                    })
-                }
+        let mut after: Option<crate::model::PartitionKey> = None;
+        loop {
+            // The partitions with work, a page at a time, listed after the claim; the
+            // sources of a page are read in one snapshot, and each switch re-checks them.
+            let page = self
+                .store
+                .partitions_to_compact(
+                    &table.table_id,
+                    start,
+                    end,
+                    after.as_ref(),
+                    self.config.compact_page_partitions.max(1),
+                    routes_due,
+                )
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                break;
             };
-            let mut j = i;
-            while j < sources.len() && &sources[j].bucket.partition_key == pk {
-                let (rows, expected) = opened.next().await.expect("one read per source")?;
-                let got = stream_source(rows, &sources[j], &mut b.writer).await?;
-                if got != expected {
-                    return Err(ArchiverError::Unresolved {
-                        bucket: sources[j].bucket.clone(),
-                        step: "compaction",
-                        detail: format!(
-                            "its archive yielded {got} rows, its manifest says {expected}"
-                        ),
-                    });
-                }
-                if got == 0 {
-                    empty.push(sources[j].clone());
+            after = Some(last);
+            let state = self
+                .store
+                .partition_sources(&table.table_id, start, end, &page)
+                .await?;
+            not_ready += state.not_ready.len();
+            let sources = state.sources;
+            // Sources are opened a few ahead, in order (their manifests and footers, a few
+            // KiB each: object-store latency dominates); their rows are streamed, batch by
+            // batch, only when the segment writer reaches them. The sorted stream of a
+            // partition is the concatenation of its sources: they are its buckets in bucket
+            // order (time-disjoint), each sorted by `(event_time, sort_key)`; the writer
+            // refuses any row out of order. (The futures are made up front: a stream
+            // closure returning borrowing futures would not be `Send` for every lifetime,
+            // which `tokio::spawn` of the runner needs.)
+            let pending: Vec<_> = sources
+                .iter()
+                .map(|src| read_source(&archive, src))
+                .collect();
+            let mut opened =
+                futures::stream::iter(pending).buffered(self.config.concurrency.max(1) * 2);
+            let mut i = 0;
+            while i < sources.len() {
+                // One partition's sources: a partition never spans segments.
+                let pk = &sources[i].bucket.partition_key;
+                let b = match &mut batch {
+                    Some(b) => b,
+                    None => {
+                        // Segment keys hold five-digit ordinals (the shape that tells a
+                        // segment from a per-bucket object): a claim that has written that
+                        // many stops, and the next pass goes on under a new generation.
+                        if done.segments >= MAX_SEGMENTS_PER_CLAIM {
+                            return Ok(done.paused());
+                        }
+                        // A lost claim stops the work before anything more is written
+                        // under it (the switch would refuse it anyway).
+                        lease.check()?;
+                        let spec = SegmentSpec {
+                            table_id: table.table_id.clone(),
+                            strategy: table.strategy,
+                            window,
+                            generation: lease.claim().generation,
+                            ordinal: u32::try_from(done.segments).unwrap_or(u32::MAX),
+                        };
+                        let writer = self
+                            .archive
+                            .segment_writer(&spec, &self.config.segment_upload())?;
+                        batch.insert(SegmentBatch {
+                            writer,
+                            sources: Vec::new(),
+                            empty: Vec::new(),
+                            purged: Vec::new(),
+                        })
+                    }
+                };
+                let mut j = i;
+                while j < sources.len() && &sources[j].bucket.partition_key == pk {
+                    let src = &sources[j];
+                    let (rows, expected) = opened.next().await.expect("one read per source")?;
+                    // Masks are read after the source is opened, as a query reads them
+                    // after its route: a mask written later is left for the next rewrite
+                    // (it still applies to the new segment's rows).
+                    let masks = if src.masked {
+                        self.store.row_masks(&src.bucket).await?
+                    } else {
+                        Vec::new()
+                    };
+                    let (got, kept) =
+                        stream_source(rows, src, &Masks::new(&masks), &mut b.writer).await?;
+                    if got != expected {
+                        return Err(ArchiverError::Unresolved {
+                            bucket: src.bucket.clone(),
+                            step: "compaction",
+                            detail: format!(
+                                "its archive yielded {got} rows, its manifest says {expected}"
+                            ),
+                        });
+                    }
+                    if !masks.is_empty() {
+                        b.purged.push((src.bucket.clone(), masks));
+                    }
+                    // Archived buckets without rows (or with every row deleted) are removed
+                    // instead (see `drop_empty_buckets`): a segment lists only buckets with
+                    // rows, and an empty bucket left on its old route would bring the window
+                    // back every pass.
+                    if kept == 0 {
+                        b.empty.push(src.clone());
+                    } else {
+                        b.sources.push(src.clone());
+                    }
                     j += 1;
-                    continue;
                 }
-                b.sources.push(sources[j].clone());
-                j += 1;
-            }
-            i = j;
-            // A segment is closed at the partition boundary where its rows reach the target.
-            let full = b.writer.input_bytes() >= self.config.segment_target_bytes as u64
-                || b.writer.partitions() >= SEGMENT_MAX_PARTITIONS;
-            if full {
-                let done = batch.take().expect("a batch is open");
-                rows_total += done.writer.rows();
-                switches.extend(self.write_batch(lease, done).await?);
-                segments += 1;
+                i = j;
+                // A segment is closed at the partition boundary where it reaches a limit.
+                let full = b.writer.input_bytes() >= self.config.segment_target_bytes as u64
+                    || b.writer.partitions() >= self.config.segment_max_partitions.max(1)
+                    || b.sources.len() + b.empty.len() >= SEGMENT_MAX_BUCKETS;
+                if full {
+                    let b = batch.take().expect("a batch is open");
+                    self.finish_batch(table, window, lease, b, &mut done)
+                        .await?;
+                    if budget.is_some_and(|d| Instant::now() >= d) {
+                        info!(table = %table.table_id, %window, "compaction paused at its time budget");
+                        return Ok(done.paused());
+                    }
+                }
             }
         }
-        // (A batch opened for partitions whose every bucket was empty holds no rows and
-        // writes nothing.)
-        if let Some(done) = batch.filter(|b| b.writer.rows() > 0) {
-            rows_total += done.writer.rows();
-            switches.extend(self.write_batch(lease, done).await?);
-            segments += 1;
+        if let Some(b) = batch.take() {
+            self.finish_batch(table, window, lease, b, &mut done)
+                .await?;
         }
+        if done.segments == 0 && done.buckets == 0 && not_ready > 0 {
+            return Ok(WindowOutcome::NotReady);
+        }
+        info!(
+            table = %table.table_id,
+            %window,
+            segments = done.segments,
+            buckets = done.buckets,
+            rows = done.rows,
+            not_ready_partitions = not_ready,
+            generation = lease.claim().generation,
+            "window compacted"
+        );
+        Ok(done.compacted())
+    }
+
+    /// Writes one segment (upload, verification by ranges, manifest) unless it holds no
+    /// rows, removes its empty buckets, and switches the rest of its buckets to it.
+    async fn finish_batch(
+        &self,
+        table: &TableDefinition,
+        window: BucketKey,
+        lease: &WindowLease,
+        batch: SegmentBatch,
+        done: &mut Totals,
+    ) -> Result<(), ArchiverError> {
+        let SegmentBatch {
+            writer,
+            sources,
+            empty,
+            purged,
+        } = batch;
+        let rows = writer.rows();
+        // (A batch of partitions whose every bucket was empty holds no rows and writes
+        // nothing.)
+        let (switches, segment_key) = if rows > 0 {
+            lease.check()?;
+            let s = self.write_batch(writer, sources).await?;
+            done.segments += 1;
+            let key = s.first().map(|s| s.to_object_key.clone());
+            (s, key)
+        } else {
+            (Vec::new(), None)
+        };
         failpoint::hit("compact_before_switch");
         lease.check()?;
         let claim = lease.claim();
@@ -389,46 +536,43 @@ impl Runner {
             let dropped = self.store.drop_empty_buckets(&claim, &empty).await?;
             info!(table = %table.table_id, %window, buckets = dropped, "empty archived buckets removed");
         }
-        let switched = if switches.is_empty() {
-            0
-        } else {
-            self.store.switch_routes(&claim, &switches).await?
-        };
-        failpoint::hit("compact_after_switch");
-        self.metrics.buckets_compacted.inc_by(switched);
-        info!(
-            table = %table.table_id,
-            %window,
-            segments,
-            buckets = switched,
-            rows = rows_total,
-            generation = claim.generation,
-            "window compacted"
-        );
-        Ok(WindowOutcome::Compacted {
-            segments,
-            buckets: switched,
-            rows: rows_total,
-        })
+        if !switches.is_empty() {
+            let switched = self.store.switch_routes(&claim, &switches).await?;
+            failpoint::hit("compact_after_switch");
+            self.metrics.buckets_compacted.inc_by(switched);
+            done.buckets += switched;
+            done.rows += rows;
+        }
+        // Only after the switch: a mask marked rewritten is forgotten by garbage collection
+        // once no reader can hold the old route, so it must never be marked while its rows
+        // are still in the routed object. (Dropped buckets had theirs marked with the drop.)
+        // A crash before this leaves the masks unmarked: the partition is rewritten again.
+        for (bucket, masks) in &purged {
+            if empty.iter().any(|e| e.bucket == *bucket) {
+                self.metrics.masks_purged.inc_by(masks.len() as u64);
+            } else if let Some(key) = &segment_key {
+                let marked = self.store.mark_masks_purged(bucket, key, masks).await?;
+                self.metrics.masks_purged.inc_by(marked);
+            }
+        }
+        Ok(())
     }
 
     /// Finishes one segment (upload, verification by ranges, manifest); returns its
-    /// batch's switches.
+    /// sources' switches.
     async fn write_batch(
         &self,
-        lease: &WindowLease,
-        batch: SegmentBatch,
+        writer: SegmentWriter,
+        sources: Vec<CompactionSource>,
     ) -> Result<Vec<RouteSwitch>, ArchiverError> {
-        lease.check()?;
         // Transient failures are retried request by request inside; the rows are not held,
         // so the segment is not rewritten as a whole.
-        let written = batch.writer.finish().await?;
+        let written = writer.finish().await?;
         self.metrics.segments_written.inc();
         self.metrics
             .bytes_compacted
             .inc_by(written.manifest.byte_length);
-        Ok(batch
-            .sources
+        Ok(sources
             .into_iter()
             .map(|s| RouteSwitch {
                 bucket: s.bucket,
@@ -436,6 +580,32 @@ impl Runner {
                 to_object_key: written.manifest_key.clone(),
             })
             .collect())
+    }
+}
+
+/// What a window's compaction has written and switched so far.
+#[derive(Debug, Default)]
+struct Totals {
+    segments: usize,
+    buckets: u64,
+    rows: u64,
+}
+
+impl Totals {
+    fn compacted(&self) -> WindowOutcome {
+        WindowOutcome::Compacted {
+            segments: self.segments,
+            buckets: self.buckets,
+            rows: self.rows,
+        }
+    }
+
+    fn paused(&self) -> WindowOutcome {
+        WindowOutcome::Paused {
+            segments: self.segments,
+            buckets: self.buckets,
+            rows: self.rows,
+        }
     }
 }
 
@@ -480,11 +650,12 @@ async fn read_source(
 async fn stream_source(
     mut rows: SourceRows,
     source: &CompactionSource,
+    masks: &Masks,
     writer: &mut SegmentWriter,
-) -> Result<u64, ArchiverError> {
-    let mut n = 0u64;
+) -> Result<(u64, u64), ArchiverError> {
+    let (mut n, mut kept) = (0u64, 0u64);
     while let Some(batch) = rows.next().await {
-        let records = batch_to_records(&batch?).map_err(ArchiveError::from)?;
+        let mut records = batch_to_records(&batch?).map_err(ArchiveError::from)?;
         if let Some(r) = records.iter().find(|r| {
             r.partition_key != source.bucket.partition_key
                 || !source.bucket.bucket_key.contains(r.event_time)
@@ -496,9 +667,48 @@ async fn stream_source(
             });
         }
         n += records.len() as u64;
+        masks.apply(&mut records);
+        kept += records.len() as u64;
         writer.push(records)?;
     }
-    Ok(n)
+    Ok((n, kept))
+}
+
+/// One bucket's delete and edit records, by clustering key, applied to its rows as a
+/// rewrite copies them: what a query reads is what the new segment holds.
+struct Masks(HashMap<(EventTime, Vec<u8>), Option<Vec<u8>>>);
+
+impl Masks {
+    fn new(masks: &[RowMask]) -> Self {
+        Self(
+            masks
+                .iter()
+                .map(|m| {
+                    (
+                        (m.event_time, m.sort_key.as_bytes().to_vec()),
+                        m.value.clone(),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// Drops deleted rows and replaces edited values.
+    fn apply(&self, records: &mut Vec<Record>) {
+        if self.0.is_empty() {
+            return;
+        }
+        records.retain_mut(
+            |r| match self.0.get(&(r.event_time, r.sort_key.as_bytes().to_vec())) {
+                None => true,
+                Some(None) => false,
+                Some(Some(v)) => {
+                    r.value.clone_from(v);
+                    true
+                }
+            },
+        );
+    }
 }
 
 /// A window claim's lease, renewed in the background every third of it while the
@@ -588,6 +798,10 @@ impl WindowLease {
 struct SegmentBatch {
     writer: SegmentWriter,
     sources: Vec<CompactionSource>,
+    /// Buckets whose archive holds no rows (masks applied): removed, not switched.
+    empty: Vec<CompactionSource>,
+    /// The masks applied to each bucket's rows, to mark rewritten once switched.
+    purged: Vec<(crate::model::BucketId, Vec<RowMask>)>,
 }
 
 /// Whether a store error means the compaction lost its window or a route moved under it

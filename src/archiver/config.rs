@@ -73,11 +73,19 @@ pub struct ArchiverConfig {
     /// A segment is closed at the partition boundary where its rows (uncompressed key and
     /// value bytes) reach this size.
     pub segment_target_bytes: usize,
-    /// A compaction pass starts no new window once it has run this long, so archival,
-    /// cleanup, retention and GC get their turn; the window in progress is finished, the
-    /// rest are left for the next pass (which resumes where this one stopped). Zero: one
-    /// window per pass.
+    /// A compaction pass writes no new segment once it has run this long, so archival,
+    /// cleanup, retention and GC get their turn; the segment in progress is finished and
+    /// switched, the rest is left for the next pass (which resumes in the window where this
+    /// one stopped). Zero: one segment per pass.
     pub compact_budget: Duration,
+    /// Most partitions in one segment (default
+    /// [`SEGMENT_MAX_PARTITIONS`](super::compact::SEGMENT_MAX_PARTITIONS)); not a setting,
+    /// tests lower it to make many segments of few rows.
+    pub segment_max_partitions: usize,
+    /// Partitions listed per page of a window's work (default
+    /// [`COMPACT_PAGE_PARTITIONS`](super::compact::COMPACT_PAGE_PARTITIONS)); not a
+    /// setting, tests lower it to page small windows.
+    pub compact_page_partitions: usize,
     /// Directory of the file a segment's payload is encoded into before its upload (`None`:
     /// the system's temporary directory); it needs room for one segment's payload.
     pub spill_dir: Option<std::path::PathBuf>,
@@ -113,6 +121,8 @@ impl ArchiverConfig {
             compact_after: Duration::from_secs(24 * 3600),
             segment_target_bytes: 128 << 20,
             compact_budget: Duration::from_secs(300),
+            segment_max_partitions: super::compact::SEGMENT_MAX_PARTITIONS,
+            compact_page_partitions: super::compact::COMPACT_PAGE_PARTITIONS,
             spill_dir: None,
             segment_put_max_bytes: crate::archive::segment::SEGMENT_PUT_MAX_BYTES as usize,
             segment_part_bytes: crate::archive::segment::SEGMENT_PART_BYTES,
@@ -391,7 +401,7 @@ pub const COMPACT_AFTER: SecondsRange = SecondsRange {
     min: Duration::ZERO,
     max: Duration::from_secs(3650 * DAY),
 };
-/// `--compact-budget-seconds`: 0 compacts one window per pass; a day at most, so a pass
+/// `--compact-budget-seconds`: 0 writes one segment per pass; a day at most, so a pass
 /// never keeps archival, cleanup and GC waiting longer.
 pub const COMPACT_BUDGET: SecondsRange = SecondsRange {
     setting: "ARCHIVER_COMPACT_BUDGET_SECONDS (--compact-budget-seconds)",

@@ -46,7 +46,13 @@ pub struct GcReport {
     pub young: usize,
     /// Objects deleted.
     pub deleted: usize,
+    /// Delete and edit records forgotten: their rows were rewritten at least the retirement
+    /// delay ago, so no reader can still hold a route to an object that needs them.
+    pub masks_forgotten: u64,
 }
+
+/// Rewritten masks forgotten per statement of a GC pass.
+const MASKS_PER_BATCH: usize = 10_000;
 
 /// The generation directory of an object key (`.../g<generation>/`), the unit of reference.
 fn generation_dir(key: &str) -> &str {
@@ -194,6 +200,18 @@ pub async fn collect_garbage_with(
         .collect();
     if !gone.is_empty() {
         store.forget_retired(&gone).await?;
+    }
+    // Masks whose rows a rewrite applied are kept for the same delay as the objects that
+    // rewrite retired: a reader holding the old route applies them until then.
+    loop {
+        let n = store
+            .forget_purged_masks(delays.retired, MASKS_PER_BATCH)
+            .await?;
+        report.masks_forgotten += n;
+        metrics.masks_forgotten.inc_by(n);
+        if n < MASKS_PER_BATCH as u64 {
+            break;
+        }
     }
     Ok(report)
 }

@@ -117,6 +117,10 @@ pub struct ArchiverMetrics {
     pub segments_written: Counter,
     /// Buckets whose routes compaction moved to segments.
     pub buckets_compacted: Counter,
+    /// Delete and edit records whose rows a rewrite applied (marked rewritten).
+    pub masks_purged: Counter,
+    /// Rewritten delete and edit records garbage collection forgot.
+    pub masks_forgotten: Counter,
     /// Segment payload bytes written.
     pub bytes_compacted: Counter,
     /// Window compactions that ended in an error.
@@ -159,6 +163,8 @@ impl Default for ArchiverMetrics {
             gc_deletions: Counter::default(),
             segments_written: Counter::default(),
             buckets_compacted: Counter::default(),
+            masks_purged: Counter::default(),
+            masks_forgotten: Counter::default(),
             bytes_compacted: Counter::default(),
             compactions_failed: Counter::default(),
             retired_deletions: Counter::default(),
@@ -262,7 +268,7 @@ impl ArchiverMetrics {
     /// Renders every metric in the Prometheus/OpenMetrics text format.
     pub fn render(&self) -> String {
         let mut r = Registry::with_prefix("pulpitum_archiver");
-        let counters: [(&str, &str, &Counter); 15] = [
+        let counters: [(&str, &str, &Counter); 17] = [
             (
                 "buckets_archived",
                 "Buckets published to the archive",
@@ -318,6 +324,16 @@ impl ArchiverMetrics {
                 "buckets_compacted",
                 "Buckets whose routes compaction moved to segments",
                 &self.buckets_compacted,
+            ),
+            (
+                "masks_purged",
+                "Delete and edit records whose rows a rewrite applied",
+                &self.masks_purged,
+            ),
+            (
+                "masks_forgotten",
+                "Rewritten delete and edit records forgotten by GC",
+                &self.masks_forgotten,
             ),
             (
                 "bytes_compacted",

@@ -146,7 +146,7 @@ struct Args {
         allow_hyphen_values = true
     )]
     compact_after_seconds: String,
-    /// Seconds a compaction pass may run before it starts no new window (the window in progress is finished; the rest wait for the next pass); 0: one window per pass.
+    /// Seconds a compaction pass may run before it writes no new segment (the segment in progress is finished and switched; the rest waits for the next pass); 0: one segment per pass.
     #[arg(
         long,
         env = "ARCHIVER_COMPACT_BUDGET_SECONDS",
@@ -562,9 +562,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
                     eprintln!("  {e}");
                 }
                 if c.interrupted {
-                    eprintln!("pulpitum-archiver: compaction stopped by the shutdown signal; the window in progress was abandoned (its claim released)");
+                    eprintln!("pulpitum-archiver: compaction stopped by the shutdown signal; the segment in progress was abandoned (its claim released; segments switched before stay switched)");
                 } else if c.budget_spent {
-                    eprintln!("pulpitum-archiver: compaction budget (--compact-budget-seconds) spent; the windows left are compacted by the next run");
+                    eprintln!("pulpitum-archiver: compaction budget (--compact-budget-seconds) spent; the work left is compacted by the next run");
                 }
                 ok &= c.failed == 0 && !c.interrupted;
             }

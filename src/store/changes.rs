@@ -76,12 +76,6 @@ pub struct ExpiredBucket {
     pub retired: bool,
 }
 
-/// Whether `key` names a segment: a segment is shared by many buckets, so removing one
-/// bucket's route never retires it.
-pub fn is_segment_key(key: &str) -> bool {
-    key.contains(crate::archive::segment::SEGMENTS_DIR)
-}
-
 /// One bucket's changes.
 pub(super) type BucketChanges<'a> = (BucketId, Vec<&'a RowChange>);
 

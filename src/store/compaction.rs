@@ -9,7 +9,7 @@
 //! route. Window keys are opaque text to the store; the compactor chooses them from the
 //! table's bucket strategy.
 
-use crate::model::{BucketId, EventTime, TableId};
+use crate::model::{BucketId, EventTime, PartitionKey, TableId};
 
 /// A live (or held) claim on one window of one table for compaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,17 +42,72 @@ pub struct CompactionSource {
     pub bucket_end: EventTime,
     /// The manifest its route names now (a per-bucket manifest or an older segment's).
     pub object_key: String,
+    /// Whether the bucket had delete or edit records (masks) not yet rewritten when it was
+    /// listed: the compaction reads and applies them, so the rewrite leaves the rows out
+    /// (or holds the edited values).
+    pub masked: bool,
 }
 
-/// What a window holds at one moment (one snapshot).
+/// What some partitions of a window hold at one moment (one snapshot).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WindowState {
     /// The buckets that are archived with their hot rows deleted, ordered by partition key,
     /// then bucket start.
     pub sources: Vec<CompactionSource>,
-    /// The buckets of the window that are not sources yet: hot, being archived, or archived
-    /// with hot rows not yet deleted. A window is complete when this is 0.
-    pub not_ready: u64,
+    /// The partitions, in key order, that also hold a bucket that is not a source yet: hot,
+    /// being archived, or archived with hot rows not yet deleted. Compaction skips them
+    /// until every bucket they have in the window is ready.
+    pub not_ready: Vec<PartitionKey>,
+}
+
+/// The SQL `LIKE` pattern (case-sensitive, as on PostgreSQL) of a segment manifest's key:
+/// `…/segments/<window>/s<ordinal, 5 digits>-g<generation>/manifest.json`. A per-bucket
+/// manifest's key (`…/v4/<table>/<partition hex>/<bucket>/g<generation>/manifest.json`)
+/// never matches it, whatever the table is called (a table may be named `segments`): no
+/// component after `segments/` of such a key starts with `s` and has `-g` at its seventh
+/// character. Statements repeat it literally, as the partial index of migration 18 does,
+/// because a planner uses a partial index only for a query that states its predicate.
+pub const SEGMENT_KEY_LIKE: &str = "%/segments/%/s_____-g%/manifest.json";
+
+/// [`SEGMENT_KEY_LIKE`] as a SQLite `GLOB` (SQLite's `LIKE` ignores ASCII case; `GLOB` does
+/// not).
+pub const SEGMENT_KEY_GLOB: &str = "*/segments/*/s?????-g*/manifest.json";
+
+/// Whether `key` names a segment manifest: [`SEGMENT_KEY_LIKE`] evaluated as the stores do.
+/// A segment is shared by many buckets, so removing one bucket's route never retires it,
+/// and a bucket routed to one is not compacted again unless its partition has new work.
+pub fn is_segment_key(key: &str) -> bool {
+    like(SEGMENT_KEY_LIKE.as_bytes(), key.as_bytes())
+}
+
+/// SQL `LIKE` without escapes: `%` is any run of bytes, `_` any one byte. (Both patterns
+/// are ASCII, so matching bytes equals matching characters wherever a `_` meets ASCII.)
+fn like(pattern: &[u8], s: &[u8]) -> bool {
+    // Greedy matching with one backtrack point (the last `%`): linear in practice and
+    // never exponential.
+    let (mut p, mut i) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        match pattern.get(p) {
+            Some(b'%') => {
+                star = Some((p, i));
+                p += 1;
+            }
+            Some(&c) if c == b'_' || c == s[i] => {
+                p += 1;
+                i += 1;
+            }
+            _ => match star {
+                Some((sp, si)) => {
+                    p = sp + 1;
+                    i = si + 1;
+                    star = Some((sp, si + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'%')
 }
 
 /// One bucket's route move, applied only if the bucket still routes to `from_object_key`.
@@ -194,5 +249,49 @@ pub(crate) fn route_mismatch(
             "the bucket routes to {}, not to {from_object_key} (the object the compaction read)",
             k.unwrap_or("nothing")
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_keys_are_told_from_per_bucket_keys_whatever_the_table_is_called() {
+        for key in [
+            "v4/chat/segments/month:2024-03/s00000-g1/manifest.json",
+            "pre/fix/v4/segments/segments/month:2024-03/s00012-g345/manifest.json",
+        ] {
+            assert!(is_segment_key(key), "{key}");
+        }
+        for key in [
+            // A table named `segments`: its per-bucket objects are not segments.
+            "v4/segments/7365/day:2024-03-01/g1/manifest.json",
+            "v4/chat/7365/day:2024-03-01/g1/manifest.json",
+            "v4/chat/segments/month:2024-03/s00000-g1/payload.parquet",
+            "v4/chat/segments/month:2024-03/s0000-g1/manifest.json",
+            "v4/chat/SEGMENTS/month:2024-03/s00000-g1/manifest.json",
+            "",
+        ] {
+            assert!(!is_segment_key(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn like_matches_as_sql_does() {
+        let m = |p: &str, s: &str| like(p.as_bytes(), s.as_bytes());
+        assert!(m("%", ""));
+        assert!(m("a%b", "ab") && m("a%b", "axxb") && !m("a%b", "axxbc"));
+        assert!(m("_b%", "abc") && !m("_b", "b"));
+        assert!(m("%a%a%a", "aaa") && !m("%a%a%a", "aa"));
+        assert!(m("%x%y", "xaxbyxy") && !m("%x%y", "yx"));
+    }
+
+    #[test]
+    fn the_patterns_agree_with_the_partial_indexes() {
+        let pg = include_str!("../../sql/0018_bucket_metadata_compaction_idx.sql");
+        assert!(pg.contains(&format!("'{SEGMENT_KEY_LIKE}'")), "{pg}");
+        let lite = include_str!("../../sql/sqlite/0008_compaction_idx.sql");
+        assert!(lite.contains(&format!("'{SEGMENT_KEY_GLOB}'")), "{lite}");
     }
 }

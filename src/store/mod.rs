@@ -20,8 +20,11 @@ mod retry;
 pub mod roles;
 mod types;
 
-pub use changes::{is_segment_key, ChangeOutcome, ExpiredBucket, RowChange, RowMask};
-pub use compaction::{CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, WindowState};
+pub use changes::{ChangeOutcome, ExpiredBucket, RowChange, RowMask};
+pub use compaction::{
+    is_segment_key, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, WindowState,
+    SEGMENT_KEY_GLOB, SEGMENT_KEY_LIKE,
+};
 pub use control::*;
 pub use error::{StoreError, StoreResult};
 pub use guard::{bucket_for_append, writable_range, WRITABLE_CLOCK_ALLOWANCE};

@@ -252,27 +252,74 @@ pub trait Control: Send + Sync + 'static {
 /// switched to stale rows.
 #[async_trait]
 pub trait Compaction: Send + Sync + 'static {
-    /// Distinct `bucket_start` values of buckets of `table_id` that are archived with
-    /// `hot_deleted = true`, end at or before `before`, and whose `object_key` does NOT match
-    /// the SQL `LIKE` pattern `exclude_like` (as on PostgreSQL: case-sensitive, a backslash
-    /// escapes the next character; the compactor passes `'%/segments/%'`), ascending, at
-    /// most `limit`. The caller groups them into windows.
-    async fn compaction_candidates(
+    /// The start of the earliest bucket of `table_id` starting at or after `from` that
+    /// compaction has work for, or `None`. Work is an archived bucket with
+    /// `hot_deleted = true` that either is routed to a per-bucket object (its key does not
+    /// match [`SEGMENT_KEY_LIKE`]) and ends at or before `before`, or has masks not yet
+    /// rewritten (`purged_at` NULL; due at once, whatever `before`). The first kind is one
+    /// probe of the partial index of migration 18 (both stores), whatever the number of
+    /// buckets already in segments or not yet due (if the earliest such bucket ends after
+    /// `before`, no later one is due: for one table, a later start never has an earlier
+    /// end); the second reads the masks not yet rewritten, which rewriting keeps few. The
+    /// compactor walks the windows with work with it, jumping from one window's end to the
+    /// next.
+    ///
+    /// [`SEGMENT_KEY_LIKE`]: super::compaction::SEGMENT_KEY_LIKE
+    async fn next_compaction_start(
         &self,
         table_id: &TableId,
+        from: EventTime,
         before: EventTime,
-        exclude_like: &str,
-        limit: usize,
-    ) -> StoreResult<Vec<EventTime>>;
+    ) -> StoreResult<Option<EventTime>>;
 
-    /// The sources and the not-ready count of the buckets of `table_id` with `bucket_start`
-    /// in `[start, end)`, read in one snapshot (see [`WindowState`]).
-    async fn window_state(
+    /// Up to `limit` partitions of `table_id`, in key order and after `after` (from the
+    /// first when `None`), that hold a bucket with `bucket_start` in `[start, end)` that is
+    /// archived with `hot_deleted = true` and either routed to a per-bucket object or
+    /// masked by records not yet rewritten: the partitions of a window that compaction has
+    /// work for. Paged so that a window of millions of partitions is never listed at once;
+    /// served by the same partial index (and the masks' primary key). With `routes_due`
+    /// false (a window not over by the compaction cutoff) only the masked kind counts.
+    async fn partitions_to_compact(
         &self,
         table_id: &TableId,
         start: EventTime,
         end: EventTime,
+        after: Option<&PartitionKey>,
+        limit: usize,
+        routes_due: bool,
+    ) -> StoreResult<Vec<PartitionKey>>;
+
+    /// The buckets of `partitions` (of `table_id`) with `bucket_start` in `[start, end)`,
+    /// read in one snapshot (see [`WindowState`]): the archived, cleaned ones as sources
+    /// (whatever they route to, older segments included), in partition then start order,
+    /// and the partitions that hold any other bucket (hot, being archived, or archived with
+    /// hot rows not deleted yet), which compaction leaves for a later pass.
+    async fn partition_sources(
+        &self,
+        table_id: &TableId,
+        start: EventTime,
+        end: EventTime,
+        partitions: &[PartitionKey],
     ) -> StoreResult<WindowState>;
+
+    /// Marks `masks` of `bucket` as rewritten (`purged_at` = the store's `now()`), in one
+    /// transaction, each only while it still holds the kind and value given (a mask
+    /// changed since the rewrite read it is left for the next one) and only while the
+    /// bucket routes to `route` (the segment the rewrite wrote, which holds the rows with
+    /// the masks applied). Returns how many were marked. Called after the switch: marking
+    /// before it could let garbage collection forget a mask whose rows are still in the
+    /// routed object.
+    async fn mark_masks_purged(
+        &self,
+        bucket: &BucketId,
+        route: &str,
+        masks: &[RowMask],
+    ) -> StoreResult<u64>;
+
+    /// Deletes up to `limit` masks marked rewritten at least `older_than` ago by the
+    /// store's clock (no reader can still hold a route to the objects before the rewrite);
+    /// returns how many.
+    async fn forget_purged_masks(&self, older_than: Duration, limit: usize) -> StoreResult<u64>;
 
     /// Claims a window: succeeds when the window has no row yet, or its lease expired, or
     /// it was released; sets a fresh owner token, `generation + 1` (1 for a new window) and
@@ -323,7 +370,7 @@ pub trait Compaction: Send + Sync + 'static {
     /// On any error nothing is written. Returns the number of buckets switched. A switch
     /// whose commit had an unknown outcome is not retried blindly: if it committed, the
     /// retry meets [`StoreError::RouteChanged`] (the routes are already the segments'), so
-    /// the caller re-reads the routes ([`window_state`](Self::window_state)) to tell.
+    /// the caller re-reads the routes ([`partition_sources`](Self::partition_sources)) to tell.
     ///
     /// [`StoreError::StaleCompaction`]: super::StoreError::StaleCompaction
     /// [`StoreError::RouteChanged`]: super::StoreError::RouteChanged
@@ -333,13 +380,15 @@ pub trait Compaction: Send + Sync + 'static {
         switches: &[RouteSwitch],
     ) -> StoreResult<u64>;
 
-    /// Removes archived buckets of the claim's window whose archive holds no rows, in one
-    /// transaction checked like [`switch_routes`](Self::switch_routes): the claim is
-    /// current, and every bucket is of the claim's table and window, listed once,
-    /// `archived` with `hot_deleted = true` and routed to its source's `object_key`
-    /// (else [`StoreError::RouteChanged`] naming the first that is not, and nothing is
-    /// written). Each bucket's metadata (its route) and masks are deleted, and its object is
-    /// recorded as retired, as retention does: a bucket with no metadata reads as empty
+    /// Removes archived buckets of the claim's window whose archive holds no rows once
+    /// their masks are applied, in one transaction checked like
+    /// [`switch_routes`](Self::switch_routes): the claim is current, and every bucket is of
+    /// the claim's table and window, listed once, `archived` with `hot_deleted = true` and
+    /// routed to its source's `object_key` (else [`StoreError::RouteChanged`] naming the
+    /// first that is not, and nothing is written). Each bucket's metadata (its route) is
+    /// deleted, its masks are marked rewritten (a reader holding the old route still
+    /// applies them until garbage collection forgets them), and its object is recorded as
+    /// retired, as retention does: a bucket with no metadata reads as empty
     /// ([`HotPage::Missing`]), which is what it holds. A segment lists only buckets with
     /// rows, so an empty bucket cannot be switched to one; kept with its per-bucket route,
     /// it would bring its window back on every pass. Returns the number removed.

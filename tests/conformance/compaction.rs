@@ -21,7 +21,6 @@ use pulpitum::store::{
 use super::{bucket_of, rec, t, table, tid, Store, LONG, PAST_SHORT, SHORT};
 
 const DAY: BucketStrategy = BucketStrategy::CalendarDayUtc;
-const SEGMENTS: &str = "%/segments/%";
 
 /// A bucket of `tbl` holding one record of `partition` at `at`, archived to `object_key`
 /// and, when `clean`, with its hot rows deleted, through the lifecycle API.
@@ -261,12 +260,14 @@ pub async fn compaction_claims_are_fenced_by_token_generation_and_lease(store: S
     assert_eq!(third.generation, 3);
 }
 
-/// Candidates are the starts of archived, cleaned, not-yet-segment buckets that ended by
-/// `before`, of this table only, distinct, ascending and limited; a window's state lists
-/// its sources (segment-keyed ones included) in partition order and counts the rest.
-pub async fn candidates_and_window_state(store: Store) {
+/// The work list holds archived, cleaned buckets still routed to per-bucket objects: the
+/// next due window is its first entry at or after a cursor when that bucket ended by the
+/// cutoff; a window's partitions with work are listed in key order, paged; the sources of
+/// some partitions are every archived, cleaned bucket they have in the window (segment
+/// routes included), and a partition with any other bucket is named not ready.
+pub async fn the_work_list_finds_due_windows_and_pages_their_partitions(store: Store) {
     let tbl = table(&store, "events", DAY).await;
-    let a1 = archived(
+    archived(
         &store,
         &tbl,
         "a",
@@ -294,8 +295,10 @@ pub async fn candidates_and_window_state(store: Store) {
     )
     .await;
     hot(&store, &tbl, "a", "2024-03-03T10:00:00Z").await;
-    let seg = "t/segments/month:2024-03/62-1/manifest.json";
+    let seg = "t/segments/month:2024-03/s00062-g1/manifest.json";
     let b4 = archived(&store, &tbl, "b", "2024-03-04T10:00:00Z", seg, true).await;
+    // A partition whose every bucket is in a segment has no work.
+    let d8 = archived(&store, &tbl, "d", "2024-03-08T10:00:00Z", seg, true).await;
     // LIKE is case-sensitive on both stores: this key is not a segment's.
     let upper = "t/SEGMENTS/c/5/m.json";
     let c5 = archived(&store, &tbl, "c", "2024-03-05T10:00:00Z", upper, true).await;
@@ -329,94 +332,136 @@ pub async fn candidates_and_window_state(store: Store) {
     )
     .await;
 
-    let cands = |before: &str, like: &'static str, limit: usize| {
+    let d = |s: &str| t(&format!("{s}T00:00:00Z"));
+    let min = pulpitum::model::EventTime::min_supported();
+    let next = |tbl: TableId, from: pulpitum::model::EventTime, before: &str| {
         let store = store.clone();
-        let tbl = tbl.clone();
         let before = t(before);
         async move {
             store
-                .compaction_candidates(&tbl, before, like, limit)
+                .next_compaction_start(&tbl, from, before)
                 .await
                 .unwrap()
         }
     };
-    let d = |s: &str| t(&format!("{s}T00:00:00Z"));
     assert_eq!(
-        cands("2024-04-01T00:00:00Z", SEGMENTS, 100).await,
-        vec![d("2024-03-01"), d("2024-03-05")],
-        "not cleaned, hot, archiving, segment-keyed and April buckets are no candidates"
+        next(tbl.clone(), min, "2024-04-01T00:00:00Z").await,
+        Some(d("2024-03-01"))
+    );
+    let just_after =
+        |s: &str| pulpitum::model::EventTime::from_micros(d(s).as_micros() + 1).unwrap();
+    assert_eq!(
+        next(
+            tbl.clone(),
+            just_after("2024-03-01"),
+            "2024-04-01T00:00:00Z"
+        )
+        .await,
+        Some(d("2024-03-05")),
+        "not cleaned, hot, segment-routed buckets are not work; a key that differs from a \
+         segment's only in case is"
     );
     assert_eq!(
-        cands("2024-03-05T23:59:59Z", SEGMENTS, 100).await,
-        vec![d("2024-03-01")],
-        "a bucket is a candidate once it ended by `before`"
+        next(tbl.clone(), d("2024-03-06"), "2024-04-01T00:00:00Z").await,
+        None,
+        "April's bucket ends after the cutoff"
     );
     assert_eq!(
-        cands("2024-03-06T00:00:00Z", SEGMENTS, 100).await,
-        vec![d("2024-03-01"), d("2024-03-05")],
+        next(tbl.clone(), d("2024-03-06"), "2024-05-01T00:00:00Z").await,
+        Some(d("2024-04-01"))
+    );
+    assert_eq!(
+        next(tbl.clone(), min, "2024-03-01T23:59:59Z").await,
+        None,
+        "a bucket is due once it ended by the cutoff"
+    );
+    assert_eq!(
+        next(tbl.clone(), min, "2024-03-02T00:00:00Z").await,
+        Some(d("2024-03-01")),
         "bucket_end <= before"
     );
     assert_eq!(
-        cands("2024-05-01T00:00:00Z", SEGMENTS, 100).await,
-        vec![d("2024-03-01"), d("2024-03-05"), d("2024-04-01")]
+        next(
+            tbl.clone(),
+            just_after("2024-04-01"),
+            "2025-01-01T00:00:00Z"
+        )
+        .await,
+        None
     );
     assert_eq!(
-        cands("2024-05-01T00:00:00Z", SEGMENTS, 2).await,
-        vec![d("2024-03-01"), d("2024-03-05")]
-    );
-    assert!(cands("2024-05-01T00:00:00Z", SEGMENTS, 0).await.is_empty());
-    assert_eq!(
-        cands("2024-05-01T00:00:00Z", "nothing matches this", 100).await,
-        vec![
-            d("2024-03-01"),
-            d("2024-03-04"),
-            d("2024-03-05"),
-            d("2024-04-01")
-        ],
-        "the exclusion is the caller's pattern"
-    );
-    assert_eq!(
-        cands("2024-05-01T00:00:00Z", "t/_/%", 100).await,
-        vec![d("2024-03-04"), d("2024-03-05")],
-        "`_` is one character, `%` any run"
+        next(other.clone(), min, "2025-01-01T00:00:00Z").await,
+        Some(d("2024-03-07")),
+        "tables are apart"
     );
 
-    let state = store
-        .window_state(&tbl, d("2024-03-01"), d("2024-04-01"))
-        .await
-        .unwrap();
+    let pk = |p: &str| pulpitum::model::PartitionKey::new(p.as_bytes().to_vec()).unwrap();
+    let (mar, apr, may) = (d("2024-03-01"), d("2024-04-01"), d("2024-05-01"));
+    let parts = |after: Option<&str>, limit: usize, start, end| {
+        let store = store.clone();
+        let tbl = tbl.clone();
+        let after = after.map(pk);
+        async move {
+            store
+                .partitions_to_compact(&tbl, start, end, after.as_ref(), limit, true)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        parts(None, 100, mar, apr).await,
+        [pk("a"), pk("b"), pk("c")],
+        "d's only bucket is in a segment"
+    );
+    assert_eq!(parts(None, 2, mar, apr).await, [pk("a"), pk("b")]);
+    assert_eq!(parts(Some("a"), 1, mar, apr).await, [pk("b")]);
+    assert_eq!(parts(Some("c"), 100, mar, apr).await, []);
+    assert_eq!(parts(None, 0, mar, apr).await, []);
+    assert_eq!(parts(None, 100, apr, may).await, [pk("a")]);
+
     let source = |b: &BucketId, key: &str| CompactionSource {
         bucket: b.clone(),
         bucket_start: b.bucket_key.start(),
         bucket_end: b.bucket_key.end(),
         object_key: key.into(),
+        masked: false,
     };
+    let state = store
+        .partition_sources(&tbl, mar, apr, &[pk("a"), pk("b"), pk("c"), pk("d")])
+        .await
+        .unwrap();
     assert_eq!(
         state.sources,
         vec![
-            source(&a1, "t/a/1/m.json"),
             source(&b1, "t/b/1/m.json"),
             source(&b4, seg),
             source(&c5, upper),
+            source(&d8, seg),
         ],
-        "archived and cleaned buckets, by partition then start"
+        "a is not ready; the others' buckets, segment routes included, by partition and start"
     );
-    assert_eq!(
-        state.not_ready, 3,
-        "not cleaned (a/2), hot (a/3) and archiving (a/6)"
-    );
+    assert_eq!(state.not_ready, [pk("a")]);
     assert_eq!(state.sources[0].bucket_end, d("2024-03-02"));
     let april = store
-        .window_state(&tbl, d("2024-04-01"), d("2024-05-01"))
+        .partition_sources(&tbl, apr, may, &[pk("a")])
         .await
         .unwrap();
     assert_eq!(april.sources, vec![source(&a_apr, "t/a/apr/m.json")]);
-    assert_eq!(april.not_ready, 0);
+    assert!(april.not_ready.is_empty());
+    let only_b = store
+        .partition_sources(&tbl, mar, apr, &[pk("b")])
+        .await
+        .unwrap();
+    assert_eq!(only_b.sources.len(), 2, "only the partitions asked for");
     let empty = store
-        .window_state(&tbl, d("2023-01-01"), d("2023-02-01"))
+        .partition_sources(&tbl, d("2023-01-01"), d("2023-02-01"), &[pk("a")])
         .await
         .unwrap();
     assert_eq!(empty, Default::default());
+    assert_eq!(
+        store.partition_sources(&tbl, mar, apr, &[]).await.unwrap(),
+        Default::default()
+    );
 }
 
 /// A switch moves every route to its segment, reads follow the new route, the replaced
@@ -451,8 +496,8 @@ pub async fn switch_moves_every_route_and_retires_the_sources(store: Store) {
         true,
     )
     .await;
-    let s1 = "t/segments/month:2024-03/61-1/manifest.json";
-    let s2 = "t/segments/month:2024-03/62-1/manifest.json";
+    let s1 = "t/segments/month:2024-03/s00061-g1/manifest.json";
+    let s2 = "t/segments/month:2024-03/s00062-g1/manifest.json";
     let claim = claim_march(&store, &tbl, LONG).await.unwrap();
     let before = store.now().await.unwrap();
     let n = store
@@ -513,16 +558,26 @@ pub async fn switch_moves_every_route_and_retires_the_sources(store: Store) {
             "retired at the store's time: {r:?} not in [{before}, {after}]"
         );
     }
-    assert!(
+    assert_eq!(
         store
-            .compaction_candidates(&tbl, t("2024-05-01T00:00:00Z"), SEGMENTS, 10)
+            .next_compaction_start(
+                &tbl,
+                pulpitum::model::EventTime::min_supported(),
+                t("2024-05-01T00:00:00Z")
+            )
             .await
-            .unwrap()
-            .is_empty(),
-        "switched buckets are no candidates any more"
+            .unwrap(),
+        None,
+        "switched buckets are no work any more"
     );
+    let pk = |p: &str| pulpitum::model::PartitionKey::new(p.as_bytes().to_vec()).unwrap();
     let state = store
-        .window_state(&tbl, t("2024-03-01T00:00:00Z"), t("2024-04-01T00:00:00Z"))
+        .partition_sources(
+            &tbl,
+            t("2024-03-01T00:00:00Z"),
+            t("2024-04-01T00:00:00Z"),
+            &[pk("a"), pk("b")],
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -536,7 +591,7 @@ pub async fn switch_moves_every_route_and_retires_the_sources(store: Store) {
 
     // A later compaction of the window replaces s1 in two switches: its retirement is the
     // later one, since readers may have held a route to s1 until then.
-    let s3 = "t/segments/month:2024-03/61-2/manifest.json";
+    let s3 = "t/segments/month:2024-03/s00061-g2/manifest.json";
     assert_eq!(
         store
             .switch_routes(&claim, &[switch(&a1, s1, s3)])
@@ -633,7 +688,7 @@ pub async fn refused_switches_write_nothing(store: Store) {
     )
     .await;
     let missing = bucket_of(&tbl, DAY, &rec("e", t("2024-03-01T10:00:00Z"), b"k", b"v"));
-    let seg = "t/segments/month:2024-03/61-1/manifest.json";
+    let seg = "t/segments/month:2024-03/s00061-g1/manifest.json";
     let ok_a = switch(&a, "t/a/1/m.json", seg);
     let ok_b = switch(&b, "t/b/1/m.json", seg);
     let claim = claim_march(&store, &tbl, LONG).await.unwrap();
@@ -835,6 +890,7 @@ pub async fn empty_buckets_are_dropped_under_the_claim(store: Store) {
         bucket_start: bucket.bucket_key.start(),
         bucket_end: bucket.bucket_key.end(),
         object_key: key.into(),
+        masked: false,
     };
     let stale = claim_march(&store, &tbl, SHORT).await.unwrap();
     tokio::time::sleep(PAST_SHORT).await;
@@ -924,4 +980,165 @@ pub async fn empty_buckets_are_dropped_under_the_claim(store: Store) {
         .await
         .unwrap();
     assert!(matches!(page, HotPage::Missing), "{page:?}");
+}
+
+/// Masks not yet rewritten are compaction work, due at once and only for their
+/// partitions; marking them rewritten takes the route and each mask's kind and value into
+/// account; readers still get marked masks until GC forgets them after its delay; a new
+/// edit over a rewritten mask is work again.
+pub async fn masks_are_work_until_a_rewrite_marks_them(store: Store) {
+    use pulpitum::model::EventTime;
+    use pulpitum::store::{RowChange, RowMask};
+    let tbl = table(&store, "events", DAY).await;
+    let seg = "t/segments/month:2024-03/s00000-g1/manifest.json";
+    let a1 = archived(&store, &tbl, "a", "2024-03-01T10:00:00Z", seg, true).await;
+    let b1 = archived(&store, &tbl, "b", "2024-03-01T11:00:00Z", seg, true).await;
+    let (mar, apr) = (t("2024-03-01T00:00:00Z"), t("2024-04-01T00:00:00Z"));
+    let long_ago = t("2000-01-01T00:00:00Z");
+    let min = EventTime::min_supported();
+    assert_eq!(
+        store
+            .next_compaction_start(&tbl, min, t("2025-01-01T00:00:00Z"))
+            .await
+            .unwrap(),
+        None,
+        "everything is in a segment"
+    );
+    let change = |p: &str, at: &str, old: &[u8], new: Option<&[u8]>| RowChange {
+        partition_key: pulpitum::model::PartitionKey::new(p.as_bytes().to_vec()).unwrap(),
+        event_time: t(at),
+        sort_key: pulpitum::model::SortKey::new(b"k".to_vec()).unwrap(),
+        old_value: old.to_vec(),
+        new_value: new.map(<[u8]>::to_vec),
+    };
+    let read_at = store.now().await.unwrap();
+    store
+        .apply_changes(
+            &tbl,
+            read_at,
+            &[change("a", "2024-03-01T10:00:00Z", b"v", None)],
+        )
+        .await
+        .unwrap();
+    store
+        .apply_changes(
+            &tbl,
+            read_at,
+            &[change("b", "2024-03-01T11:00:00Z", b"v", Some(b"w"))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .next_compaction_start(&tbl, min, long_ago)
+            .await
+            .unwrap(),
+        Some(t("2024-03-01T00:00:00Z")),
+        "masks are due at once, whatever the cutoff"
+    );
+    let pk = |p: &str| pulpitum::model::PartitionKey::new(p.as_bytes().to_vec()).unwrap();
+    for due in [true, false] {
+        assert_eq!(
+            store
+                .partitions_to_compact(&tbl, mar, apr, None, 10, due)
+                .await
+                .unwrap(),
+            [pk("a"), pk("b")]
+        );
+    }
+    let state = store
+        .partition_sources(&tbl, mar, apr, &[pk("a"), pk("b")])
+        .await
+        .unwrap();
+    assert!(state.sources.iter().all(|s| s.masked), "{state:?}");
+
+    let masks_a = store.row_masks(&a1).await.unwrap();
+    let masks_b = store.row_masks(&b1).await.unwrap();
+    assert_eq!(masks_a.len(), 1);
+    let other = "t/segments/month:2024-03/s00001-g2/manifest.json";
+    assert_eq!(
+        store.mark_masks_purged(&a1, other, &masks_a).await.unwrap(),
+        0,
+        "not while the bucket routes elsewhere"
+    );
+    let stale = vec![RowMask {
+        value: Some(b"old".to_vec()),
+        ..masks_b[0].clone()
+    }];
+    assert_eq!(
+        store.mark_masks_purged(&b1, seg, &stale).await.unwrap(),
+        0,
+        "not a mask that changed since the rewrite read it"
+    );
+    assert_eq!(
+        store.mark_masks_purged(&a1, seg, &masks_a).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store.mark_masks_purged(&a1, seg, &masks_a).await.unwrap(),
+        0,
+        "marked once"
+    );
+    assert_eq!(
+        store.mark_masks_purged(&b1, seg, &masks_b).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .next_compaction_start(&tbl, min, long_ago)
+            .await
+            .unwrap(),
+        None,
+        "rewritten masks are no work"
+    );
+    assert!(store
+        .partitions_to_compact(&tbl, mar, apr, None, 10, false)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.row_masks(&a1).await.unwrap(),
+        masks_a,
+        "readers still apply it"
+    );
+
+    // A new edit over the rewritten one is work again, and is kept by GC.
+    let read_at = store.now().await.unwrap();
+    store
+        .apply_changes(
+            &tbl,
+            read_at,
+            &[change("b", "2024-03-01T11:00:00Z", b"w", Some(b"x"))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .partitions_to_compact(&tbl, mar, apr, None, 10, false)
+            .await
+            .unwrap(),
+        [pk("b")]
+    );
+    assert_eq!(
+        store
+            .forget_purged_masks(Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        0,
+        "inside the delay"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store
+            .forget_purged_masks(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        1,
+        "a's mask; b's was edited again"
+    );
+    assert!(store.row_masks(&a1).await.unwrap().is_empty());
+    assert_eq!(
+        store.row_masks(&b1).await.unwrap()[0].value.as_deref(),
+        Some(&b"x"[..])
+    );
 }

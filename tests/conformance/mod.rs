@@ -85,10 +85,11 @@ macro_rules! every_case {
             job_history_records_abandons_and_prunes,
             // compaction.rs
             compaction_claims_are_fenced_by_token_generation_and_lease,
-            candidates_and_window_state,
+            the_work_list_finds_due_windows_and_pages_their_partitions,
             switch_moves_every_route_and_retires_the_sources,
             refused_switches_write_nothing,
             empty_buckets_are_dropped_under_the_claim,
+            masks_are_work_until_a_rewrite_marks_them,
         );
     };
 }

@@ -239,25 +239,56 @@ impl pulpitum::store::Changes for Counting {
 
 #[async_trait]
 impl Compaction for Counting {
-    async fn compaction_candidates(
+    async fn next_compaction_start(
         &self,
         t: &TableId,
+        from: EventTime,
         before: EventTime,
-        exclude_like: &str,
-        limit: usize,
-    ) -> StoreResult<Vec<EventTime>> {
-        self.inner
-            .compaction_candidates(t, before, exclude_like, limit)
-            .await
+    ) -> StoreResult<Option<EventTime>> {
+        self.inner.next_compaction_start(t, from, before).await
     }
 
-    async fn window_state(
+    async fn partitions_to_compact(
         &self,
         t: &TableId,
         start: EventTime,
         end: EventTime,
+        after: Option<&PartitionKey>,
+        limit: usize,
+        routes_due: bool,
+    ) -> StoreResult<Vec<PartitionKey>> {
+        self.inner
+            .partitions_to_compact(t, start, end, after, limit, routes_due)
+            .await
+    }
+
+    async fn partition_sources(
+        &self,
+        t: &TableId,
+        start: EventTime,
+        end: EventTime,
+        partitions: &[PartitionKey],
     ) -> StoreResult<WindowState> {
-        self.inner.window_state(t, start, end).await
+        self.inner
+            .partition_sources(t, start, end, partitions)
+            .await
+    }
+
+    async fn mark_masks_purged(
+        &self,
+        b: &BucketId,
+        route: &str,
+        masks: &[pulpitum::store::RowMask],
+    ) -> StoreResult<u64> {
+        self.inner.mark_masks_purged(b, route, masks).await
+    }
+
+    async fn forget_purged_masks(
+        &self,
+        older_than: std::time::Duration,
+        limit: usize,
+    ) -> StoreResult<u64> {
+        self.inner.forget_purged_masks(older_than, limit).await
     }
 
     async fn claim_compaction(

@@ -96,25 +96,6 @@ impl Changes for SqliteStore {
                             )
                             .into());
                         }
-                        tx.prepare_cached(&format!(
-                            "UPDATE pulpitum_v4_bucket_metadata SET updated_at = ?4 \
-                             WHERE {BUCKET_PK}"
-                        ))?
-                        .execute(params![
-                            table_id.as_str(),
-                            bucket.partition_key.as_bytes(),
-                            bucket.bucket_key.to_string(),
-                            now
-                        ])?;
-                        // A bucket emptied by a DELETE goes with its last row (see the
-                        // PostgreSQL store): nothing to archive, and its window stays
-                        // compactable.
-                        tx.prepare_cached(&format!(
-                            "DELETE FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK} \
-                             AND state = 'hot' AND NOT EXISTS (SELECT 1 FROM pulpitum_v4_records \
-                               WHERE {BUCKET_PK})"
-                        ))?
-                        .execute(pk)?;
                         out.hot += changed;
                     }
                     "archiving" => {
@@ -165,7 +146,7 @@ impl Changes for SqliteStore {
                                CASE WHEN ?6 IS NULL THEN 'delete' ELSE 'edit' END, ?6, ?7) \
                              ON CONFLICT (table_id, partition_key, bucket_key, event_time, sort_key) \
                              DO UPDATE SET kind = excluded.kind, value = excluded.value, \
-                               created_at = excluded.created_at",
+                               created_at = excluded.created_at, purged_at = NULL",
                         )?;
                         for c in &rows {
                             out.masked += stmt.execute(params![

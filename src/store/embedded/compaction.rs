@@ -8,21 +8,24 @@
 //! statement is correct on its own. A failed switch returns an error from the transaction
 //! body, which rolls the whole transaction back: nothing of it is written.
 //!
-//! SQLite's `LIKE` ignores ASCII case, PostgreSQL's does not: the candidates' exclusion
-//! pattern is translated to a `GLOB` ([`like_to_glob`]), which matches case-sensitively,
-//! so both stores exclude exactly the same keys.
+//! SQLite's `LIKE` ignores ASCII case, PostgreSQL's does not: the work list's predicate
+//! tells segment keys by [`SEGMENT_KEY_GLOB`], the `GLOB` form of PostgreSQL's
+//! [`SEGMENT_KEY_LIKE`], so both stores select exactly the same buckets.
+//!
+//! [`SEGMENT_KEY_GLOB`]: crate::store::SEGMENT_KEY_GLOB
+//! [`SEGMENT_KEY_LIKE`]: crate::store::SEGMENT_KEY_LIKE
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 
-use crate::model::{EventTime, TableId};
+use crate::model::{BucketId, EventTime, PartitionKey, TableId};
 use crate::store::compaction::{
     check_sources, check_switches, claim_mismatch, retired_keys, route_mismatch, StoredClaim,
 };
 use crate::store::{
-    Compaction, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, StoreError,
+    Compaction, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, RowMask, StoreError,
     StoreResult, WindowState,
 };
 
@@ -30,9 +33,16 @@ use super::decode::{bucket_id, corrupt, time, to_i64, BUCKET_PK};
 use super::lifecycle::{fresh_token, plus};
 use super::{Mode, SqliteStore, TxError, TxResult};
 
+/// The predicate of compaction's partial indexes (migration 8), verbatim.
+const TO_COMPACT: &str = "state = 'archived' AND hot_deleted = 1 \
+     AND NOT (object_key GLOB '*/segments/*/s?????-g*/manifest.json')";
+
 /// The claim columns, in the order [`claim_from`] reads them.
 const CLAIM_COLS: &str =
     "table_id, window_key, window_start, window_end, owner_token, generation, lease_expires_at";
+
+/// One bucket of `partition_sources` as stored: key, strategy, start, route, ready, masked.
+type SourceRow = (String, String, i64, Option<String>, bool, bool);
 
 /// One claim row as stored, before conversion.
 type ClaimRow = (String, String, i64, i64, Option<String>, i64, Option<i64>);
@@ -65,34 +75,6 @@ fn claim_from(row: ClaimRow) -> TxResult<CompactionClaim> {
         generation,
         lease_expires_at: time(lease, "compaction lease expiry")?,
     })
-}
-
-/// `pattern`, an SQL `LIKE` pattern as PostgreSQL reads it (`%` any run of characters, `_`
-/// one character, a backslash makes the next character literal, case-sensitive), as an
-/// SQLite `GLOB` pattern: `*` and `?` for the wildcards, and every character `GLOB` treats
-/// specially (`*`, `?`, `[`) as a one-character class. A trailing lone backslash, an error
-/// on PostgreSQL, stands for itself.
-fn like_to_glob(pattern: &str) -> String {
-    fn literal(out: &mut String, c: char) {
-        if matches!(c, '*' | '?' | '[') {
-            out.push('[');
-            out.push(c);
-            out.push(']');
-        } else {
-            out.push(c);
-        }
-    }
-    let mut out = String::with_capacity(pattern.len() + 2);
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '%' => out.push('*'),
-            '_' => out.push('?'),
-            '\\' => literal(&mut out, chars.next().unwrap_or('\\')),
-            c => literal(&mut out, c),
-        }
-    }
-    out
 }
 
 /// Checks in the caller's transaction that `claim` holds its window at `now`.
@@ -130,91 +112,175 @@ fn verify_claim(tx: &Transaction<'_>, claim: &CompactionClaim, now: i64) -> TxRe
 
 #[async_trait]
 impl Compaction for SqliteStore {
-    async fn compaction_candidates(
+    async fn next_compaction_start(
         &self,
         table_id: &TableId,
+        from: EventTime,
         before: EventTime,
-        exclude_like: &str,
+    ) -> StoreResult<Option<EventTime>> {
+        let table_id = table_id.clone();
+        // As on PostgreSQL: the first entry at or after `from`, judged due here.
+        let sql = format!(
+            "SELECT bucket_start, bucket_end FROM pulpitum_v4_bucket_metadata \
+             WHERE table_id = ?1 AND bucket_start >= ?2 AND {TO_COMPACT} \
+             ORDER BY bucket_start LIMIT 1"
+        );
+        self.run("next_compaction_start", Mode::Read, move |tx, _| {
+            let first: Option<(i64, i64)> = tx
+                .prepare_cached(&sql)?
+                .query_row(params![table_id.as_str(), from.as_micros()], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            let due = first
+                .filter(|(_, end)| *end <= before.as_micros())
+                .map(|(start, _)| start);
+            // Buckets with masks not yet rewritten are due at once.
+            let masked: Option<i64> = tx
+                .prepare_cached(
+                    "SELECT m.bucket_start FROM pulpitum_v4_row_masks AS k \
+                     JOIN pulpitum_v4_bucket_metadata AS m ON m.table_id = k.table_id \
+                       AND m.partition_key = k.partition_key AND m.bucket_key = k.bucket_key \
+                     WHERE k.table_id = ?1 AND k.purged_at IS NULL AND m.bucket_start >= ?2 \
+                       AND m.state = 'archived' AND m.hot_deleted = 1 \
+                     ORDER BY m.bucket_start LIMIT 1",
+                )?
+                .query_row(params![table_id.as_str(), from.as_micros()], |r| r.get(0))
+                .optional()?;
+            match due.into_iter().chain(masked).min() {
+                Some(start) => Ok(Some(time(start, "bucket start")?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn partitions_to_compact(
+        &self,
+        table_id: &TableId,
+        start: EventTime,
+        end: EventTime,
+        after: Option<&PartitionKey>,
         limit: usize,
-    ) -> StoreResult<Vec<EventTime>> {
+        routes_due: bool,
+    ) -> StoreResult<Vec<PartitionKey>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
         let table_id = table_id.clone();
-        let glob = like_to_glob(exclude_like);
-        self.run("compaction_candidates", Mode::Read, move |tx, _| {
-            let mut stmt = tx.prepare_cached(
-                "SELECT DISTINCT bucket_start FROM pulpitum_v4_bucket_metadata \
-                 WHERE table_id = ?1 AND state = 'archived' AND hot_deleted = 1 \
-                   AND bucket_end <= ?2 AND NOT (object_key GLOB ?3) \
-                 ORDER BY bucket_start LIMIT ?4",
-            )?;
-            let starts = stmt
-                .query_map(
-                    params![table_id.as_str(), before.as_micros(), glob, to_i64(limit)],
-                    |r| r.get::<_, i64>(0),
+        // Partition keys are never empty: the empty blob sorts before every one of them.
+        let after = after.map_or_else(Vec::new, |p| p.as_bytes().to_vec());
+        let sql = format!(
+            "SELECT DISTINCT partition_key FROM pulpitum_v4_bucket_metadata \
+             WHERE table_id = ?1 AND partition_key > ?2 \
+               AND bucket_start >= ?3 AND bucket_start < ?4 AND {TO_COMPACT} \
+             ORDER BY partition_key LIMIT ?5"
+        );
+        self.run("partitions_to_compact", Mode::Read, move |tx, _| {
+            let args = params![
+                table_id.as_str(),
+                after,
+                start.as_micros(),
+                end.as_micros(),
+                to_i64(limit)
+            ];
+            // Each kind of work limited on its own, merged, then limited (as on PostgreSQL).
+            let mut keys = std::collections::BTreeSet::new();
+            if routes_due {
+                keys = tx
+                    .prepare_cached(&sql)?
+                    .query_map(args, |r| r.get::<_, Vec<u8>>(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+            }
+            let masked = tx
+                .prepare_cached(
+                    "SELECT DISTINCT k.partition_key FROM pulpitum_v4_row_masks AS k \
+                     JOIN pulpitum_v4_bucket_metadata AS m ON m.table_id = k.table_id \
+                       AND m.partition_key = k.partition_key AND m.bucket_key = k.bucket_key \
+                     WHERE k.table_id = ?1 AND k.partition_key > ?2 AND k.purged_at IS NULL \
+                       AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
+                       AND m.state = 'archived' AND m.hot_deleted = 1 \
+                     ORDER BY k.partition_key LIMIT ?5",
                 )?
+                .query_map(args, |r| r.get::<_, Vec<u8>>(0))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            starts
-                .into_iter()
-                .map(|s| time(s, "bucket start"))
+            keys.extend(masked);
+            keys.into_iter()
+                .take(limit)
+                .map(|k| PartitionKey::new(k).map_err(|e| corrupt(format!("partition key: {e}"))))
                 .collect()
         })
         .await
     }
 
-    async fn window_state(
+    async fn partition_sources(
         &self,
         table_id: &TableId,
         start: EventTime,
         end: EventTime,
+        partitions: &[PartitionKey],
     ) -> StoreResult<WindowState> {
+        if partitions.is_empty() {
+            return Ok(WindowState::default());
+        }
         let table_id = table_id.clone();
+        let partitions = partitions.to_vec();
         let (from, to) = (start.as_micros(), end.as_micros());
-        // One read transaction: the sources and the count come from one snapshot.
-        self.run("window_state", Mode::Read, move |tx, _| {
-            let rows: Vec<(Vec<u8>, String, String, i64, Option<String>)> = tx
-                .prepare_cached(
-                    "SELECT partition_key, bucket_key, bucket_strategy, bucket_start, object_key \
-                     FROM pulpitum_v4_bucket_metadata \
-                     WHERE table_id = ?1 AND bucket_start >= ?2 AND bucket_start < ?3 \
-                       AND state = 'archived' AND hot_deleted = 1 \
-                     ORDER BY partition_key, bucket_start",
-                )?
-                .query_map(params![table_id.as_str(), from, to], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-                })?
-                .collect::<rusqlite::Result<_>>()?;
-            let not_ready: i64 = tx
-                .prepare_cached(
-                    "SELECT count(*) FROM pulpitum_v4_bucket_metadata \
-                     WHERE table_id = ?1 AND bucket_start >= ?2 AND bucket_start < ?3 \
-                       AND NOT (state = 'archived' AND hot_deleted = 1)",
-                )?
-                .query_row(params![table_id.as_str(), from, to], |r| r.get(0))?;
-            let mut sources = Vec::with_capacity(rows.len());
-            for (pk, key, strategy, stored_start, object_key) in rows {
-                let bucket = bucket_id(table_id.as_str(), &pk, &strategy, &key)?;
-                if bucket.bucket_key.start().as_micros() != stored_start {
-                    return Err(corrupt(format!(
-                        "bucket {bucket} is stored with a start that does not match its key"
-                    )));
+        // One read transaction (one snapshot); one probe of the primary key per partition,
+        // in key order, which in process costs less than building an array join.
+        self.run("partition_sources", Mode::Read, move |tx, _| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT m.bucket_key, m.bucket_strategy, m.bucket_start, m.object_key, \
+                        (m.state = 'archived' AND m.hot_deleted = 1), \
+                        EXISTS (SELECT 1 FROM pulpitum_v4_row_masks AS k \
+                          WHERE k.table_id = m.table_id AND k.partition_key = m.partition_key \
+                            AND k.bucket_key = m.bucket_key AND k.purged_at IS NULL) \
+                 FROM pulpitum_v4_bucket_metadata AS m \
+                 WHERE m.table_id = ?1 AND m.partition_key = ?2 \
+                   AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
+                 ORDER BY m.bucket_start",
+            )?;
+            let mut sorted = partitions.clone();
+            sorted.sort();
+            sorted.dedup();
+            let mut state = WindowState::default();
+            for pk in sorted {
+                let rows: Vec<SourceRow> = stmt
+                    .query_map(params![table_id.as_str(), pk.as_bytes(), from, to], |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                        ))
+                    })?
+                    .collect::<rusqlite::Result<_>>()?;
+                if rows.iter().any(|r| !r.4) {
+                    state.not_ready.push(pk);
+                    continue;
                 }
-                let object_key = object_key.ok_or_else(|| {
-                    corrupt(format!("archived bucket {bucket} has no object key"))
-                })?;
-                sources.push(CompactionSource {
-                    bucket_start: bucket.bucket_key.start(),
-                    bucket_end: bucket.bucket_key.end(),
-                    bucket,
-                    object_key,
-                });
+                for (key, strategy, stored_start, object_key, _, masked) in rows {
+                    let bucket = bucket_id(table_id.as_str(), pk.as_bytes(), &strategy, &key)?;
+                    if bucket.bucket_key.start().as_micros() != stored_start {
+                        return Err(corrupt(format!(
+                            "bucket {bucket} is stored with a start that does not match its key"
+                        )));
+                    }
+                    let object_key = object_key.ok_or_else(|| {
+                        corrupt(format!("archived bucket {bucket} has no object key"))
+                    })?;
+                    state.sources.push(CompactionSource {
+                        bucket_start: bucket.bucket_key.start(),
+                        bucket_end: bucket.bucket_key.end(),
+                        bucket,
+                        object_key,
+                        masked,
+                    });
+                }
             }
-            Ok(WindowState {
-                sources,
-                not_ready: u64::try_from(not_ready)
-                    .map_err(|_| corrupt(format!("not-ready count {not_ready}")))?,
-            })
+            Ok(state)
         })
         .await
     }
@@ -438,6 +504,77 @@ impl Compaction for SqliteStore {
         .await
     }
 
+    async fn mark_masks_purged(
+        &self,
+        bucket: &BucketId,
+        route: &str,
+        masks: &[RowMask],
+    ) -> StoreResult<u64> {
+        if masks.is_empty() {
+            return Ok(0);
+        }
+        let bucket = bucket.clone();
+        let route = route.to_string();
+        let masks = masks.to_vec();
+        self.run("mark_masks_purged", Mode::Write, move |tx, now| {
+            let ids = params![
+                bucket.table_id.as_str(),
+                bucket.partition_key.as_bytes(),
+                bucket.bucket_key.to_string()
+            ];
+            // The route first (under the write lock nothing moves it before the updates).
+            let routed: Option<Option<String>> = tx
+                .prepare_cached(&format!(
+                    "SELECT object_key FROM pulpitum_v4_bucket_metadata \
+                     WHERE {BUCKET_PK} AND state = 'archived'"
+                ))?
+                .query_row(ids, |r| r.get(0))
+                .optional()?;
+            if routed.flatten().as_deref() != Some(route.as_str()) {
+                return Ok(0);
+            }
+            let mut stmt = tx.prepare_cached(&format!(
+                "UPDATE pulpitum_v4_row_masks SET purged_at = ?6 \
+                 WHERE {BUCKET_PK} AND event_time = ?4 AND sort_key = ?5 \
+                   AND purged_at IS NULL AND value IS ?7"
+            ))?;
+            let mut marked = 0u64;
+            for m in &masks {
+                marked += stmt.execute(params![
+                    bucket.table_id.as_str(),
+                    bucket.partition_key.as_bytes(),
+                    bucket.bucket_key.to_string(),
+                    m.event_time.as_micros(),
+                    m.sort_key.as_bytes(),
+                    now,
+                    m.value
+                ])? as u64;
+            }
+            Ok(marked)
+        })
+        .await
+    }
+
+    async fn forget_purged_masks(&self, older_than: Duration, limit: usize) -> StoreResult<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let older = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        self.run("forget_purged_masks", Mode::Write, move |tx, now| {
+            let cutoff = now.saturating_sub(older);
+            let n = tx
+                .prepare_cached(
+                    "DELETE FROM pulpitum_v4_row_masks WHERE (table_id, partition_key, \
+                       bucket_key, event_time, sort_key) IN (SELECT table_id, partition_key, \
+                       bucket_key, event_time, sort_key FROM pulpitum_v4_row_masks \
+                       WHERE purged_at <= ?1 LIMIT ?2)",
+                )?
+                .execute(params![cutoff, to_i64(limit)])?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
     async fn drop_empty_buckets(
         &self,
         claim: &CompactionClaim,
@@ -483,10 +620,18 @@ impl Compaction for SqliteStore {
                     "DELETE FROM pulpitum_v4_bucket_metadata WHERE {BUCKET_PK}"
                 ))?
                 .execute(ids)?;
+                // Masks stay, marked rewritten: a reader holding the old route applies them
+                // until garbage collection forgets them.
                 tx.prepare_cached(&format!(
-                    "DELETE FROM pulpitum_v4_row_masks WHERE {BUCKET_PK}"
+                    "UPDATE pulpitum_v4_row_masks SET purged_at = ?4 \
+                     WHERE {BUCKET_PK} AND purged_at IS NULL"
                 ))?
-                .execute(ids)?;
+                .execute(params![
+                    b.table_id.as_str(),
+                    b.partition_key.as_bytes(),
+                    b.bucket_key.to_string(),
+                    now
+                ])?;
                 tx.prepare_cached(
                     "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) \
                      VALUES (?1, ?2) ON CONFLICT (object_key) DO UPDATE SET \
@@ -541,16 +686,19 @@ impl Compaction for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    use super::like_to_glob;
-
     #[test]
-    fn like_patterns_become_case_sensitive_globs() {
-        assert_eq!(like_to_glob("%/segments/%"), "*/segments/*");
-        assert_eq!(like_to_glob("a_b"), "a?b");
-        assert_eq!(like_to_glob(r"100\%"), "100%");
-        assert_eq!(like_to_glob(r"a\_b"), "a_b");
-        assert_eq!(like_to_glob("x*y?[z]"), "x[*]y[?][[]z]");
-        assert_eq!(like_to_glob(r"\\"), r"\");
-        assert_eq!(like_to_glob("end\\"), "end\\");
+    fn the_work_list_predicate_is_the_partial_indexes_verbatim() {
+        let pred = super::TO_COMPACT
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let sql = include_str!("../../../sql/sqlite/0008_compaction_idx.sql");
+        assert_eq!(sql.matches(&format!("WHERE {pred};")).count(), 2, "{sql}");
+        // The GLOB is the LIKE of PostgreSQL's index: `%` is `*`, `_` is `?`.
+        let glob = crate::store::SEGMENT_KEY_LIKE
+            .replace('%', "*")
+            .replace('_', "?");
+        assert_eq!(glob, crate::store::SEGMENT_KEY_GLOB);
+        assert!(pred.contains(crate::store::SEGMENT_KEY_GLOB));
     }
 }

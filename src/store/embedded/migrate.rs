@@ -78,6 +78,22 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0007_retention_jobs.sql"),
         compat: Compat::Requires(7),
     },
+    // Compaction's work list as partial indexes: nothing older builds read changes.
+    Migration {
+        version: 8,
+        name: "compaction_idx",
+        sql: include_str!("../../../sql/sqlite/0008_compaction_idx.sql"),
+        compat: Compat::Additive,
+    },
+    // An older build would upsert a new edit over a rewritten mask without clearing
+    // `purged_at`, and garbage collection would then delete the edit: only builds that know
+    // the column may write masks once it exists.
+    Migration {
+        version: 9,
+        name: "row_masks_purged_at",
+        sql: include_str!("../../../sql/sqlite/0009_row_masks_purged_at.sql"),
+        compat: Compat::Requires(9),
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

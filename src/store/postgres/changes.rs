@@ -46,10 +46,6 @@ impl Changes for PgStore {
             "SELECT state, published_at FROM {META} \
              WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3"
         );
-        let touch_sql = format!(
-            "UPDATE {META} SET updated_at = now() \
-             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 AND state = 'hot'"
-        );
         // Joins with the arrays rather than `IN (SELECT unnest ...)`: on a table without fresh
         // statistics PostgreSQL planned the latter as a semi join that scanned the arrays
         // again for every row of the bucket (a 2,000-row DELETE in a 120,000-row bucket ran
@@ -67,14 +63,6 @@ impl Changes for PgStore {
              WHERE r.table_id = $1 AND r.partition_key = $2 AND r.bucket_key = $3 \
                AND r.event_time = u.t AND r.sort_key = u.s AND r.value = u.ov"
         );
-        // A bucket emptied by a DELETE goes with its last row, as if it had never been
-        // written: an empty bucket has nothing to archive and would hold its window back
-        // from compaction.
-        let drop_empty_sql = format!(
-            "DELETE FROM {META} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
-               AND state = 'hot' AND NOT EXISTS (SELECT 1 FROM {RECORDS} r \
-                 WHERE r.table_id = $1 AND r.partition_key = $2 AND r.bucket_key = $3)"
-        );
         let masks_sql = format!(
             "SELECT m.event_time, m.sort_key, m.value FROM {MASKS} m \
              JOIN unnest($4::TIMESTAMPTZ[], $5::BYTEA[]) AS u(t, s) \
@@ -88,7 +76,8 @@ impl Changes for PgStore {
                u.v, now() \
              FROM unnest($4::TIMESTAMPTZ[], $5::BYTEA[], $6::BYTEA[]) AS u(t, s, v) \
              ON CONFLICT (table_id, partition_key, bucket_key, event_time, sort_key) DO UPDATE SET \
-               kind = excluded.kind, value = excluded.value, created_at = excluded.created_at"
+               kind = excluded.kind, value = excluded.value, created_at = excluded.created_at, \
+               purged_at = NULL"
         );
         self.run("apply_changes", || async {
             let mut client = self.pooled().await?;
@@ -119,11 +108,10 @@ impl Changes for PgStore {
                     rows.iter().map(|c| c.new_value.as_deref()).collect();
                 match state.as_str() {
                     "hot" => {
-                        if tx.execute(&touch_sql, &head).await? != 1 {
-                            return Err(TxError::Conflict(format!(
-                                "bucket {bucket} changed state while it was changed"
-                            )));
-                        }
+                        // The bucket's state was read in this serializable transaction: a
+                        // claim committed between that read and this commit conflicts with
+                        // it, as it does with an append, so nothing is written to the
+                        // registry (the write role may not: it would let it claim buckets).
                         let deletes: Vec<usize> = (0..rows.len())
                             .filter(|&i| rows[i].new_value.is_none())
                             .collect();
@@ -166,9 +154,6 @@ impl Changes for PgStore {
                                     rows.len()
                                 ),
                             )));
-                        }
-                        if !deletes.is_empty() {
-                            tx.execute(&drop_empty_sql, &head).await?;
                         }
                         out.hot += changed;
                     }

@@ -29,14 +29,48 @@ use super::sql::{limit_param, micros, COMPACTIONS, META, RETIRED};
 /// The row masks table (edits and deletes of archived rows).
 const MASKS: &str = "pulpitum_v4_row_masks";
 use super::{PgStore, TxError};
-use crate::model::{BucketKey, EventTime, PartitionKey, TableId};
+use crate::model::{BucketId, BucketKey, EventTime, PartitionKey, TableId};
 use crate::store::compaction::{
     check_sources, check_switches, claim_mismatch, retired_keys, route_mismatch, StoredClaim,
 };
 use crate::store::{
-    Compaction, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, StoreError,
+    Compaction, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, RowMask, StoreError,
     StoreResult, WindowState,
 };
+
+/// The predicate of compaction's partial indexes (migrations 18 and 19), verbatim.
+const TO_COMPACT: &str = "state = 'archived' AND hot_deleted \
+     AND object_key NOT LIKE '%/segments/%/s_____-g%/manifest.json'";
+
+/// `next_compaction_start`'s statement: `$1` table, `$2` cursor.
+fn next_start_sql() -> String {
+    format!(
+        "SELECT bucket_start, bucket_end FROM {META} \
+         WHERE table_id = $1 AND bucket_start >= $2 AND {TO_COMPACT} \
+         ORDER BY bucket_start LIMIT 1"
+    )
+}
+
+/// `partitions_to_compact`'s statement: `$1` table, `$2` the partition after which to
+/// list (empty: from the first), `$3`/`$4` the window, `$5` the limit.
+fn partitions_sql() -> String {
+    format!(
+        "SELECT DISTINCT partition_key FROM {META} \
+         WHERE table_id = $1 AND partition_key > $2 \
+           AND bucket_start >= $3 AND bucket_start < $4 AND {TO_COMPACT} \
+         ORDER BY partition_key LIMIT $5"
+    )
+}
+
+/// The statements that read compaction's work list, with the parameter types they take,
+/// for tests that check their plans (`EXPLAIN`) use the partial indexes rather than scan.
+#[doc(hidden)]
+pub fn work_list_statements() -> [(&'static str, String); 2] {
+    [
+        ("next_compaction_start", next_start_sql()),
+        ("partitions_to_compact", partitions_sql()),
+    ]
+}
 
 /// Buckets per statement of a switch (and keys per statement of the retired-object writes).
 const SWITCH_CHUNK: usize = 5_000;
@@ -136,80 +170,152 @@ fn stale(claim: &CompactionClaim, reason: String) -> TxError {
 
 #[async_trait]
 impl Compaction for PgStore {
-    async fn compaction_candidates(
+    async fn next_compaction_start(
         &self,
         table_id: &TableId,
+        from: EventTime,
         before: EventTime,
-        exclude_like: &str,
-        limit: usize,
-    ) -> StoreResult<Vec<EventTime>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let sql = format!(
-            "SELECT DISTINCT bucket_start FROM {META} \
-             WHERE table_id = $1 AND state = 'archived' AND hot_deleted AND bucket_end <= $2 \
-               AND object_key NOT LIKE $3 \
-             ORDER BY bucket_start LIMIT $4"
+    ) -> StoreResult<Option<EventTime>> {
+        // The first entry of the partial index at or after `from`; whether it is due is
+        // decided here, not in the `WHERE`, so that a table whose earliest work is not due
+        // yet costs one probe rather than a scan of everything after it.
+        let sql = next_start_sql();
+        let masked_sql = format!(
+            "SELECT m.bucket_start FROM {MASKS} AS k JOIN {META} AS m \
+               ON m.table_id = k.table_id AND m.partition_key = k.partition_key \
+              AND m.bucket_key = k.bucket_key \
+             WHERE k.table_id = $1 AND k.purged_at IS NULL AND m.bucket_start >= $2 \
+               AND m.state = 'archived' AND m.hot_deleted \
+             ORDER BY m.bucket_start LIMIT 1"
         );
-        let before = before.to_datetime();
-        let n = limit_param(limit);
-        self.run("compaction_candidates", || async {
+        let from = from.to_datetime();
+        self.run("next_compaction_start", || async {
             let client = self.pooled().await?;
-            let rows = client
-                .query(&sql, &[&table_id.as_str(), &before, &exclude_like, &n])
-                .await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for row in &rows {
-                let start: DateTime<Utc> = row
-                    .try_get(0)
-                    .map_err(|e| corrupt("compaction candidate", e))?;
-                out.push(event_time(start, "bucket_start")?);
+            let bad = |e: tokio_postgres::Error| corrupt("compaction candidate", e);
+            let mut first = None;
+            if let Some(row) = client.query_opt(&sql, &[&table_id.as_str(), &from]).await? {
+                let start: DateTime<Utc> = row.try_get(0).map_err(bad)?;
+                let end: DateTime<Utc> = row.try_get(1).map_err(bad)?;
+                if event_time(end, "bucket_end")? <= before {
+                    first = Some(event_time(start, "bucket_start")?);
+                }
             }
-            Ok(out)
+            if let Some(row) = client
+                .query_opt(&masked_sql, &[&table_id.as_str(), &from])
+                .await?
+            {
+                let start: DateTime<Utc> = row.try_get(0).map_err(bad)?;
+                let start = event_time(start, "bucket_start")?;
+                first = Some(first.map_or(start, |f: EventTime| f.min(start)));
+            }
+            Ok(first)
         })
         .await
     }
 
-    async fn window_state(
+    async fn partitions_to_compact(
         &self,
         table_id: &TableId,
         start: EventTime,
         end: EventTime,
-    ) -> StoreResult<WindowState> {
-        // Two statements in one serializable transaction: one snapshot, and the not-ready
-        // buckets are counted, never shipped (a window still being written may hold many).
-        let sources_sql = format!(
-            "SELECT partition_key, bucket_key, bucket_start, object_key FROM {META} \
-             WHERE table_id = $1 AND bucket_start >= $2 AND bucket_start < $3 \
-               AND state = 'archived' AND hot_deleted \
-             ORDER BY partition_key, bucket_start"
+        after: Option<&PartitionKey>,
+        limit: usize,
+        routes_due: bool,
+    ) -> StoreResult<Vec<PartitionKey>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Partition keys are never empty, so the empty key sorts before every one of them.
+        let sql = partitions_sql();
+        let masked_sql = format!(
+            "SELECT DISTINCT k.partition_key FROM {MASKS} AS k JOIN {META} AS m \
+               ON m.table_id = k.table_id AND m.partition_key = k.partition_key \
+              AND m.bucket_key = k.bucket_key \
+             WHERE k.table_id = $1 AND k.partition_key > $2 AND k.purged_at IS NULL \
+               AND m.bucket_start >= $3 AND m.bucket_start < $4 \
+               AND m.state = 'archived' AND m.hot_deleted \
+             ORDER BY k.partition_key LIMIT $5"
         );
-        let count_sql = format!(
-            "SELECT count(*) FROM {META} \
-             WHERE table_id = $1 AND bucket_start >= $2 AND bucket_start < $3 \
-               AND NOT (state = 'archived' AND hot_deleted)"
-        );
+        let after: &[u8] = after.map_or(&[], |p| p.as_bytes());
         let (from, to) = (start.to_datetime(), end.to_datetime());
-        self.run("window_state", || async {
-            let mut client = self.pooled().await?;
-            let tx = client
-                .build_transaction()
-                .isolation_level(IsolationLevel::Serializable)
-                .start()
+        let n = limit_param(limit);
+        self.run("partitions_to_compact", || async {
+            let client = self.pooled().await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                [&table_id.as_str(), &after, &from, &to, &n];
+            // Two lists, each the first `limit` of its kind: the first `limit` of their
+            // union is among them (one statement with `UNION` would list every partition
+            // with work before its `LIMIT`).
+            let mut keys = std::collections::BTreeSet::new();
+            let routed = if routes_due {
+                client.query(&sql, &params).await?
+            } else {
+                Vec::new()
+            };
+            for rows in [routed, client.query(&masked_sql, &params).await?] {
+                for row in &rows {
+                    let pk: Vec<u8> = row
+                        .try_get(0)
+                        .map_err(|e| corrupt("compaction partition", e))?;
+                    keys.insert(pk);
+                }
+            }
+            keys.into_iter()
+                .take(limit)
+                .map(|pk| PartitionKey::new(pk).map_err(|e| corrupt("partition key", e).into()))
+                .collect()
+        })
+        .await
+    }
+
+    async fn partition_sources(
+        &self,
+        table_id: &TableId,
+        start: EventTime,
+        end: EventTime,
+        partitions: &[PartitionKey],
+    ) -> StoreResult<WindowState> {
+        if partitions.is_empty() {
+            return Ok(WindowState::default());
+        }
+        // One statement: every bucket of the listed partitions in the window, by primary
+        // key order per partition (a join with the array, as the change lookups do, so the
+        // planner probes the key rather than scanning the window). Readiness is decided
+        // from the same rows, so sources and not-ready partitions are one snapshot.
+        let sql = format!(
+            "SELECT m.partition_key, m.bucket_key, m.bucket_start, m.object_key, \
+                    (m.state = 'archived' AND m.hot_deleted) AS ready, \
+                    EXISTS (SELECT 1 FROM {MASKS} AS k WHERE k.table_id = m.table_id \
+                      AND k.partition_key = m.partition_key AND k.bucket_key = m.bucket_key \
+                      AND k.purged_at IS NULL) AS masked \
+             FROM {META} AS m JOIN unnest($2::BYTEA[]) AS p(pk) ON m.partition_key = p.pk \
+             WHERE m.table_id = $1 AND m.bucket_start >= $3 AND m.bucket_start < $4 \
+             ORDER BY m.partition_key, m.bucket_start"
+        );
+        let keys: Vec<&[u8]> = partitions.iter().map(PartitionKey::as_bytes).collect();
+        let (from, to) = (start.to_datetime(), end.to_datetime());
+        self.run("partition_sources", || async {
+            let client = self.pooled().await?;
+            let rows = client
+                .query(&sql, &[&table_id.as_str(), &keys, &from, &to])
                 .await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                [&table_id.as_str(), &from, &to];
-            let rows = tx.query(&sources_sql, &params).await?;
-            let not_ready: i64 = tx.query_one(&count_sql, &params).await?.try_get(0)?;
-            tx.commit().await.map_err(TxError::Commit)?;
-            let mut sources = Vec::with_capacity(rows.len());
+            let mut state = WindowState::default();
             for row in &rows {
                 let bad = |e: tokio_postgres::Error| corrupt("compaction source row", e);
                 let pk: Vec<u8> = row.try_get(0).map_err(bad)?;
                 let key: String = row.try_get(1).map_err(bad)?;
                 let stored_start: DateTime<Utc> = row.try_get(2).map_err(bad)?;
                 let object_key: Option<String> = row.try_get(3).map_err(bad)?;
+                let ready: bool = row.try_get(4).map_err(bad)?;
+                let masked: bool = row.try_get(5).map_err(bad)?;
+                let partition_key =
+                    PartitionKey::new(pk).map_err(|e| corrupt("partition key", e))?;
+                if !ready {
+                    if state.not_ready.last() != Some(&partition_key) {
+                        state.not_ready.push(partition_key);
+                    }
+                    continue;
+                }
                 let bucket_key =
                     BucketKey::parse_any(&key).map_err(|e| corrupt("bucket key", e))?;
                 if event_time(stored_start, "bucket_start")? != bucket_key.start() {
@@ -219,24 +325,31 @@ impl Compaction for PgStore {
                 }
                 let bucket = crate::model::BucketId {
                     table_id: table_id.clone(),
-                    partition_key: PartitionKey::new(pk)
-                        .map_err(|e| corrupt("partition key", e))?,
+                    partition_key,
                     bucket_key,
                 };
                 let object_key = object_key.ok_or_else(|| {
                     StoreError::Corrupt(format!("archived bucket {bucket} has no object key"))
                 })?;
-                sources.push(CompactionSource {
+                state.sources.push(CompactionSource {
                     bucket_start: bucket_key.start(),
                     bucket_end: bucket_key.end(),
                     bucket,
                     object_key,
+                    masked,
                 });
             }
-            Ok(WindowState {
-                sources,
-                not_ready: u64::try_from(not_ready).map_err(|e| corrupt("not-ready count", e))?,
-            })
+            // A partition with any bucket not ready is left whole for a later pass.
+            if !state.not_ready.is_empty() {
+                let not_ready: std::collections::HashSet<&PartitionKey> =
+                    state.not_ready.iter().collect();
+                let kept = std::mem::take(&mut state.sources)
+                    .into_iter()
+                    .filter(|s| !not_ready.contains(&s.bucket.partition_key))
+                    .collect();
+                state.sources = kept;
+            }
+            Ok(state)
         })
         .await
     }
@@ -540,6 +653,76 @@ impl Compaction for PgStore {
         .await
     }
 
+    async fn mark_masks_purged(
+        &self,
+        bucket: &BucketId,
+        route: &str,
+        masks: &[RowMask],
+    ) -> StoreResult<u64> {
+        if masks.is_empty() {
+            return Ok(0);
+        }
+        // One statement: the masks as read (kind and value compared, so one changed since is
+        // left), and the route compared in the same statement.
+        let sql = format!(
+            "UPDATE {MASKS} AS k SET purged_at = now() \
+             FROM unnest($4::TIMESTAMPTZ[], $5::BYTEA[], $6::BYTEA[]) AS u(t, s, v) \
+             WHERE k.table_id = $1 AND k.partition_key = $2 AND k.bucket_key = $3 \
+               AND k.event_time = u.t AND k.sort_key = u.s AND k.purged_at IS NULL \
+               AND k.value IS NOT DISTINCT FROM u.v \
+               AND EXISTS (SELECT 1 FROM {META} AS m WHERE m.table_id = $1 \
+                 AND m.partition_key = $2 AND m.bucket_key = $3 AND m.state = 'archived' \
+                 AND m.object_key = $7)"
+        );
+        let times: Vec<DateTime<Utc>> = masks.iter().map(|m| m.event_time.to_datetime()).collect();
+        let sorts: Vec<&[u8]> = masks.iter().map(|m| m.sort_key.as_bytes()).collect();
+        let values: Vec<Option<&[u8]>> = masks.iter().map(|m| m.value.as_deref()).collect();
+        let pk = bucket.partition_key.as_bytes();
+        let key = bucket.bucket_key.to_string();
+        self.run("mark_masks_purged", || async {
+            let client = self.pooled().await?;
+            let n = client
+                .execute(
+                    &sql,
+                    &[
+                        &bucket.table_id.as_str(),
+                        &pk,
+                        &key,
+                        &times,
+                        &sorts,
+                        &values,
+                        &route,
+                    ],
+                )
+                .await?;
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn forget_purged_masks(&self, older_than: Duration, limit: usize) -> StoreResult<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        // PostgreSQL has no `DELETE ... LIMIT`: the batch is chosen by key.
+        let sql = format!(
+            "DELETE FROM {MASKS} AS k \
+             USING (SELECT table_id, partition_key, bucket_key, event_time, sort_key FROM {MASKS} \
+                    WHERE purged_at <= now() - $1::INT8 * INTERVAL '1 microsecond' LIMIT $2) AS d \
+             WHERE k.table_id = d.table_id AND k.partition_key = d.partition_key \
+               AND k.bucket_key = d.bucket_key AND k.event_time = d.event_time \
+               AND k.sort_key = d.sort_key \
+               AND k.purged_at <= now() - $1::INT8 * INTERVAL '1 microsecond'"
+        );
+        let older = micros(older_than);
+        let n = limit_param(limit);
+        self.run("forget_purged_masks", || async {
+            let client = self.pooled().await?;
+            Ok(client.execute(&sql, &[&older, &n]).await?)
+        })
+        .await
+    }
+
     async fn drop_empty_buckets(
         &self,
         claim: &CompactionClaim,
@@ -563,8 +746,11 @@ impl Compaction for PgStore {
             "DELETE FROM {META} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
                AND bucket_start = $4 AND state = 'archived' AND hot_deleted AND object_key = $5"
         );
+        // Masks stay, marked rewritten: a reader holding the old route applies them until
+        // garbage collection forgets them (see `forget_purged_masks`).
         let masks_sql = format!(
-            "DELETE FROM {MASKS} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3"
+            "UPDATE {MASKS} SET purged_at = now() \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 AND purged_at IS NULL"
         );
         let retire_sql = format!(
             "INSERT INTO {RETIRED} AS r (object_key, retired_at) VALUES ($1, now()) \
@@ -674,5 +860,23 @@ impl Compaction for PgStore {
             Ok(deleted)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_work_list_predicate_is_the_partial_indexes_verbatim() {
+        let pred = super::TO_COMPACT
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for sql in [
+            include_str!("../../../sql/0018_bucket_metadata_compaction_idx.sql"),
+            include_str!("../../../sql/0019_bucket_metadata_compaction_start_idx.sql"),
+        ] {
+            assert!(sql.contains(&format!("WHERE {pred}")), "{sql}");
+        }
+        assert!(pred.contains(crate::store::SEGMENT_KEY_LIKE));
     }
 }

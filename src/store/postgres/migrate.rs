@@ -168,6 +168,29 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0017_jobs_outcome_check_drop_crdb.sql"),
         compat: Compat::Requires(14),
     },
+    // Compaction's work list as partial indexes: an index changes no row older builds read
+    // or write.
+    Migration {
+        version: 18,
+        name: "bucket_metadata_compaction_idx",
+        sql: include_str!("../../../sql/0018_bucket_metadata_compaction_idx.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 19,
+        name: "bucket_metadata_compaction_start_idx",
+        sql: include_str!("../../../sql/0019_bucket_metadata_compaction_start_idx.sql"),
+        compat: Compat::Additive,
+    },
+    // An older build would upsert a new edit over a rewritten mask without clearing
+    // `purged_at`, and garbage collection would then delete the edit: only builds that know
+    // the column may write masks once it exists.
+    Migration {
+        version: 20,
+        name: "row_masks_purged_at",
+        sql: include_str!("../../../sql/0020_row_masks_purged_at.sql"),
+        compat: Compat::Requires(20),
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a

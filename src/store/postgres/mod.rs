@@ -72,6 +72,8 @@ mod catalog;
 mod changes;
 mod claims;
 mod compaction;
+#[doc(hidden)]
+pub use compaction::work_list_statements;
 mod control;
 mod decode;
 mod lifecycle;
