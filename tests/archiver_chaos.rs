@@ -7,7 +7,9 @@
 //! delay for the deadlines used here (`GC_DELAY`), never at zero. Every archiver also
 //! compacts the windows it finds archived and cleaned (January and February 2021 here), so
 //! segment writes and route switches run beside the archival, under the same kills and
-//! faults; at the end every eligible bucket must route to a segment.
+//! faults; at the end every eligible bucket must route to a segment. A changer deletes and
+//! edits seeded rows meanwhile (on every tier), against a model: at the end no deleted row
+//! is in any routed object and every edit is in the bytes (the rewrites applied them).
 
 mod archiver_support;
 
@@ -113,6 +115,7 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         sort_key: SortKey::new(n.to_be_bytes().to_vec()).unwrap(),
         value: format!("m{n}").into_bytes(),
     };
+    let mut seeded: Vec<Record> = Vec::new();
     for c in 1..=CHANNELS {
         let records: Vec<Record> = (0..DAYS)
             .flat_map(|d| (0..5).map(move |i| (d, i)))
@@ -126,9 +129,10 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
             .collect();
         store.append_batch(&table, &records).await.unwrap();
         let mut a = acked.lock().unwrap();
-        for r in records {
-            a.insert(key(&r), r.value.clone());
+        for r in &records {
+            a.insert(key(r), r.value.clone());
         }
+        seeded.extend(records);
     }
     let eligible: BTreeSet<BucketId> = store
         .list_buckets(&table, &BucketFilter::default())
@@ -184,6 +188,77 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
             }
         }));
     }
+
+    // A changer: DELETEs and UPDATEs of seeded rows through the store's change API (what a
+    // SQL statement hands it), on hot, archiving and archived buckets alike, checked
+    // against the model: the first row of a seeded day may be deleted, the second edited
+    // (so no bucket is emptied). A refusal (being archived, changed meanwhile) changes
+    // nothing; an error of unknown outcome makes the row's state one of two.
+    let deleted: Arc<std::sync::Mutex<BTreeSet<Key>>> = Arc::default();
+    let uncertain: Arc<std::sync::Mutex<HashMap<Key, Vec<Option<Vec<u8>>>>>> = Arc::default();
+    let changes_done: Arc<[AtomicU64; 3]> = Arc::default();
+    let changer = {
+        let (store, table, acked, deleted, uncertain, changes_done, stop) = (
+            store.clone(),
+            table.clone(),
+            acked.clone(),
+            deleted.clone(),
+            uncertain.clone(),
+            changes_done.clone(),
+            stop.clone(),
+        );
+        let seeded = seeded.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let (pick, delete) = {
+                    let mut rng = rand::rng();
+                    let day = rng.random_range(0..seeded.len() / 5);
+                    let delete = rng.random_bool(0.5);
+                    (day * 5 + usize::from(!delete), delete)
+                };
+                let r = &seeded[pick];
+                let k = key(r);
+                let Some(old) = acked.lock().unwrap().get(&k).cloned() else {
+                    continue; // deleted or uncertain already
+                };
+                n += 1;
+                let new = (!delete).then(|| format!("edit {n}").into_bytes());
+                let change = pulpitum::store::RowChange {
+                    partition_key: r.partition_key.clone(),
+                    event_time: r.event_time,
+                    sort_key: r.sort_key.clone(),
+                    old_value: old.clone(),
+                    new_value: new.clone(),
+                };
+                let read_at = store.now().await.unwrap();
+                match store.apply_changes(&table, read_at, &[change]).await {
+                    Ok(o) if o.total() == 1 => {
+                        changes_done[usize::from(!delete)].fetch_add(1, Ordering::Relaxed);
+                        let mut a = acked.lock().unwrap();
+                        match new {
+                            Some(v) => {
+                                a.insert(k, v);
+                            }
+                            None => {
+                                a.remove(&k);
+                                deleted.lock().unwrap().insert(k);
+                            }
+                        }
+                    }
+                    Ok(o) => panic!("one change applied as {o:?}"),
+                    Err(StoreError::BeingArchived { .. } | StoreError::ChangeConflict { .. }) => {
+                        changes_done[2].fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        acked.lock().unwrap().remove(&k);
+                        uncertain.lock().unwrap().insert(k, vec![Some(old), new]);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
 
     // Archivers with injected faults, killed and restarted at random.
     let stats_dir = tempfile::tempdir().unwrap();
@@ -260,6 +335,7 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     for w in writers {
         w.await.unwrap();
     }
+    changer.await.unwrap();
     let _ = compactor.start_kill();
     let _ = compactor.wait().await;
     for w in &mut workers {
@@ -313,7 +389,14 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
             .await
             .unwrap();
         let all_done = {
-            let mut done = true;
+            // Every mask rewritten: no work but the due kind is left (a cutoff before
+            // everything leaves only masks not yet rewritten).
+            let min = EventTime::min_supported();
+            let mut done = store
+                .next_compaction_start(&table, min, min)
+                .await
+                .unwrap()
+                .is_none();
             for b in &eligible {
                 if !matches!(
                     store.bucket(b).await.unwrap().unwrap().state,
@@ -403,22 +486,44 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         .filter(|k| !acked.contains_key(*k) && !unknown.contains_key(*k))
         .count();
     let resurrected = rejected.iter().filter(|k| seen.contains_key(*k)).count();
+    // Read raw from the routed objects (no masks applied): a deleted row still there, or
+    // an edit not in the bytes, means the rewrite did not happen.
+    let deleted = deleted.lock().unwrap().clone();
+    let undeleted = deleted.iter().filter(|k| seen.contains_key(*k)).count();
+    let uncertain = uncertain.lock().unwrap().clone();
+    let off_model = uncertain
+        .iter()
+        .filter(|(k, allowed)| !allowed.contains(&seen.get(*k).cloned()))
+        .count();
+    let phantom = phantom
+        - seen
+            .keys()
+            .filter(|k| {
+                !acked.contains_key(*k) && !unknown.contains_key(*k) && uncertain.contains_key(*k)
+            })
+            .count();
     let objects = archive.list_objects().await.unwrap();
     let orphans = orphans(&*store, &archive).await.len();
-    let anomalies = lost + phantom + resurrected + duplicates as usize + orphans;
+    let anomalies =
+        lost + phantom + resurrected + undeleted + off_model + duplicates as usize + orphans;
+    let [deletes, edits, refused] = [0, 1, 2].map(|i| changes_done[i].load(Ordering::Relaxed));
     eprintln!(
         "chaos: buckets {} (eligible {}), rows acknowledged {}, rejected by fence {}, outcome unknown {}, \
          workers {WORKERS} + 1, kills {kills} + {compactor_kills}, dropped connections {dropped_connections}, \
          object-store calls {store_calls} with {injected} injected failures, \
-         published during the chaos {archived_during_chaos}, in segments during the chaos {compacted_during_chaos}, settle rounds {settle_rounds}, objects {}, anomalies {anomalies} \
-         (lost {lost}, phantom {phantom}, resurrected {resurrected}, duplicates {duplicates}, orphans {orphans})",
+         published during the chaos {archived_during_chaos}, in segments during the chaos {compacted_during_chaos}, settle rounds {settle_rounds}, objects {}, \
+         changes: deletes {deletes}, edits {edits}, refused {refused}, uncertain {}, anomalies {anomalies} \
+         (lost {lost}, phantom {phantom}, resurrected {resurrected}, deleted rows still stored {undeleted}, \
+         uncertain off the model {off_model}, duplicates {duplicates}, orphans {orphans})",
         all_buckets.len(),
         eligible.len(),
         acked.len(),
         rejected.len(),
         unknown.len(),
         objects.len(),
+        uncertain.len(),
     );
+    assert!(deletes > 0 && edits > 0, "the changer changed nothing");
     assert!(kills >= 3, "too few kills to mean anything");
     assert!(
         injected * 10 >= store_calls && injected > 0,
