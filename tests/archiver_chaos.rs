@@ -79,6 +79,9 @@ fn env_num(name: &str, default: u64) -> u64 {
 
 type Key = (Vec<u8>, i64, Vec<u8>);
 
+/// Rows a change of unknown outcome left in one of several states (`None`: deleted).
+type Uncertain = HashMap<Key, Vec<Option<Vec<u8>>>>;
+
 fn key(r: &Record) -> Key {
     (
         r.partition_key.as_bytes().to_vec(),
@@ -195,7 +198,7 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
     // (so no bucket is emptied). A refusal (being archived, changed meanwhile) changes
     // nothing; an error of unknown outcome makes the row's state one of two.
     let deleted: Arc<std::sync::Mutex<BTreeSet<Key>>> = Arc::default();
-    let uncertain: Arc<std::sync::Mutex<HashMap<Key, Vec<Option<Vec<u8>>>>>> = Arc::default();
+    let uncertain: Arc<std::sync::Mutex<Uncertain>> = Arc::default();
     let changes_done: Arc<[AtomicU64; 3]> = Arc::default();
     let changer = {
         let (store, table, acked, deleted, uncertain, changes_done, stop) = (
