@@ -128,8 +128,9 @@ async fn retention(embedded: bool) {
     let report = runner.retention_pass().await.unwrap();
     assert_eq!(
         (report.buckets, report.retired, report.failed),
-        (old, 4, 0),
-        "{report:?}"
+        (old, 12, 0),
+        "every archived bucket's object retired, segments' too (4 per-bucket, 8 in segments): \
+         {report:?}"
     );
     assert_same(&env.dump().await, &model, "after retention");
     // A second pass finds nothing.
@@ -141,6 +142,42 @@ async fn retention(embedded: bool) {
     let outcomes = strings(&b, 1);
     assert_eq!(outcomes.len() as u64, old);
     assert!(outcomes.iter().all(|o| o == "expired"), "{outcomes:?}");
+
+    // GC inside the retirement delay deletes nothing retention retired: a hot-store backup
+    // from before it still finds every object it names, segments included (they were once
+    // unreferenced orphans, deleted after the orphan delay alone).
+    let before_gc: Vec<String> = env
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(before_gc.iter().any(|k| k.contains("/segments/")));
+    collect_garbage_with(
+        &*env.store,
+        &env.archive,
+        GcDelays {
+            orphans: Duration::ZERO,
+            retired: Duration::from_secs(3600),
+        },
+        &ArchiverMetrics::default(),
+    )
+    .await
+    .unwrap();
+    let kept: Vec<String> = env
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(
+        kept, before_gc,
+        "GC inside the retirement delay deleted retired objects"
+    );
 
     // GC with no delays deletes the retired per-bucket objects and the segments no route
     // references any more.

@@ -4,11 +4,12 @@
 //! before `now - retain_for` (the store's clock) are removed one at a time, each in one
 //! transaction of the hot store ([`crate::store::Changes::expire_bucket`]): a Hot bucket's
 //! metadata and rows go together, under the same serializable check as appends, so no
-//! append can commit into it meanwhile; an Archived bucket's route and masks go, and its
-//! per-bucket object is recorded as retired, so garbage collection deletes it once the
-//! readers' route-cache bound has passed. A bucket in a segment disappears from every read
-//! at once (its route is gone), but the segment's bytes stay until a rewrite of the
-//! segment (not built yet) or until no bucket routes to it and orphan GC takes it. A bucket
+//! append can commit into it meanwhile; an Archived bucket's route goes, its masks are
+//! marked rewritten (kept for readers still on the old route until GC forgets them), and
+//! its object, per-bucket or segment, is recorded as retired: garbage collection keeps it
+//! while any route names it and for the retirement delay after, so a hot-store backup from
+//! before the removal still restores (docs/backup.md). A bucket in a segment disappears
+//! from every read at once; the segment's bytes stay while other buckets use it. A bucket
 //! being archived is left for the next cycle. Each removal is a `retention` job in the
 //! history.
 
@@ -27,7 +28,7 @@ pub struct RetentionReport {
     pub buckets: u64,
     /// Hot rows deleted with them.
     pub rows: u64,
-    /// Per-bucket objects retired for garbage collection.
+    /// Objects (per-bucket or segments) recorded as retired for garbage collection.
     pub retired: u64,
     /// Buckets whose removal failed (left for the next pass).
     pub failed: u64,

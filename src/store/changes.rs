@@ -71,8 +71,10 @@ pub struct ExpiredBucket {
     pub object_key: Option<String>,
     /// Hot rows deleted with it.
     pub rows: u64,
-    /// Whether its object was recorded as retired for garbage collection (a per-bucket
-    /// object; a segment still holds other buckets and waits for a rewrite).
+    /// Whether its object was recorded as retired for garbage collection (any archived
+    /// bucket's: a per-bucket object, or a segment, which garbage collection keeps while
+    /// other buckets route to it and for the retirement delay after the last one left, so
+    /// a hot-store backup from before the retention still restores).
     pub retired: bool,
 }
 

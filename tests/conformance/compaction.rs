@@ -1142,3 +1142,109 @@ pub async fn masks_are_work_until_a_rewrite_marks_them(store: Store) {
         Some(&b"x"[..])
     );
 }
+
+/// A bucket removed with masks (every row deleted and dropped by a rewrite, or past
+/// retention) keeps them, marked rewritten, for readers still on its old route; a bucket
+/// created again under the same key by a late append does not inherit them: its re-inserted
+/// row is not hidden, and a change of it is checked and masked afresh.
+pub async fn a_bucket_created_again_does_not_inherit_its_namesakes_masks(store: Store) {
+    use pulpitum::store::RowChange;
+    let tbl = table(&store, "events", DAY).await;
+    let at = "2024-03-01T10:00:00Z";
+    let key = "t/a/1/m.json";
+    let a = archived(&store, &tbl, "a", at, key, true).await;
+    let change = |old: &[u8], new: Option<&[u8]>| RowChange {
+        partition_key: pulpitum::model::PartitionKey::new(b"a".to_vec()).unwrap(),
+        event_time: t(at),
+        sort_key: pulpitum::model::SortKey::new(b"k".to_vec()).unwrap(),
+        old_value: old.to_vec(),
+        new_value: new.map(<[u8]>::to_vec),
+    };
+    let read_at = store.now().await.unwrap();
+    store
+        .apply_changes(&tbl, read_at, &[change(b"v", None)])
+        .await
+        .unwrap();
+    // The rewrite finds the bucket empty and drops it: the mask stays for old routes.
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    let source = CompactionSource {
+        bucket: a.clone(),
+        bucket_start: a.bucket_key.start(),
+        bucket_end: a.bucket_key.end(),
+        object_key: key.into(),
+        masked: true,
+    };
+    assert_eq!(
+        store.drop_empty_buckets(&claim, &[source]).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store.row_masks(&a).await.unwrap().len(),
+        1,
+        "kept for old routes"
+    );
+    let min = pulpitum::model::EventTime::min_supported();
+    assert_eq!(
+        store.next_compaction_start(&tbl, min, min).await.unwrap(),
+        None,
+        "marked: no work"
+    );
+
+    // A late append creates the bucket again, with the same row.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store
+        .append(&tbl, &rec("a", t(at), b"k", b"again"))
+        .await
+        .unwrap();
+    assert!(
+        store.row_masks(&a).await.unwrap().is_empty(),
+        "the new bucket does not inherit the old mask"
+    );
+    // Archived again (a new object), its row is changed afresh: the old mask neither
+    // refuses the change nor survives it.
+    let claim = store.claim(&a, LONG).await.unwrap().expect("archive claim");
+    store
+        .publish_archive(&claim, "t/a/1b/m.json")
+        .await
+        .unwrap();
+    let read_at = store.now().await.unwrap();
+    store
+        .apply_changes(&tbl, read_at, &[change(b"again", Some(b"edited"))])
+        .await
+        .unwrap();
+    let masks = store.row_masks(&a).await.unwrap();
+    assert_eq!(masks.len(), 1);
+    assert_eq!(masks[0].value.as_deref(), Some(&b"edited"[..]));
+
+    // Retention keeps masks the same way (marked, for old routes).
+    let cleaner = store
+        .claim_cleanup(&a, LONG)
+        .await
+        .unwrap()
+        .expect("cleanup");
+    while !store
+        .cleanup_step(&cleaner, 100, Duration::ZERO)
+        .await
+        .unwrap()
+        .1
+    {}
+    let expired = store
+        .expire_bucket(&a, t("2025-01-01T00:00:00Z"))
+        .await
+        .unwrap();
+    assert!(expired.is_some());
+    assert_eq!(
+        store.row_masks(&a).await.unwrap().len(),
+        1,
+        "kept for old routes"
+    );
+    assert_eq!(
+        store.next_compaction_start(&tbl, min, min).await.unwrap(),
+        None,
+        "marked: no work"
+    );
+    assert_eq!(
+        store.forget_purged_masks(Duration::ZERO, 10).await.unwrap(),
+        1
+    );
+}

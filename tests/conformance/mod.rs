@@ -90,6 +90,7 @@ macro_rules! every_case {
             refused_switches_write_nothing,
             empty_buckets_are_dropped_under_the_claim,
             masks_are_work_until_a_rewrite_marks_them,
+            a_bucket_created_again_does_not_inherit_its_namesakes_masks,
         );
     };
 }

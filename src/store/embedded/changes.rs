@@ -9,13 +9,20 @@ use rusqlite::{params, OptionalExtension};
 use crate::model::{BucketId, EventTime, PartitionKey, SortKey, TableId};
 use crate::store::changes::{by_bucket, check_masks, conflict, operation};
 use crate::store::{
-    is_segment_key, ChangeOutcome, Changes, ExpiredBucket, RowChange, RowMask, StoreError,
-    StoreResult,
+    ChangeOutcome, Changes, ExpiredBucket, RowChange, RowMask, StoreError, StoreResult,
 };
 
 use super::catalog::require_table;
 use super::decode::{corrupt, state_name, time, BUCKET_PK};
 use super::{Mode, SqliteStore, TxResult};
+
+/// A mask (aliased `m`, its bucket's key in `?1`..`?3`) belongs to the bucket as it is now:
+/// no registry row of that key was created after it (see the PostgreSQL store's
+/// `CURRENT_INCARNATION`: a bucket created again by a late append must not inherit the
+/// masks its removed namesake keeps for readers on the old route).
+const CURRENT_INCARNATION: &str = "NOT EXISTS (SELECT 1 FROM pulpitum_v4_bucket_metadata b \
+     WHERE b.table_id = ?1 AND b.partition_key = ?2 AND b.bucket_key = ?3 \
+       AND b.created_at > m.created_at)";
 
 #[async_trait]
 impl Changes for SqliteStore {
@@ -116,8 +123,9 @@ impl Changes for SqliteStore {
                         let mut found = Vec::new();
                         {
                             let mut stmt = tx.prepare_cached(&format!(
-                                "SELECT value FROM pulpitum_v4_row_masks \
-                                 WHERE {BUCKET_PK} AND event_time = ?4 AND sort_key = ?5"
+                                "SELECT m.value FROM pulpitum_v4_row_masks AS m \
+                                 WHERE {BUCKET_PK} AND event_time = ?4 AND sort_key = ?5 \
+                                   AND {CURRENT_INCARNATION}"
                             ))?;
                             for c in &rows {
                                 let v: Option<Option<Vec<u8>>> = stmt
@@ -171,8 +179,8 @@ impl Changes for SqliteStore {
         let bucket = bucket.clone();
         self.run("row_masks", Mode::Read, move |tx, _| {
             let mut stmt = tx.prepare_cached(&format!(
-                "SELECT event_time, sort_key, value FROM pulpitum_v4_row_masks \
-                 WHERE {BUCKET_PK} ORDER BY event_time, sort_key"
+                "SELECT m.event_time, m.sort_key, m.value FROM pulpitum_v4_row_masks AS m \
+                 WHERE {BUCKET_PK} AND {CURRENT_INCARNATION} ORDER BY event_time, sort_key"
             ))?;
             let rows = stmt
                 .query_map(
@@ -276,12 +284,20 @@ impl Changes for SqliteStore {
                     "DELETE FROM pulpitum_v4_records WHERE {BUCKET_PK}"
                 ))?
                 .execute(pk)? as u64;
+            // Masks stay, marked rewritten, for readers still on the old route (see
+            // `CURRENT_INCARNATION`).
             tx.prepare_cached(&format!(
-                "DELETE FROM pulpitum_v4_row_masks WHERE {BUCKET_PK}"
+                "UPDATE pulpitum_v4_row_masks SET purged_at = ?4 \
+                 WHERE {BUCKET_PK} AND purged_at IS NULL"
             ))?
-            .execute(pk)?;
+            .execute(params![
+                bucket.table_id.as_str(),
+                bucket.partition_key.as_bytes(),
+                bucket.bucket_key.to_string(),
+                now
+            ])?;
             let retired = match &object_key {
-                Some(k) if state == "archived" && !is_segment_key(k) => {
+                Some(k) if state == "archived" => {
                     tx.prepare_cached(
                         "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) \
                          VALUES (?1, ?2) ON CONFLICT (object_key) DO UPDATE SET \

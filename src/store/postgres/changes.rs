@@ -20,12 +20,20 @@ use super::{PgStore, TxError};
 use crate::model::{BucketId, BucketKey, EventTime, PartitionKey, SortKey, TableId};
 use crate::store::changes::{by_bucket, check_masks, conflict, operation};
 use crate::store::{
-    is_segment_key, ChangeOutcome, Changes, ExpiredBucket, RowChange, RowMask, StoreError,
-    StoreResult,
+    ChangeOutcome, Changes, ExpiredBucket, RowChange, RowMask, StoreError, StoreResult,
 };
 
 /// The masks table.
 const MASKS: &str = "pulpitum_v4_row_masks";
+
+/// A mask (aliased `m`, its bucket's key in `$1`..`$3`) belongs to the bucket as it is now:
+/// no registry row of that key was created after the mask. A bucket removed (its rows all
+/// deleted, or past retention) keeps its masks, marked rewritten, for the readers still on
+/// its old route; a bucket created again under the same key by a late append must not
+/// inherit them (they would hide, and a rewrite would erase, re-inserted rows).
+const CURRENT_INCARNATION: &str = "NOT EXISTS (SELECT 1 FROM pulpitum_v4_bucket_metadata b \
+     WHERE b.table_id = $1 AND b.partition_key = $2 AND b.bucket_key = $3 \
+       AND b.created_at > m.created_at)";
 
 #[async_trait]
 impl Changes for PgStore {
@@ -67,7 +75,8 @@ impl Changes for PgStore {
             "SELECT m.event_time, m.sort_key, m.value FROM {MASKS} m \
              JOIN unnest($4::TIMESTAMPTZ[], $5::BYTEA[]) AS u(t, s) \
                ON m.event_time = u.t AND m.sort_key = u.s \
-             WHERE m.table_id = $1 AND m.partition_key = $2 AND m.bucket_key = $3"
+             WHERE m.table_id = $1 AND m.partition_key = $2 AND m.bucket_key = $3 \
+               AND {CURRENT_INCARNATION}"
         );
         let upsert_sql = format!(
             "INSERT INTO {MASKS} AS m \
@@ -208,9 +217,10 @@ impl Changes for PgStore {
 
     async fn row_masks(&self, bucket: &BucketId) -> StoreResult<Vec<RowMask>> {
         let sql = format!(
-            "SELECT event_time, sort_key, value FROM {MASKS} \
-             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 \
-             ORDER BY event_time, sort_key"
+            "SELECT m.event_time, m.sort_key, m.value FROM {MASKS} m \
+             WHERE m.table_id = $1 AND m.partition_key = $2 AND m.bucket_key = $3 \
+               AND {CURRENT_INCARNATION} \
+             ORDER BY m.event_time, m.sort_key"
         );
         let key = bucket.bucket_key.to_string();
         self.run("row_masks", || async {
@@ -296,8 +306,12 @@ impl Changes for PgStore {
         let drop_rows = format!(
             "DELETE FROM {RECORDS} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3"
         );
+        // Masks stay, marked rewritten: a reader that still holds the bucket's old route
+        // applies them until GC forgets them after the retirement delay (a bucket created
+        // again under the key does not see them: `CURRENT_INCARNATION`).
         let drop_masks = format!(
-            "DELETE FROM {MASKS} WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3"
+            "UPDATE {MASKS} SET purged_at = now() \
+             WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 AND purged_at IS NULL"
         );
         let retire = format!(
             "INSERT INTO {RETIRED} AS r (object_key, retired_at) VALUES ($1, now()) \
@@ -346,7 +360,7 @@ impl Changes for PgStore {
             let rows = tx.execute(&drop_rows, &head).await?;
             tx.execute(&drop_masks, &head).await?;
             let retired = match &object_key {
-                Some(k) if state == "archived" && !is_segment_key(k) => {
+                Some(k) if state == "archived" => {
                     tx.execute(&retire, &[k]).await?;
                     true
                 }
