@@ -169,6 +169,10 @@ impl ArchiverConfig {
                     format!("{} is not a directory", dir.display()),
                 );
             }
+            // A directory that refuses writes would fail every compaction: found now.
+            if let Err(e) = crate::archive::segment::probe_spill_dir(dir) {
+                return bad("ARCHIVER_SPILL_DIR (--spill-dir)", e.to_string());
+            }
         }
         let floor = self.min_gc_delay();
         if self.gc_delay <= floor {
@@ -568,6 +572,20 @@ mod tests {
         }
         let last = EventTime::parse_rfc3339("2199-06-01T00:00:00Z").unwrap();
         assert_eq!(default_cutoff_reaches(last), None);
+    }
+
+    /// A spill directory that exists but cannot take a file is refused at start, naming the
+    /// setting, not found by every compaction failing. (`/proc/self` refuses file creation
+    /// even to root, which a read-only mode would not.)
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_unwritable_spill_directory_is_refused_at_start() {
+        let mut c = ArchiverConfig::with_defaults();
+        c.spill_dir = Some(std::path::PathBuf::from("/proc/self"));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("ARCHIVER_SPILL_DIR"), "{e}");
+        c.spill_dir = Some(std::env::temp_dir());
+        c.validate().unwrap();
     }
 
     #[test]

@@ -277,3 +277,30 @@ async fn rows_out_of_order_across_pushes_are_refused() {
         "{err}"
     );
 }
+
+/// Large values do not make large row groups: rows are encoded once a megabyte of them is
+/// pending, and a group is cut as soon as its encoded size reaches 8 MiB, so a partition of
+/// 50 KiB messages spans groups of about 8 MiB (one ranged read each), not one group of the
+/// whole partition (a 150 MB group was once read for a latest-50 page).
+#[tokio::test]
+async fn large_values_are_cut_into_modest_row_groups() {
+    for be in backends("streamed_large_values").await {
+        // Messages of 50 KiB (incompressible): 1,100 of them, about 55 MB.
+        let rows = window(600, 50 << 10);
+        let w = write(&be.store, 3, &multipart(), &rows).await.unwrap();
+        let m = &w.manifest;
+        let largest = m.row_groups.iter().map(|g| g.range.length).max().unwrap();
+        assert!(
+            m.row_groups.len() >= 6,
+            "{}: {} groups",
+            be.name,
+            m.row_groups.len()
+        );
+        assert!(
+            largest <= 10 << 20,
+            "{}: a row group of {largest} bytes",
+            be.name
+        );
+        read_back(&be.store, &w.manifest_key, m, &rows).await;
+    }
+}

@@ -24,6 +24,7 @@ pub use manifest::{
     SEGMENT_KIND, SEGMENT_MANIFEST_VERSION, SEGMENT_MANIFEST_VERSIONS,
 };
 pub(crate) use read::SegmentCache;
+pub use upload::probe_spill_dir;
 pub(crate) use write::write_segment;
 pub use write::{
     SegmentSpec, SegmentUpload, SegmentWriter, WrittenSegment, GROUP_MAX_BYTES, GROUP_MIN_ROWS,

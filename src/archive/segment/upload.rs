@@ -72,6 +72,17 @@ pub(super) fn spill_file(dir: &Path) -> Result<File, ArchiveError> {
     Ok(file)
 }
 
+/// Checks that a spill file can be created, written and removed in `dir` (a directory that
+/// exists but refuses writes would fail every compaction); the error names the cause.
+pub fn probe_spill_dir(dir: &Path) -> Result<(), ArchiveError> {
+    use std::io::Write;
+    let mut f = spill_file(dir)?;
+    f.write_all(b"probe").map_err(|e| ArchiveError::Spill {
+        dir: dir.display().to_string(),
+        source: e,
+    })
+}
+
 /// 128 random bits, hex.
 fn nonce() -> String {
     hex::encode(rand::random::<[u8; 16]>())

@@ -45,6 +45,10 @@ use crate::model::{
 pub const GROUP_MIN_ROWS: usize = 4 * 1024;
 /// ... or once its encoded size reaches this, so one group stays one modest ranged read.
 pub const GROUP_MAX_BYTES: usize = 8 << 20;
+/// Rows are encoded once this many bytes of them are pending (or [`ENCODE_BATCH_ROWS`]
+/// rows, whichever comes first): with large values a batch of rows alone would be hundreds
+/// of MiB, and a group would pass [`GROUP_MAX_BYTES`] by as much before its size is checked.
+pub const PENDING_MAX_BYTES: usize = 1 << 20;
 
 /// What one segment is: its table, window and place, and the compaction that writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,8 +152,11 @@ pub struct SegmentWriter {
     upload: SegmentUpload,
     spill_dir: PathBuf,
     writer: Option<ArrowWriter<BufWriter<File>>>,
-    /// Rows of the current partition not yet encoded (at most [`ENCODE_BATCH_ROWS`]).
+    /// Rows of the current partition not yet encoded (at most [`ENCODE_BATCH_ROWS`], and
+    /// [`PENDING_MAX_BYTES`] plus one row).
     pending: Vec<Record>,
+    /// Key and value bytes of `pending`.
+    pending_bytes: usize,
     /// Clustering key of the last row encoded (order is checked across pieces).
     last: Option<(crate::model::PartitionKey, EventTime, SortKey)>,
     parts: Vec<PartitionEntry>,
@@ -223,6 +230,7 @@ impl SegmentWriter {
             spill_dir,
             writer: Some(writer),
             pending: Vec::with_capacity(ENCODE_BATCH_ROWS),
+            pending_bytes: 0,
             last: None,
             parts: Vec::new(),
             slices: Vec::new(),
@@ -321,11 +329,12 @@ impl SegmentWriter {
             _ => p.buckets.push((bucket, 1)),
         }
         self.rows += 1;
-        self.bytes +=
-            (r.partition_key.as_bytes().len() + 8 + r.sort_key.as_bytes().len() + r.value.len())
-                as u64;
+        let size =
+            r.partition_key.as_bytes().len() + 8 + r.sort_key.as_bytes().len() + r.value.len();
+        self.bytes += size as u64;
+        self.pending_bytes += size;
         self.pending.push(r);
-        if self.pending.len() >= ENCODE_BATCH_ROWS {
+        if self.pending.len() >= ENCODE_BATCH_ROWS || self.pending_bytes >= PENDING_MAX_BYTES {
             self.write_pending()?;
         }
         Ok(())
@@ -342,6 +351,7 @@ impl SegmentWriter {
             return Ok(());
         }
         let chunk = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
         let mut at = 0;
         while at < chunk.len() {
             let room = ROW_GROUP_ROWS - self.group_rows;
@@ -361,13 +371,10 @@ impl SegmentWriter {
             w.write(&batch).map_err(|e| self.fail(e))?;
             self.group_rows += piece.len();
             at += piece.len();
-            if self.group_rows == ROW_GROUP_ROWS {
+            let w = self.writer.as_ref().expect("open until finish");
+            if self.group_rows == ROW_GROUP_ROWS || w.in_progress_size() >= GROUP_MAX_BYTES {
                 self.cut()?;
             }
-        }
-        let w = self.writer.as_ref().expect("open until finish");
-        if self.group_rows > 0 && w.in_progress_size() >= GROUP_MAX_BYTES {
-            self.cut()?;
         }
         let l = chunk.last().expect("not empty");
         self.last = Some((l.partition_key.clone(), l.event_time, l.sort_key.clone()));
