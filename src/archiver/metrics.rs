@@ -196,7 +196,6 @@ impl ArchiverMetrics {
     /// Records a finished cycle: refreshes the backlog gauges with one count in the store
     /// (`cutoff` as discovery used it) and stamps success when no item failed.
     pub async fn cycle_finished(&self, store: &dyn HotStore, rule: &Eligibility, r: &CycleReport) {
-        self.cycles.inc();
         let line = format!(
             "last cycle: {} of {} work items failed",
             r.failed, r.discovered
@@ -230,6 +229,9 @@ impl ArchiverMetrics {
             Ok(Err(e)) => warn!(error = %e, "counting the backlog failed"),
             Err(_) => warn!("counting the backlog exceeded its deadline"),
         }
+        // Counted last: a scrape that sees the cycle sees its backlog too (counted first, a
+        // scrape in between read the cycle with the gauges of before it).
+        self.cycles.inc();
     }
 
     /// Unix seconds of the last sign of progress: a cycle without failures, a published
