@@ -328,12 +328,13 @@ async fn route_keys(s: &Setup) -> Vec<(PartitionKey, String, String)> {
         .collect()
 }
 
-/// Late buckets make work for their partitions only: a new channel's bucket and an existing
-/// channel's new day are rewritten (the existing channel with all its buckets of the
-/// window, from the older segment), the untouched channel keeps its route to the older
-/// segment, which is therefore kept by GC even once it is retired.
+/// Late buckets make work for their partitions first: a new channel's bucket and an
+/// existing channel's new day are rewritten (the existing channel with all its buckets of
+/// the window, from the older segment), the untouched channel keeps its route to the older
+/// segment, which GC therefore keeps even once it is retired; the next pass moves the
+/// untouched channel out of the retired segment too, and GC then deletes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_late_bucket_rewrites_only_its_partition() {
+async fn a_late_bucket_rewrites_its_partition_then_the_rest_of_the_old_segment() {
     let s = setup("compactlate").await;
     let early = rows("2021-03-01T00:00:00Z", 2, 40);
     s.store.append_batch(&s.table, &early).await.unwrap();
@@ -423,9 +424,31 @@ async fn a_late_bucket_rewrites_only_its_partition() {
         (200_000..200_043).collect::<Vec<_>>(),
         "channel 2 whole, from its new segment"
     );
-    // Nothing left to do: the next pass finds no window.
+    // Channel 1 routes to a retired segment, whose other rows are dead bytes now: the next
+    // pass moves it (its four buckets) into a segment of its own, after which nothing
+    // routes to the old one and GC deletes it.
     let third = runner.compact_pass().await.unwrap();
-    assert_eq!((third.windows, third.buckets, third.skipped), (0, 0, 0));
+    assert_eq!(
+        (third.windows, third.segments, third.buckets),
+        (1, 1, 4),
+        "{third:?}"
+    );
+    assert!(route_keys(&s).await.iter().all(|r| r.2 != old_segment));
+    collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
+        .await
+        .unwrap();
+    let left = object_keys(&s).await;
+    let old_dir = old_segment.trim_end_matches("manifest.json");
+    assert!(
+        !left.iter().any(|k| k.starts_with(old_dir)),
+        "the old segment is deleted: {left:?}"
+    );
+    assert!(s.store.retired_objects().await.unwrap().is_empty());
+    let b = query(&fresh, "SELECT count(*), sum(id) FROM chat").await;
+    assert_eq!((ints(&b, 0), ints(&b, 1)), (vec![88], vec![want]));
+    // Nothing left to do: the next pass finds no window.
+    let fourth = runner.compact_pass().await.unwrap();
+    assert_eq!((fourth.windows, fourth.buckets, fourth.skipped), (0, 0, 0));
 }
 
 /// A window is worked a page of partitions and a segment at a time, each segment switched
@@ -963,4 +986,22 @@ async fn deleted_and_edited_archived_rows_are_rewritten_out_of_the_archive() {
         .unwrap();
     assert_eq!(r.masks_forgotten, 1, "{r:?}");
     assert_eq!(answer(fresh().await).await, (expect(&later), vec![1]));
+    // The first segment, which held the deleted rows beside channel 1's, is gone with its
+    // last route, and no object left holds a deleted row or the old body.
+    let first_dir = first.trim_end_matches("manifest.json");
+    let left = object_keys(&s).await;
+    assert!(!left.iter().any(|k| k.starts_with(first_dir)), "{left:?}");
+    assert!(s.store.retired_objects().await.unwrap().is_empty());
+    for (pk, b, key) in route_keys(&s).await {
+        let id = pulpitum::model::BucketId {
+            table_id: s.table.clone(),
+            partition_key: pk,
+            bucket_key: BucketKey::parse_any(&b).unwrap(),
+        };
+        for r in stored_rows(&s, &key, &id).await {
+            let n = pulpitum::model::decode_i64(r.sort_key.as_bytes()).unwrap();
+            assert!(!gone(n) && !later(n), "{n} still stored in {key}");
+            assert_eq!(r.value == b"edited", n == 300_021, "{n} in {key}");
+        }
+    }
 }

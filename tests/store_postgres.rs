@@ -951,5 +951,97 @@ async fn the_work_list_reads_the_partial_indexes_in_a_registry_of_many_partition
         );
         assert!(!text.contains("Seq Scan"), "{name} scans the table: {text}");
     }
+
+    // A February segment retired while its 16,384 buckets still route to it: they are work,
+    // due at once, and found through the object-key index, not a scan of the registry.
+    let retired = "wide/segments/month:2024-02/s00000-g1/manifest.json";
+    client
+        .execute(
+            "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) VALUES ($1, now())",
+            &[&retired],
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute("ANALYZE pulpitum_v4_retired_objects")
+        .await
+        .unwrap();
+    let min_t = EventTime::min_supported();
+    assert_eq!(
+        store
+            .next_compaction_start(&tbl, min_t, min_t)
+            .await
+            .unwrap(),
+        Some(feb.0)
+    );
+    let page = store
+        .partitions_to_compact(&tbl, feb.0, feb.1, None, 10, false)
+        .await
+        .unwrap();
+    assert_eq!(page.len(), 10);
+    assert_eq!(page[0].as_bytes(), b"p0000001");
+    let [(name_next, next_sql), (name_parts, parts_sql)] =
+        pulpitum::store::postgres::retired_work_statements();
+    let plans = [
+        (
+            name_next,
+            client
+                .query_one(&explain(next_sql), &[&"wide", &min])
+                .await
+                .unwrap(),
+        ),
+        (
+            name_parts,
+            client
+                .query_one(
+                    &explain(parts_sql),
+                    &[
+                        &"wide",
+                        &empty,
+                        &feb.0.to_datetime(),
+                        &feb.1.to_datetime(),
+                        &1_024_i64,
+                    ],
+                )
+                .await
+                .unwrap(),
+        ),
+    ];
+    for (name, row) in plans {
+        let plan: serde_json::Value = row.get(0);
+        let text = plan.to_string();
+        assert!(
+            text.contains("pulpitum_v4_bucket_metadata_by_object"),
+            "{name} does not use the object-key index: {text}"
+        );
+        assert!(
+            !seq_scans(&plan).contains(&"pulpitum_v4_bucket_metadata".to_string()),
+            "{name} scans the registry: {text}"
+        );
+    }
     store.drop_schema().await.unwrap();
+}
+
+/// The relations an `EXPLAIN (FORMAT JSON)` plan reads by sequential scan.
+fn seq_scans(plan: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    match plan {
+        serde_json::Value::Object(o) => {
+            if o.get("Node Type").and_then(|v| v.as_str()) == Some("Seq Scan") {
+                if let Some(r) = o.get("Relation Name").and_then(|v| v.as_str()) {
+                    out.push(r.to_string());
+                }
+            }
+            for v in o.values() {
+                out.extend(seq_scans(v));
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for v in a {
+                out.extend(seq_scans(v));
+            }
+        }
+        _ => {}
+    }
+    out
 }

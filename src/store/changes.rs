@@ -71,10 +71,12 @@ pub struct ExpiredBucket {
     pub object_key: Option<String>,
     /// Hot rows deleted with it.
     pub rows: u64,
-    /// Whether its object was recorded as retired for garbage collection (any archived
-    /// bucket's: a per-bucket object, or a segment, which garbage collection keeps while
-    /// other buckets route to it and for the retirement delay after the last one left, so
-    /// a hot-store backup from before the retention still restores).
+    /// Whether its object was recorded as retired for garbage collection: an archived
+    /// bucket's per-bucket object, or a segment once no other bucket routes to it (the last
+    /// bucket of a segment to go retires it; garbage collection keeps it for the retirement
+    /// delay after that, so a hot-store backup from before the retention still restores).
+    /// Rows of removed buckets stay in a segment shared with buckets that remain until the
+    /// segment is rewritten or its last bucket goes.
     pub retired: bool,
 }
 

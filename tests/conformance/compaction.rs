@@ -1248,3 +1248,131 @@ pub async fn a_bucket_created_again_does_not_inherit_its_namesakes_masks(store: 
         1
     );
 }
+
+/// A segment some partitions left (a rewrite retired it) is work for the partitions still
+/// routed to it, due at once, until they move too; retention, which removes buckets one by
+/// one, retires a shared segment only with its last bucket, and two removals of a
+/// segment's last two buckets at once still retire it (once).
+pub async fn routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it(store: Store) {
+    let tbl = table(&store, "events", DAY).await;
+    let s1 = "t/segments/month:2024-03/s00000-g1/manifest.json";
+    let s2 = "t/segments/month:2024-03/s00000-g2/manifest.json";
+    let a = archived(&store, &tbl, "a", "2024-03-01T10:00:00Z", s1, true).await;
+    let b = archived(&store, &tbl, "b", "2024-03-02T10:00:00Z", s1, true).await;
+    let min = pulpitum::model::EventTime::min_supported();
+    let far = t("2030-01-01T00:00:00Z");
+    assert_eq!(
+        store.next_compaction_start(&tbl, min, far).await.unwrap(),
+        None,
+        "both in a live segment: no work"
+    );
+    // A rewrite moves partition a: s1 is retired while b still routes to it.
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    store
+        .switch_routes(&claim, &[switch(&a, s1, s2)])
+        .await
+        .unwrap();
+    assert!(retired_keys(&store.retired_objects().await.unwrap()).contains(&s1.to_string()));
+    assert_eq!(
+        store.next_compaction_start(&tbl, min, min).await.unwrap(),
+        Some(t("2024-03-02T00:00:00Z")),
+        "b's bucket, due at once whatever the cutoff"
+    );
+    let (start, end) = (t("2024-03-01T00:00:00Z"), t("2024-04-01T00:00:00Z"));
+    let pb = pulpitum::model::PartitionKey::new(b"b".to_vec()).unwrap();
+    assert_eq!(
+        store
+            .partitions_to_compact(&tbl, start, end, None, 10, false)
+            .await
+            .unwrap(),
+        vec![pb.clone()],
+        "only b: a routes to the new segment"
+    );
+    assert!(store
+        .partitions_to_compact(&tbl, start, end, Some(&pb), 10, false)
+        .await
+        .unwrap()
+        .is_empty());
+    store
+        .switch_routes(&claim, &[switch(&b, s1, s2)])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.next_compaction_start(&tbl, min, min).await.unwrap(),
+        None,
+        "nothing routes to s1 any more"
+    );
+    store.release_compaction(&claim).await.unwrap();
+
+    // Retention: three buckets in s2 now (a, b, and c below); the first two removed leave
+    // it unretired, the last retires it.
+    let c = archived(&store, &tbl, "c", "2024-03-03T10:00:00Z", s2, true).await;
+    store.forget_retired(&[s1.to_string()]).await.unwrap();
+    let cutoff = t("2025-01-01T00:00:00Z");
+    for (bucket, last) in [(&a, false), (&b, false), (&c, true)] {
+        let done = store.expire_bucket(bucket, cutoff).await.unwrap().unwrap();
+        assert_eq!(done.retired, last, "{bucket}");
+        assert_eq!(
+            retired_keys(&store.retired_objects().await.unwrap()),
+            if last {
+                vec![s2.to_string()]
+            } else {
+                Vec::new()
+            },
+            "after {bucket}"
+        );
+    }
+    store.forget_retired(&[s2.to_string()]).await.unwrap();
+
+    // The last two buckets of a segment removed at once, many times over: every segment
+    // ends retired.
+    let mut pairs = Vec::new();
+    for i in 0..8 {
+        let key = format!("t/segments/month:2024-05/s{i:05}-g1/manifest.json");
+        let x = archived(
+            &store,
+            &tbl,
+            &format!("x{i}"),
+            "2024-05-01T10:00:00Z",
+            &key,
+            true,
+        )
+        .await;
+        let y = archived(
+            &store,
+            &tbl,
+            &format!("y{i}"),
+            "2024-05-02T10:00:00Z",
+            &key,
+            true,
+        )
+        .await;
+        pairs.push((key, x, y));
+    }
+    let mut tasks = Vec::new();
+    for (_, x, y) in &pairs {
+        for bucket in [x.clone(), y.clone()] {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                store
+                    .expire_bucket(&bucket, cutoff)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .retired
+            }));
+        }
+    }
+    let mut retired_by = 0;
+    for task in tasks {
+        retired_by += usize::from(task.await.unwrap());
+    }
+    let mut want: Vec<String> = pairs.iter().map(|(k, _, _)| k.clone()).collect();
+    want.sort();
+    assert_eq!(retired_keys(&store.retired_objects().await.unwrap()), want);
+    assert_eq!(
+        retired_by,
+        pairs.len(),
+        "each segment retired by one removal"
+    );
+}

@@ -91,6 +91,7 @@ macro_rules! every_case {
             empty_buckets_are_dropped_under_the_claim,
             masks_are_work_until_a_rewrite_marks_them,
             a_bucket_created_again_does_not_inherit_its_namesakes_masks,
+            routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it,
         );
     };
 }

@@ -296,15 +296,21 @@ impl Changes for SqliteStore {
                 bucket.bucket_key.to_string(),
                 now
             ])?;
+            // The object is retired once no bucket routes to it any more (a segment shared
+            // with buckets that stay is retired by the last one to go): retiring it earlier
+            // would make compaction rewrite the rest of the segment, bucket by expired
+            // bucket.
             let retired = match &object_key {
                 Some(k) if state == "archived" => {
                     tx.prepare_cached(
                         "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) \
-                         VALUES (?1, ?2) ON CONFLICT (object_key) DO UPDATE SET \
+                         SELECT ?1, ?2 WHERE NOT EXISTS (SELECT 1 \
+                           FROM pulpitum_v4_bucket_metadata WHERE object_key = ?1) \
+                         ON CONFLICT (object_key) DO UPDATE SET \
                            retired_at = max(retired_at, excluded.retired_at)",
                     )?
-                    .execute(params![k, now])?;
-                    true
+                    .execute(params![k, now])?
+                        == 1
                 }
                 _ => false,
             };

@@ -147,7 +147,18 @@ impl Compaction for SqliteStore {
                 )?
                 .query_row(params![table_id.as_str(), from.as_micros()], |r| r.get(0))
                 .optional()?;
-            match due.into_iter().chain(masked).min() {
+            // So are buckets still routed to a retired segment (see the PostgreSQL store).
+            let retired: Option<i64> = tx
+                .prepare_cached(
+                    "SELECT m.bucket_start FROM pulpitum_v4_retired_objects AS r \
+                     JOIN pulpitum_v4_bucket_metadata AS m ON m.object_key = r.object_key \
+                     WHERE m.table_id = ?1 AND m.bucket_start >= ?2 \
+                       AND m.state = 'archived' AND m.hot_deleted = 1 \
+                     ORDER BY m.bucket_start LIMIT 1",
+                )?
+                .query_row(params![table_id.as_str(), from.as_micros()], |r| r.get(0))
+                .optional()?;
+            match due.into_iter().chain(masked).chain(retired).min() {
                 Some(start) => Ok(Some(time(start, "bucket start")?)),
                 None => Ok(None),
             }
@@ -192,19 +203,28 @@ impl Compaction for SqliteStore {
                     .query_map(args, |r| r.get::<_, Vec<u8>>(0))?
                     .collect::<rusqlite::Result<_>>()?;
             }
-            let masked = tx
-                .prepare_cached(
-                    "SELECT DISTINCT k.partition_key FROM pulpitum_v4_row_masks AS k \
-                     JOIN pulpitum_v4_bucket_metadata AS m ON m.table_id = k.table_id \
-                       AND m.partition_key = k.partition_key AND m.bucket_key = k.bucket_key \
-                     WHERE k.table_id = ?1 AND k.partition_key > ?2 AND k.purged_at IS NULL \
-                       AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
-                       AND m.state = 'archived' AND m.hot_deleted = 1 \
-                     ORDER BY k.partition_key LIMIT ?5",
-                )?
-                .query_map(args, |r| r.get::<_, Vec<u8>>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            keys.extend(masked);
+            // Masked partitions, and partitions still routed to a retired segment.
+            for due_now in [
+                "SELECT DISTINCT k.partition_key FROM pulpitum_v4_row_masks AS k \
+                 JOIN pulpitum_v4_bucket_metadata AS m ON m.table_id = k.table_id \
+                   AND m.partition_key = k.partition_key AND m.bucket_key = k.bucket_key \
+                 WHERE k.table_id = ?1 AND k.partition_key > ?2 AND k.purged_at IS NULL \
+                   AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
+                   AND m.state = 'archived' AND m.hot_deleted = 1 \
+                 ORDER BY k.partition_key LIMIT ?5",
+                "SELECT DISTINCT m.partition_key FROM pulpitum_v4_retired_objects AS r \
+                 JOIN pulpitum_v4_bucket_metadata AS m ON m.object_key = r.object_key \
+                 WHERE m.table_id = ?1 AND m.partition_key > ?2 \
+                   AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
+                   AND m.state = 'archived' AND m.hot_deleted = 1 \
+                 ORDER BY m.partition_key LIMIT ?5",
+            ] {
+                let found = tx
+                    .prepare_cached(due_now)?
+                    .query_map(args, |r| r.get::<_, Vec<u8>>(0))?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                keys.extend(found);
+            }
             keys.into_iter()
                 .take(limit)
                 .map(|k| PartitionKey::new(k).map_err(|e| corrupt(format!("partition key: {e}"))))

@@ -94,6 +94,13 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0009_row_masks_purged_at.sql"),
         compat: Compat::Requires(9),
     },
+    // Indexes for compaction's other work (see the PostgreSQL migrations 21 and 22).
+    Migration {
+        version: 10,
+        name: "object_and_mask_idx",
+        sql: include_str!("../../../sql/sqlite/0010_object_and_mask_idx.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

@@ -313,8 +313,14 @@ impl Changes for PgStore {
             "UPDATE {MASKS} SET purged_at = now() \
              WHERE table_id = $1 AND partition_key = $2 AND bucket_key = $3 AND purged_at IS NULL"
         );
+        // Retired once no bucket routes to it any more (a segment shared with buckets that
+        // stay is retired by the last one to go): retiring it earlier would make compaction
+        // rewrite the rest of the segment, bucket by expired bucket. Two removals of a
+        // segment's last buckets at once each see the other's: serializable isolation
+        // refuses one of them, and its retry retires the object.
         let retire = format!(
-            "INSERT INTO {RETIRED} AS r (object_key, retired_at) VALUES ($1, now()) \
+            "INSERT INTO {RETIRED} AS r (object_key, retired_at) \
+             SELECT $1::TEXT, now() WHERE NOT EXISTS (SELECT 1 FROM {META} WHERE object_key = $1) \
              ON CONFLICT (object_key) DO UPDATE SET \
                retired_at = GREATEST(r.retired_at, excluded.retired_at)"
         );
@@ -360,10 +366,7 @@ impl Changes for PgStore {
             let rows = tx.execute(&drop_rows, &head).await?;
             tx.execute(&drop_masks, &head).await?;
             let retired = match &object_key {
-                Some(k) if state == "archived" => {
-                    tx.execute(&retire, &[k]).await?;
-                    true
-                }
+                Some(k) if state == "archived" => tx.execute(&retire, &[k]).await? == 1,
                 _ => false,
             };
             tx.commit().await.map_err(TxError::Commit)?;

@@ -51,6 +51,34 @@ fn next_start_sql() -> String {
     )
 }
 
+/// The first bucket at or after `$2` of table `$1` still routed to a retired object: a
+/// compaction moved other partitions out of that segment, and the rows of this one (and the
+/// removed rows beside them) must leave it before garbage collection may delete it. The
+/// retired objects are few (those of the last retirement delay); each is joined to its
+/// buckets by the object-key index (migration 21).
+fn retired_start_sql() -> String {
+    format!(
+        "SELECT m.bucket_start FROM {RETIRED} AS r JOIN {META} AS m \
+           ON m.object_key = r.object_key \
+         WHERE m.table_id = $1 AND m.bucket_start >= $2 \
+           AND m.state = 'archived' AND m.hot_deleted \
+         ORDER BY m.bucket_start LIMIT 1"
+    )
+}
+
+/// The partitions of a window with a bucket still routed to a retired object (see
+/// [`retired_start_sql`]); parameters as [`partitions_sql`]'s.
+fn retired_partitions_sql() -> String {
+    format!(
+        "SELECT DISTINCT m.partition_key FROM {RETIRED} AS r JOIN {META} AS m \
+           ON m.object_key = r.object_key \
+         WHERE m.table_id = $1 AND m.partition_key > $2 \
+           AND m.bucket_start >= $3 AND m.bucket_start < $4 \
+           AND m.state = 'archived' AND m.hot_deleted \
+         ORDER BY m.partition_key LIMIT $5"
+    )
+}
+
 /// `partitions_to_compact`'s statement: `$1` table, `$2` the partition after which to
 /// list (empty: from the first), `$3`/`$4` the window, `$5` the limit.
 fn partitions_sql() -> String {
@@ -69,6 +97,17 @@ pub fn work_list_statements() -> [(&'static str, String); 2] {
     [
         ("next_compaction_start", next_start_sql()),
         ("partitions_to_compact", partitions_sql()),
+    ]
+}
+
+/// The statements that find buckets still routed to a retired segment (same parameters as
+/// [`work_list_statements`]), for tests that check they reach the registry by its
+/// object-key index.
+#[doc(hidden)]
+pub fn retired_work_statements() -> [(&'static str, String); 2] {
+    [
+        ("next_compaction_start (retired)", retired_start_sql()),
+        ("partitions_to_compact (retired)", retired_partitions_sql()),
     ]
 }
 
@@ -188,6 +227,7 @@ impl Compaction for PgStore {
                AND m.state = 'archived' AND m.hot_deleted \
              ORDER BY m.bucket_start LIMIT 1"
         );
+        let retired_sql = retired_start_sql();
         let from = from.to_datetime();
         self.run("next_compaction_start", || async {
             let client = self.pooled().await?;
@@ -200,13 +240,17 @@ impl Compaction for PgStore {
                     first = Some(event_time(start, "bucket_start")?);
                 }
             }
-            if let Some(row) = client
-                .query_opt(&masked_sql, &[&table_id.as_str(), &from])
-                .await?
-            {
-                let start: DateTime<Utc> = row.try_get(0).map_err(bad)?;
-                let start = event_time(start, "bucket_start")?;
-                first = Some(first.map_or(start, |f: EventTime| f.min(start)));
+            // Masked buckets, and buckets still routed to a retired segment, are due at
+            // once.
+            for due_now in [&masked_sql, &retired_sql] {
+                if let Some(row) = client
+                    .query_opt(due_now, &[&table_id.as_str(), &from])
+                    .await?
+                {
+                    let start: DateTime<Utc> = row.try_get(0).map_err(bad)?;
+                    let start = event_time(start, "bucket_start")?;
+                    first = Some(first.map_or(start, |f: EventTime| f.min(start)));
+                }
             }
             Ok(first)
         })
@@ -236,6 +280,7 @@ impl Compaction for PgStore {
                AND m.state = 'archived' AND m.hot_deleted \
              ORDER BY k.partition_key LIMIT $5"
         );
+        let retired_sql = retired_partitions_sql();
         let after: &[u8] = after.map_or(&[], |p| p.as_bytes());
         let (from, to) = (start.to_datetime(), end.to_datetime());
         let n = limit_param(limit);
@@ -243,7 +288,7 @@ impl Compaction for PgStore {
             let client = self.pooled().await?;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
                 [&table_id.as_str(), &after, &from, &to, &n];
-            // Two lists, each the first `limit` of its kind: the first `limit` of their
+            // Three lists, each the first `limit` of its kind: the first `limit` of their
             // union is among them (one statement with `UNION` would list every partition
             // with work before its `LIMIT`).
             let mut keys = std::collections::BTreeSet::new();
@@ -252,7 +297,9 @@ impl Compaction for PgStore {
             } else {
                 Vec::new()
             };
-            for rows in [routed, client.query(&masked_sql, &params).await?] {
+            let masked = client.query(&masked_sql, &params).await?;
+            let retired = client.query(&retired_sql, &params).await?;
+            for rows in [routed, masked, retired] {
                 for row in &rows {
                     let pk: Vec<u8> = row
                         .try_get(0)

@@ -73,7 +73,7 @@ mod changes;
 mod claims;
 mod compaction;
 #[doc(hidden)]
-pub use compaction::work_list_statements;
+pub use compaction::{retired_work_statements, work_list_statements};
 mod control;
 mod decode;
 mod lifecycle;
