@@ -913,37 +913,9 @@ async fn the_work_list_reads_the_partial_indexes_in_a_registry_of_many_partition
         .is_empty());
 
     // The plans.
-    let [(name_next, next_sql), (name_parts, parts_sql)] = work_list_statements();
-    let explain = |sql: String| format!("EXPLAIN (FORMAT JSON) {sql}");
     let min = EventTime::min_supported().to_datetime();
-    let empty: &[u8] = &[];
-    let plans = [
-        (
-            name_next,
-            client
-                .query_one(&explain(next_sql), &[&"wide", &min])
-                .await
-                .unwrap(),
-        ),
-        (
-            name_parts,
-            client
-                .query_one(
-                    &explain(parts_sql),
-                    &[
-                        &"wide",
-                        &empty,
-                        &mar.to_datetime(),
-                        &apr.to_datetime(),
-                        &1_024_i64,
-                    ],
-                )
-                .await
-                .unwrap(),
-        ),
-    ];
-    for (name, row) in plans {
-        let plan: serde_json::Value = row.get(0);
+    let plans = work_list_plans(&client, work_list_statements(), min, (mar, apr)).await;
+    for (name, plan) in plans {
         let text = plan.to_string();
         assert!(
             text.contains("pulpitum_v4_bucket_metadata_to_compact"),
@@ -980,35 +952,14 @@ async fn the_work_list_reads_the_partial_indexes_in_a_registry_of_many_partition
         .unwrap();
     assert_eq!(page.len(), 10);
     assert_eq!(page[0].as_bytes(), b"p0000001");
-    let [(name_next, next_sql), (name_parts, parts_sql)] =
-        pulpitum::store::postgres::retired_work_statements();
-    let plans = [
-        (
-            name_next,
-            client
-                .query_one(&explain(next_sql), &[&"wide", &min])
-                .await
-                .unwrap(),
-        ),
-        (
-            name_parts,
-            client
-                .query_one(
-                    &explain(parts_sql),
-                    &[
-                        &"wide",
-                        &empty,
-                        &feb.0.to_datetime(),
-                        &feb.1.to_datetime(),
-                        &1_024_i64,
-                    ],
-                )
-                .await
-                .unwrap(),
-        ),
-    ];
-    for (name, row) in plans {
-        let plan: serde_json::Value = row.get(0);
+    let plans = work_list_plans(
+        &client,
+        pulpitum::store::postgres::retired_work_statements(),
+        min,
+        feb,
+    )
+    .await;
+    for (name, plan) in plans {
         let text = plan.to_string();
         assert!(
             text.contains("pulpitum_v4_bucket_metadata_by_object"),
@@ -1020,6 +971,36 @@ async fn the_work_list_reads_the_partial_indexes_in_a_registry_of_many_partition
         );
     }
     store.drop_schema().await.unwrap();
+}
+
+/// The JSON plans of a pair of work-list statements (the next start from `min`, the first
+/// page of partitions of `window`), by name.
+async fn work_list_plans(
+    client: &tokio_postgres::Client,
+    [(name_next, next_sql), (name_parts, parts_sql)]: [(&'static str, String); 2],
+    min: chrono::DateTime<chrono::Utc>,
+    window: (EventTime, EventTime),
+) -> [(&'static str, serde_json::Value); 2] {
+    let explain = |sql: String| format!("EXPLAIN (FORMAT JSON) {sql}");
+    let empty: &[u8] = &[];
+    let next = client
+        .query_one(&explain(next_sql), &[&"wide", &min])
+        .await
+        .unwrap();
+    let parts = client
+        .query_one(
+            &explain(parts_sql),
+            &[
+                &"wide",
+                &empty,
+                &window.0.to_datetime(),
+                &window.1.to_datetime(),
+                &1_024_i64,
+            ],
+        )
+        .await
+        .unwrap();
+    [(name_next, next.get(0)), (name_parts, parts.get(0))]
 }
 
 /// The relations an `EXPLAIN (FORMAT JSON)` plan reads by sequential scan.
