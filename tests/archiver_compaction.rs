@@ -218,13 +218,7 @@ async fn sql_sees_every_row_once_while_windows_move_into_segments() {
     shutdown.cancel();
     worker.await.unwrap().unwrap();
     // A fresh session (no cached routes) reads only segments, and gives the same answers.
-    let fresh = session(
-        s.store.clone(),
-        s.archive.clone(),
-        SessionOptions::default(),
-    )
-    .await
-    .unwrap();
+    let fresh = fresh_session(&s).await;
     check_queries(&fresh, channels, per_channel, rounds + 1).await;
     // After the retirement delay (zero here: no reader is left), GC leaves two segments
     // (payload and manifest each): 4 objects instead of 120.
@@ -292,22 +286,10 @@ async fn replaced_objects_outlive_the_switch_by_the_retirement_delay() {
     // The session still holds the old routes (inside its cache bound) and reads them.
     check_queries(&s.ctx, channels, per_channel, 1).await;
     // Past the delay, the old objects go and their retired rows with them.
-    let delays = GcDelays {
-        orphans: Duration::ZERO,
-        retired: Duration::ZERO,
-    };
-    collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
-        .await
-        .unwrap();
+    gc_without_delays(&s).await;
     assert_eq!(s.archive.list_objects().await.unwrap().len(), 2);
     assert!(s.store.retired_objects().await.unwrap().is_empty());
-    let fresh = session(
-        s.store.clone(),
-        s.archive.clone(),
-        SessionOptions::default(),
-    )
-    .await
-    .unwrap();
+    let fresh = fresh_session(&s).await;
     check_queries(&fresh, channels, per_channel, 2).await;
 }
 
@@ -392,20 +374,8 @@ async fn a_late_bucket_rewrites_its_partition_then_the_rest_of_the_old_segment()
         .collect();
     assert!(retired.contains(&old_segment), "channel 2 moved off it");
     // Past every delay, GC keeps the older segment: channel 1 still routes to it.
-    let delays = GcDelays {
-        orphans: Duration::ZERO,
-        retired: Duration::ZERO,
-    };
-    collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
-        .await
-        .unwrap();
-    let fresh = session(
-        s.store.clone(),
-        s.archive.clone(),
-        SessionOptions::default(),
-    )
-    .await
-    .unwrap();
+    gc_without_delays(&s).await;
+    let fresh = fresh_session(&s).await;
     let b = query(&fresh, "SELECT count(*), sum(id) FROM chat").await;
     let want: i64 = early
         .iter()
@@ -434,9 +404,7 @@ async fn a_late_bucket_rewrites_its_partition_then_the_rest_of_the_old_segment()
         "{third:?}"
     );
     assert!(route_keys(&s).await.iter().all(|r| r.2 != old_segment));
-    collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
-        .await
-        .unwrap();
+    gc_without_delays(&s).await;
     let left = object_keys(&s).await;
     let old_dir = old_segment.trim_end_matches("manifest.json");
     assert!(
@@ -696,13 +664,7 @@ async fn gc_keeps_the_segments_of_a_window_being_compacted() {
         ordinal: 0,
     };
     let written = s.archive.write_segment(&spec, &sorted).await.unwrap();
-    let zero = GcDelays {
-        orphans: Duration::ZERO,
-        retired: Duration::ZERO,
-    };
-    collect_garbage_with(&*s.store, &s.archive, zero, &ArchiverMetrics::default())
-        .await
-        .unwrap();
+    gc_without_delays(&s).await;
     let keys: Vec<String> = object_keys(&s).await;
     assert!(
         keys.contains(&written.manifest_key),
@@ -710,9 +672,7 @@ async fn gc_keeps_the_segments_of_a_window_being_compacted() {
     );
     // Released without a switch, the segment is an orphan like any other.
     s.store.release_compaction(&claim).await.unwrap();
-    collect_garbage_with(&*s.store, &s.archive, zero, &ArchiverMetrics::default())
-        .await
-        .unwrap();
+    gc_without_delays(&s).await;
     let keys: Vec<String> = object_keys(&s).await;
     assert!(!keys.iter().any(|k| k.contains("/segments/")), "{keys:?}");
     check_queries(&s.ctx, 3, 30, 0).await;
@@ -1004,4 +964,135 @@ async fn deleted_and_edited_archived_rows_are_rewritten_out_of_the_archive() {
             assert_eq!(r.value == b"edited", n == 300_021, "{n} in {key}");
         }
     }
+}
+
+/// A channel still being written in its window (a hot bucket in the month) does not hold
+/// its deletes back: the pass rewrites its archived buckets with the masks applied while
+/// the hot bucket stays hot, GC then leaves no object holding the deleted row, and once
+/// the late bucket is archived the next pass compacts the channel whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_channel_has_its_deletes_rewritten_before_its_window_completes() {
+    let s = setup("compactbusy").await;
+    let all = rows("2021-03-01T00:00:00Z", 2, 30);
+    s.store.append_batch(&s.table, &all).await.unwrap();
+    archive_only(&s).await;
+    // Channel 2 is written again on the 25th: a hot bucket in the same month.
+    let late = Record {
+        partition_key: PartitionKey::from_i64(2),
+        event_time: EventTime::parse_rfc3339("2021-03-25T12:00:00Z").unwrap(),
+        sort_key: SortKey::new(encode_i64(200_900).to_vec()).unwrap(),
+        value: b"late".to_vec(),
+    };
+    s.store.append_batch(&s.table, &[late]).await.unwrap();
+    query(
+        &s.ctx,
+        "DELETE FROM chat WHERE channel_id = 2 AND id = 200005",
+    )
+    .await;
+    let per_bucket_day1: String = s
+        .store
+        .list_buckets(&s.table, &BucketFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|m| match m.state {
+            BucketState::Archived { object_key, .. }
+                if m.id.partition_key == PartitionKey::from_i64(2)
+                    && m.id.bucket_key.to_string() == "day:2021-03-01" =>
+            {
+                Some(object_key)
+            }
+            _ => None,
+        })
+        .unwrap();
+
+    let runner = Runner::new(s.store.clone(), s.archive.clone(), config()).unwrap();
+    let report = runner.compact_pass().await.unwrap();
+    assert_eq!(
+        (report.windows, report.buckets),
+        (1, 6),
+        "channel 1 (ready) and channel 2's three archived days (a delete waits in one): \
+         {report:?}"
+    );
+    let buckets = s
+        .store
+        .list_buckets(&s.table, &BucketFilter::default())
+        .await
+        .unwrap();
+    let mut hot = 0;
+    for m in &buckets {
+        match &m.state {
+            BucketState::Archived { object_key, .. } => {
+                assert!(object_key.contains("/segments/"), "{m:?}");
+                for r in stored_rows(&s, object_key, &m.id).await {
+                    let id = pulpitum::model::decode_i64(r.sort_key.as_bytes()).unwrap();
+                    assert_ne!(id, 200_005, "the deleted row is rewritten out");
+                }
+            }
+            _ => hot += 1,
+        }
+    }
+    assert_eq!(hot, 1, "the 25th stays hot: {buckets:?}");
+    gc_without_delays(&s).await;
+    let old_dir = per_bucket_day1.trim_end_matches("manifest.json");
+    let left = object_keys(&s).await;
+    assert!(
+        !left.iter().any(|k| k.starts_with(old_dir)),
+        "the object that held the deleted row is gone: {left:?}"
+    );
+    let count = |ctx: SessionContext| async move {
+        let b = query(&ctx, "SELECT count(*), sum(id) FROM chat").await;
+        (ints(&b, 0), ints(&b, 1))
+    };
+    let ids: Vec<i64> = all
+        .iter()
+        .map(|r| pulpitum::model::decode_i64(r.sort_key.as_bytes()).unwrap())
+        .filter(|id| *id != 200_005)
+        .chain([200_900])
+        .collect();
+    let want = (vec![ids.len() as i64], vec![ids.iter().sum::<i64>()]);
+    assert_eq!(count(s.ctx.clone()).await, want);
+
+    // The late day archived: the channel is compacted whole, into one segment.
+    runner
+        .drain(&CancellationToken::new(), &|_, _| {})
+        .await
+        .unwrap();
+    let r = runner.compact_pass().await.unwrap();
+    assert_eq!(r.buckets, 4, "channel 2's four days: {r:?}");
+    let ch2: std::collections::BTreeSet<String> = route_keys(&s)
+        .await
+        .into_iter()
+        .filter(|r| r.0 == PartitionKey::from_i64(2))
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(ch2.len(), 1, "one segment: {ch2:?}");
+    // Channel 1 is left alone on the segment channel 2 left: the next pass moves it.
+    let r = runner.compact_pass().await.unwrap();
+    assert_eq!((r.windows, r.buckets), (1, 3), "{r:?}");
+    assert_eq!(runner.compact_pass().await.unwrap().windows, 0);
+    let fresh = fresh_session(&s).await;
+    assert_eq!(count(fresh).await, want);
+}
+
+/// One GC pass with no delays: every object no route or claim names is deleted.
+async fn gc_without_delays(s: &Setup) {
+    let delays = GcDelays {
+        orphans: Duration::ZERO,
+        retired: Duration::ZERO,
+    };
+    collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
+        .await
+        .unwrap();
+}
+
+/// A session with nothing cached (no routes, no manifests).
+async fn fresh_session(s: &Setup) -> SessionContext {
+    session(
+        s.store.clone(),
+        s.archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap()
 }

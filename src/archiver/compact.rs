@@ -8,7 +8,9 @@
 //! 2. list, a page at a time and in key order, the window's partitions that have work: a
 //!    bucket archived and cleaned but still routed to its per-bucket object (the partial
 //!    index of the work list answers this, however many partitions are already in
-//!    segments); a partition with a bucket not ready yet is left for a later pass;
+//!    segments); a partition with a bucket not ready yet is left for a later pass, unless
+//!    work due at once (masks, a route to a retired segment) waits in its ready buckets:
+//!    those are rewritten now, the partition whole once every bucket is ready;
 //! 3. per run of partitions up to the segment limits (target bytes, partitions, buckets):
 //!    stream every bucket the partitions have in the window, verified (a per-bucket archive
 //!    or an older segment), into one segment writer under the claim's generation, which

@@ -55,8 +55,11 @@ pub struct WindowState {
     /// then bucket start.
     pub sources: Vec<CompactionSource>,
     /// The partitions, in key order, that also hold a bucket that is not a source yet: hot,
-    /// being archived, or archived with hot rows not yet deleted. Compaction skips them
-    /// until every bucket they have in the window is ready.
+    /// being archived, or archived with hot rows not yet deleted. Their ready buckets are
+    /// sources only when work due at once waits in one of them (masks not yet rewritten, or
+    /// a route to a retired object), so a channel still being written in the window has its
+    /// deleted rows rewritten now and is compacted whole once every bucket is ready;
+    /// otherwise compaction skips them until then.
     pub not_ready: Vec<PartitionKey>,
 }
 

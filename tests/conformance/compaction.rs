@@ -1251,8 +1251,10 @@ pub async fn a_bucket_created_again_does_not_inherit_its_namesakes_masks(store: 
 
 /// A segment some partitions left (a rewrite retired it) is work for the partitions still
 /// routed to it, due at once, until they move too; retention, which removes buckets one by
-/// one, retires a shared segment only with its last bucket, and two removals of a
-/// segment's last two buckets at once still retire it (once).
+/// one, retires a shared segment only with its last bucket (or at once when the removed
+/// bucket had deletes not yet rewritten), and two removals of a segment's last two buckets
+/// at once still retire it, once (a race only PostgreSQL can run: SQLite serializes
+/// writers).
 pub async fn routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it(store: Store) {
     let tbl = table(&store, "events", DAY).await;
     let s1 = "t/segments/month:2024-03/s00000-g1/manifest.json";
@@ -1293,6 +1295,13 @@ pub async fn routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it
         .await
         .unwrap()
         .is_empty());
+    let retired_at = |list: Vec<pulpitum::store::RetiredObject>, key: &str| {
+        list.into_iter()
+            .find(|r| r.object_key == key)
+            .map(|r| r.retired_at)
+    };
+    let first_retired = retired_at(store.retired_objects().await.unwrap(), s1).unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
     store
         .switch_routes(&claim, &[switch(&b, s1, s2)])
         .await
@@ -1301,6 +1310,12 @@ pub async fn routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it
         store.next_compaction_start(&tbl, min, min).await.unwrap(),
         None,
         "nothing routes to s1 any more"
+    );
+    let last_retired = retired_at(store.retired_objects().await.unwrap(), s1).unwrap();
+    assert!(
+        last_retired > first_retired,
+        "the retirement delay runs from the last route that left: {first_retired} then \
+         {last_retired}"
     );
     store.release_compaction(&claim).await.unwrap();
 
@@ -1323,6 +1338,26 @@ pub async fn routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it
         );
     }
     store.forget_retired(&[s2.to_string()]).await.unwrap();
+
+    // A bucket removed with a delete not yet rewritten retires its shared segment at once:
+    // the deleted row's bytes are in it, and the buckets left on it become work.
+    let s3 = "t/segments/month:2024-04/s00000-g1/manifest.json";
+    let d = archived(&store, &tbl, "d", "2024-04-01T10:00:00Z", s3, true).await;
+    let e = archived(&store, &tbl, "e", "2024-04-02T10:00:00Z", s3, true).await;
+    delete_row(&store, &tbl, &d, "2024-04-01T10:00:00Z").await;
+    let done = store.expire_bucket(&d, cutoff).await.unwrap().unwrap();
+    assert!(done.retired, "retired with its unrewritten delete");
+    assert_eq!(
+        retired_keys(&store.retired_objects().await.unwrap()),
+        vec![s3.to_string()]
+    );
+    assert_eq!(
+        store.next_compaction_start(&tbl, min, min).await.unwrap(),
+        Some(t("2024-04-02T00:00:00Z")),
+        "e must leave the segment"
+    );
+    store.expire_bucket(&e, cutoff).await.unwrap().unwrap();
+    store.forget_retired(&[s3.to_string()]).await.unwrap();
 
     // The last two buckets of a segment removed at once, many times over: every segment
     // ends retired.
@@ -1375,4 +1410,112 @@ pub async fn routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it
         pairs.len(),
         "each segment retired by one removal"
     );
+}
+
+/// A partition with a bucket not ready (hot) is named not ready; its ready buckets are
+/// sources only while one of them has masks not yet rewritten or routes to a retired
+/// object (work due at once), never its hot bucket.
+pub async fn a_busy_partition_offers_its_ready_buckets_only_for_work_due_at_once(store: Store) {
+    let tbl = table(&store, "events", DAY).await;
+    let (start, end) = (t("2024-03-01T00:00:00Z"), t("2024-04-01T00:00:00Z"));
+    let pa = pulpitum::model::PartitionKey::new(b"a".to_vec()).unwrap();
+    let day1 = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-03-01T10:00:00Z",
+        "t/a/1/m.json",
+        true,
+    )
+    .await;
+    // Day 2 routes to a segment it shares with a February bucket of another partition.
+    let shared = "t/segments/month:2024-03/s00001-g1/manifest.json";
+    let day2 = archived(&store, &tbl, "a", "2024-03-02T10:00:00Z", shared, true).await;
+    hot(&store, &tbl, "a", "2024-03-20T10:00:00Z").await;
+    let sources = |w: &pulpitum::store::WindowState| -> Vec<BucketId> {
+        w.sources.iter().map(|s| s.bucket.clone()).collect()
+    };
+    let w = store
+        .partition_sources(&tbl, start, end, std::slice::from_ref(&pa))
+        .await
+        .unwrap();
+    assert_eq!(w.not_ready, vec![pa.clone()]);
+    assert!(w.sources.is_empty(), "nothing due at once: {w:?}");
+
+    // A delete of day 1's row: both ready days are sources, day 1 masked; the hot day not.
+    delete_row(&store, &tbl, &day1, "2024-03-01T10:00:00Z").await;
+    let w = store
+        .partition_sources(&tbl, start, end, std::slice::from_ref(&pa))
+        .await
+        .unwrap();
+    assert_eq!(w.not_ready, vec![pa.clone()]);
+    assert_eq!(sources(&w), vec![day1.clone(), day2.clone()]);
+    assert_eq!(
+        w.sources.iter().map(|s| s.masked).collect::<Vec<_>>(),
+        vec![true, false]
+    );
+
+    // The mask rewritten (day 1 switched to a segment, the mask marked): nothing due.
+    let seg = "t/segments/month:2024-03/s00000-g1/manifest.json";
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    store
+        .switch_routes(&claim, &[switch(&day1, "t/a/1/m.json", seg)])
+        .await
+        .unwrap();
+    let masks = store.row_masks(&day1).await.unwrap();
+    assert_eq!(
+        store.mark_masks_purged(&day1, seg, &masks).await.unwrap(),
+        1
+    );
+    let w = store
+        .partition_sources(&tbl, start, end, std::slice::from_ref(&pa))
+        .await
+        .unwrap();
+    assert!(w.sources.is_empty(), "{w:?}");
+
+    // Day 2's segment retired while it still routes there (the other partition moved):
+    // due at once again. A retired per-bucket object (day 1's) is not such work: only a
+    // segment is shared.
+    let claim2 = store
+        .claim_compaction(
+            &tbl,
+            "month:2024-02",
+            t("2024-02-01T00:00:00Z"),
+            t("2024-03-01T00:00:00Z"),
+            LONG,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let other = archived(&store, &tbl, "b", "2024-02-10T10:00:00Z", shared, true).await;
+    store
+        .switch_routes(&claim2, &[switch(&other, shared, "t/b/seg.json")])
+        .await
+        .unwrap();
+    let w = store
+        .partition_sources(&tbl, start, end, std::slice::from_ref(&pa))
+        .await
+        .unwrap();
+    assert_eq!(w.not_ready, vec![pa]);
+    assert_eq!(sources(&w), vec![day1, day2]);
+}
+
+/// Deletes the one row [`archived`] wrote into `bucket` at `at` (a mask, the bucket being
+/// archived).
+async fn delete_row(store: &Store, tbl: &TableId, bucket: &BucketId, at: &str) {
+    let read_at = store.now().await.unwrap();
+    store
+        .apply_changes(
+            tbl,
+            read_at,
+            &[pulpitum::store::RowChange {
+                partition_key: bucket.partition_key.clone(),
+                event_time: t(at),
+                sort_key: pulpitum::model::SortKey::new(b"k".to_vec()).unwrap(),
+                old_value: b"v".to_vec(),
+                new_value: None,
+            }],
+        )
+        .await
+        .unwrap();
 }

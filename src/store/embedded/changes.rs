@@ -286,29 +286,26 @@ impl Changes for SqliteStore {
                 .execute(pk)? as u64;
             // Masks stay, marked rewritten, for readers still on the old route (see
             // `CURRENT_INCARNATION`).
-            tx.prepare_cached(&format!(
-                "UPDATE pulpitum_v4_row_masks SET purged_at = ?4 \
-                 WHERE {BUCKET_PK} AND purged_at IS NULL"
-            ))?
-            .execute(params![
-                bucket.table_id.as_str(),
-                bucket.partition_key.as_bytes(),
-                bucket.bucket_key.to_string(),
-                now
-            ])?;
+            let unrewritten = mark_bucket_masks_purged(tx, &bucket, now)?;
             // The object is retired once no bucket routes to it any more (a segment shared
             // with buckets that stay is retired by the last one to go): retiring it earlier
             // would make compaction rewrite the rest of the segment, bucket by expired
-            // bucket.
+            // bucket. A bucket removed with deletes not yet rewritten retires it at once:
+            // the deleted rows' bytes are in it (see the PostgreSQL store).
             let retired = match &object_key {
                 Some(k) if state == "archived" => {
-                    tx.prepare_cached(
+                    let only_if_unrouted = if unrewritten > 0 {
+                        ""
+                    } else {
+                        "AND NOT EXISTS (SELECT 1 FROM pulpitum_v4_bucket_metadata \
+                         WHERE object_key = ?1)"
+                    };
+                    tx.prepare_cached(&format!(
                         "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) \
-                         SELECT ?1, ?2 WHERE NOT EXISTS (SELECT 1 \
-                           FROM pulpitum_v4_bucket_metadata WHERE object_key = ?1) \
+                         SELECT ?1, ?2 WHERE true {only_if_unrouted} \
                          ON CONFLICT (object_key) DO UPDATE SET \
                            retired_at = max(retired_at, excluded.retired_at)",
-                    )?
+                    ))?
                     .execute(params![k, now])?
                         == 1
                 }
@@ -325,4 +322,23 @@ impl Changes for SqliteStore {
         })
         .await
     }
+}
+
+/// Marks every mask of `bucket` not yet rewritten as rewritten at `now` (a removed bucket's
+/// masks stay, marked, for readers still on its old route); how many were.
+pub(super) fn mark_bucket_masks_purged(
+    tx: &rusqlite::Transaction<'_>,
+    bucket: &BucketId,
+    now: i64,
+) -> rusqlite::Result<usize> {
+    tx.prepare_cached(&format!(
+        "UPDATE pulpitum_v4_row_masks SET purged_at = ?4 \
+         WHERE {BUCKET_PK} AND purged_at IS NULL"
+    ))?
+    .execute(params![
+        bucket.table_id.as_str(),
+        bucket.partition_key.as_bytes(),
+        bucket.bucket_key.to_string(),
+        now
+    ])
 }

@@ -37,12 +37,17 @@ use super::{Mode, SqliteStore, TxError, TxResult};
 const TO_COMPACT: &str = "state = 'archived' AND hot_deleted = 1 \
      AND NOT (object_key GLOB '*/segments/*/s?????-g*/manifest.json')";
 
+/// The retired objects that are segments (see the PostgreSQL store): the predicate of the
+/// partial index of migration 10, verbatim.
+const RETIRED_SEGMENT: &str = "r.object_key GLOB '*/segments/*/s?????-g*/manifest.json'";
+
 /// The claim columns, in the order [`claim_from`] reads them.
 const CLAIM_COLS: &str =
     "table_id, window_key, window_start, window_end, owner_token, generation, lease_expires_at";
 
-/// One bucket of `partition_sources` as stored: key, strategy, start, route, ready, masked.
-type SourceRow = (String, String, i64, Option<String>, bool, bool);
+/// One bucket of `partition_sources` as stored: key, strategy, start, route, ready, masked,
+/// routed to a retired object.
+type SourceRow = (String, String, i64, Option<String>, bool, bool, bool);
 
 /// One claim row as stored, before conversion.
 type ClaimRow = (String, String, i64, i64, Option<String>, i64, Option<i64>);
@@ -149,13 +154,13 @@ impl Compaction for SqliteStore {
                 .optional()?;
             // So are buckets still routed to a retired segment (see the PostgreSQL store).
             let retired: Option<i64> = tx
-                .prepare_cached(
+                .prepare_cached(&format!(
                     "SELECT m.bucket_start FROM pulpitum_v4_retired_objects AS r \
-                     JOIN pulpitum_v4_bucket_metadata AS m ON m.object_key = r.object_key \
-                     WHERE m.table_id = ?1 AND m.bucket_start >= ?2 \
-                       AND m.state = 'archived' AND m.hot_deleted = 1 \
-                     ORDER BY m.bucket_start LIMIT 1",
-                )?
+                         JOIN pulpitum_v4_bucket_metadata AS m ON m.object_key = r.object_key \
+                         WHERE {RETIRED_SEGMENT} AND m.table_id = ?1 AND m.bucket_start >= ?2 \
+                           AND m.state = 'archived' AND m.hot_deleted = 1 \
+                         ORDER BY m.bucket_start LIMIT 1"
+                ))?
                 .query_row(params![table_id.as_str(), from.as_micros()], |r| r.get(0))
                 .optional()?;
             match due.into_iter().chain(masked).chain(retired).min() {
@@ -187,6 +192,14 @@ impl Compaction for SqliteStore {
                AND bucket_start >= ?3 AND bucket_start < ?4 AND {TO_COMPACT} \
              ORDER BY partition_key LIMIT ?5"
         );
+        let retired_sql = format!(
+            "SELECT DISTINCT m.partition_key FROM pulpitum_v4_retired_objects AS r \
+             JOIN pulpitum_v4_bucket_metadata AS m ON m.object_key = r.object_key \
+             WHERE {RETIRED_SEGMENT} AND m.table_id = ?1 AND m.partition_key > ?2 \
+               AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
+               AND m.state = 'archived' AND m.hot_deleted = 1 \
+             ORDER BY m.partition_key LIMIT ?5"
+        );
         self.run("partitions_to_compact", Mode::Read, move |tx, _| {
             let args = params![
                 table_id.as_str(),
@@ -212,12 +225,7 @@ impl Compaction for SqliteStore {
                    AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
                    AND m.state = 'archived' AND m.hot_deleted = 1 \
                  ORDER BY k.partition_key LIMIT ?5",
-                "SELECT DISTINCT m.partition_key FROM pulpitum_v4_retired_objects AS r \
-                 JOIN pulpitum_v4_bucket_metadata AS m ON m.object_key = r.object_key \
-                 WHERE m.table_id = ?1 AND m.partition_key > ?2 \
-                   AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
-                   AND m.state = 'archived' AND m.hot_deleted = 1 \
-                 ORDER BY m.partition_key LIMIT ?5",
+                &retired_sql,
             ] {
                 let found = tx
                     .prepare_cached(due_now)?
@@ -254,7 +262,10 @@ impl Compaction for SqliteStore {
                         (m.state = 'archived' AND m.hot_deleted = 1), \
                         EXISTS (SELECT 1 FROM pulpitum_v4_row_masks AS k \
                           WHERE k.table_id = m.table_id AND k.partition_key = m.partition_key \
-                            AND k.bucket_key = m.bucket_key AND k.purged_at IS NULL) \
+                            AND k.bucket_key = m.bucket_key AND k.purged_at IS NULL), \
+                        EXISTS (SELECT 1 FROM pulpitum_v4_retired_objects AS r \
+                          WHERE r.object_key = m.object_key \
+                            AND r.object_key GLOB '*/segments/*/s?????-g*/manifest.json') \
                  FROM pulpitum_v4_bucket_metadata AS m \
                  WHERE m.table_id = ?1 AND m.partition_key = ?2 \
                    AND m.bucket_start >= ?3 AND m.bucket_start < ?4 \
@@ -274,14 +285,23 @@ impl Compaction for SqliteStore {
                             r.get(3)?,
                             r.get(4)?,
                             r.get(5)?,
+                            r.get(6)?,
                         ))
                     })?
                     .collect::<rusqlite::Result<_>>()?;
+                // A partition with a bucket not ready waits, unless work due at once (masks,
+                // a retired route) waits in its ready buckets (see `WindowState`).
                 if rows.iter().any(|r| !r.4) {
-                    state.not_ready.push(pk);
-                    continue;
+                    let due_now = rows.iter().any(|r| r.4 && (r.5 || r.6));
+                    state.not_ready.push(pk.clone());
+                    if !due_now {
+                        continue;
+                    }
                 }
-                for (key, strategy, stored_start, object_key, _, masked) in rows {
+                for (key, strategy, stored_start, object_key, ready, masked, _) in rows {
+                    if !ready {
+                        continue;
+                    }
                     let bucket = bucket_id(table_id.as_str(), pk.as_bytes(), &strategy, &key)?;
                     if bucket.bucket_key.start().as_micros() != stored_start {
                         return Err(corrupt(format!(
@@ -642,16 +662,7 @@ impl Compaction for SqliteStore {
                 .execute(ids)?;
                 // Masks stay, marked rewritten: a reader holding the old route applies them
                 // until garbage collection forgets them.
-                tx.prepare_cached(&format!(
-                    "UPDATE pulpitum_v4_row_masks SET purged_at = ?4 \
-                     WHERE {BUCKET_PK} AND purged_at IS NULL"
-                ))?
-                .execute(params![
-                    b.table_id.as_str(),
-                    b.partition_key.as_bytes(),
-                    b.bucket_key.to_string(),
-                    now
-                ])?;
+                super::changes::mark_bucket_masks_purged(tx, b, now)?;
                 tx.prepare_cached(
                     "INSERT INTO pulpitum_v4_retired_objects (object_key, retired_at) \
                      VALUES (?1, ?2) ON CONFLICT (object_key) DO UPDATE SET \

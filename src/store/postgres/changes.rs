@@ -317,12 +317,18 @@ impl Changes for PgStore {
         // stay is retired by the last one to go): retiring it earlier would make compaction
         // rewrite the rest of the segment, bucket by expired bucket. Two removals of a
         // segment's last buckets at once each see the other's: serializable isolation
-        // refuses one of them, and its retry retires the object.
+        // refuses one of them, and its retry retires the object. A bucket removed with
+        // deletes not yet rewritten retires it at once, though: the deleted rows' bytes are
+        // in it, and retiring it is what makes compaction move the other buckets out.
+        let upsert = "ON CONFLICT (object_key) DO UPDATE SET \
+               retired_at = GREATEST(r.retired_at, excluded.retired_at)";
         let retire = format!(
             "INSERT INTO {RETIRED} AS r (object_key, retired_at) \
              SELECT $1::TEXT, now() WHERE NOT EXISTS (SELECT 1 FROM {META} WHERE object_key = $1) \
-             ON CONFLICT (object_key) DO UPDATE SET \
-               retired_at = GREATEST(r.retired_at, excluded.retired_at)"
+             {upsert}"
+        );
+        let retire_now = format!(
+            "INSERT INTO {RETIRED} AS r (object_key, retired_at) VALUES ($1, now()) {upsert}"
         );
         let key = bucket.bucket_key.to_string();
         let before = before.to_datetime();
@@ -364,8 +370,11 @@ impl Changes for PgStore {
                 )));
             }
             let rows = tx.execute(&drop_rows, &head).await?;
-            tx.execute(&drop_masks, &head).await?;
+            let unrewritten = tx.execute(&drop_masks, &head).await?;
             let retired = match &object_key {
+                Some(k) if state == "archived" && unrewritten > 0 => {
+                    tx.execute(&retire_now, &[k]).await? == 1
+                }
                 Some(k) if state == "archived" => tx.execute(&retire, &[k]).await? == 1,
                 _ => false,
             };

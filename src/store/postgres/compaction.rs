@@ -51,16 +51,21 @@ fn next_start_sql() -> String {
     )
 }
 
-/// The first bucket at or after `$2` of table `$1` still routed to a retired object: a
-/// compaction moved other partitions out of that segment, and the rows of this one (and the
-/// removed rows beside them) must leave it before garbage collection may delete it. The
-/// retired objects are few (those of the last retirement delay); each is joined to its
-/// buckets by the object-key index (migration 21).
+/// The retired objects that are segments (the predicate of migration 23's partial index,
+/// verbatim): only a segment is shared, so only a retired segment can still be routed to.
+const RETIRED_SEGMENT: &str = "r.object_key LIKE '%/segments/%/s_____-g%/manifest.json'";
+
+/// The first bucket at or after `$2` of table `$1` still routed to a retired segment: a
+/// compaction moved other partitions out of it, and the rows of this one (and the removed
+/// rows beside them) must leave it before garbage collection may delete it. The retired
+/// segments are read from their partial index (migration 23; the retired per-bucket
+/// objects, far more numerous, are not), each joined to its buckets by the object-key
+/// index (migration 21).
 fn retired_start_sql() -> String {
     format!(
         "SELECT m.bucket_start FROM {RETIRED} AS r JOIN {META} AS m \
            ON m.object_key = r.object_key \
-         WHERE m.table_id = $1 AND m.bucket_start >= $2 \
+         WHERE {RETIRED_SEGMENT} AND m.table_id = $1 AND m.bucket_start >= $2 \
            AND m.state = 'archived' AND m.hot_deleted \
          ORDER BY m.bucket_start LIMIT 1"
     )
@@ -72,7 +77,7 @@ fn retired_partitions_sql() -> String {
     format!(
         "SELECT DISTINCT m.partition_key FROM {RETIRED} AS r JOIN {META} AS m \
            ON m.object_key = r.object_key \
-         WHERE m.table_id = $1 AND m.partition_key > $2 \
+         WHERE {RETIRED_SEGMENT} AND m.table_id = $1 AND m.partition_key > $2 \
            AND m.bucket_start >= $3 AND m.bucket_start < $4 \
            AND m.state = 'archived' AND m.hot_deleted \
          ORDER BY m.partition_key LIMIT $5"
@@ -334,7 +339,9 @@ impl Compaction for PgStore {
                     (m.state = 'archived' AND m.hot_deleted) AS ready, \
                     EXISTS (SELECT 1 FROM {MASKS} AS k WHERE k.table_id = m.table_id \
                       AND k.partition_key = m.partition_key AND k.bucket_key = m.bucket_key \
-                      AND k.purged_at IS NULL) AS masked \
+                      AND k.purged_at IS NULL) AS masked, \
+                    EXISTS (SELECT 1 FROM {RETIRED} AS r WHERE r.object_key = m.object_key \
+                      AND {RETIRED_SEGMENT}) AS on_retired \
              FROM {META} AS m JOIN unnest($2::BYTEA[]) AS p(pk) ON m.partition_key = p.pk \
              WHERE m.table_id = $1 AND m.bucket_start >= $3 AND m.bucket_start < $4 \
              ORDER BY m.partition_key, m.bucket_start"
@@ -347,6 +354,8 @@ impl Compaction for PgStore {
                 .query(&sql, &[&table_id.as_str(), &keys, &from, &to])
                 .await?;
             let mut state = WindowState::default();
+            let mut due_now: std::collections::HashSet<PartitionKey> =
+                std::collections::HashSet::new();
             for row in &rows {
                 let bad = |e: tokio_postgres::Error| corrupt("compaction source row", e);
                 let pk: Vec<u8> = row.try_get(0).map_err(bad)?;
@@ -355,8 +364,12 @@ impl Compaction for PgStore {
                 let object_key: Option<String> = row.try_get(3).map_err(bad)?;
                 let ready: bool = row.try_get(4).map_err(bad)?;
                 let masked: bool = row.try_get(5).map_err(bad)?;
+                let on_retired: bool = row.try_get(6).map_err(bad)?;
                 let partition_key =
                     PartitionKey::new(pk).map_err(|e| corrupt("partition key", e))?;
+                if ready && (masked || on_retired) {
+                    due_now.insert(partition_key.clone());
+                }
                 if !ready {
                     if state.not_ready.last() != Some(&partition_key) {
                         state.not_ready.push(partition_key);
@@ -386,13 +399,17 @@ impl Compaction for PgStore {
                     masked,
                 });
             }
-            // A partition with any bucket not ready is left whole for a later pass.
+            // A partition with any bucket not ready is left for a later pass, unless work
+            // that is due at once waits in its ready buckets (see `WindowState`).
             if !state.not_ready.is_empty() {
                 let not_ready: std::collections::HashSet<&PartitionKey> =
                     state.not_ready.iter().collect();
                 let kept = std::mem::take(&mut state.sources)
                     .into_iter()
-                    .filter(|s| !not_ready.contains(&s.bucket.partition_key))
+                    .filter(|s| {
+                        !not_ready.contains(&s.bucket.partition_key)
+                            || due_now.contains(&s.bucket.partition_key)
+                    })
                     .collect();
                 state.sources = kept;
             }

@@ -205,6 +205,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0022_row_masks_unpurged_idx.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 23,
+        name: "retired_segments_idx",
+        sql: include_str!("../../../sql/0023_retired_segments_idx.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a
