@@ -11,10 +11,12 @@
 //! 3. planning time of a one-day query on a table with 10,000 buckets;
 //! 4. an aggregate over 180 archived Parquet buckets (archived by the real
 //!    [`Runner`] into a `file://` archive) against DataFusion's own `ListingTable` over the
-//!    same `payload.parquet` files.
+//!    same `payload.parquet` files;
+//! 5. (`masks`) the hot and the archived page of a table whose archived channel has 400
+//!    deleted or edited rows not yet rewritten, against the same pages of a table without.
 //!
-//! To profile one part alone: `SQL_BENCH=hot,archived,planning,aggregate` picks sections (all
-//! by default), `SQL_BENCH_VARIANTS=adhoc,prepared,plan,head,direct` the variants of the hot
+//! To profile one part alone: `SQL_BENCH=hot,archived,masks,planning,aggregate` picks sections
+//! (all by default), `SQL_BENCH_VARIANTS=adhoc,prepared,plan,head,direct` the variants of the hot
 //! section (all; the figures print only when all ran), `SQL_BENCH_ROUNDS` the rounds of the
 //! hot, archived and planning sections (500) and `SQL_BENCH_AGG_ROUNDS` those of the
 //! aggregate (40).
@@ -37,7 +39,7 @@ use pulpitum::model::{
 };
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
-use pulpitum::store::{Appends, HotStore, Lifecycle, RoutedReads};
+use pulpitum::store::{Appends, Catalog, Changes, HotStore, Lifecycle, RoutedReads};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
@@ -112,6 +114,8 @@ async fn archive_bucket(store: &PgStore, archive: &ArchiveStore, bucket: &Bucket
 async fn main() {
     let schema = format!("bench_sql_{}", rand::random::<u32>());
     let store = Arc::new(PgStore::connect_with_schema(PG_URL, &schema).await.unwrap());
+    // Sessions only check the schema (no start runs DDL but `migrate`).
+    store.migrate().await.unwrap();
     let counter = FaultLayer::new(FaultPlan::new(1));
     let op = opendal::Operator::new(opendal::services::Memory::default())
         .unwrap()
@@ -123,30 +127,10 @@ async fn main() {
     let day0 = EventTime::parse_rfc3339("2025-03-01T00:00:00Z")
         .unwrap()
         .as_micros();
-    // Channel 1: 2,000 messages in one hot day. Channel 2: the same in a day to archive.
-    for ch in [1i64, 2] {
-        let recs: Vec<Record> = (0..2000)
-            .map(|i| record(ch, day0 + i * 30_000_000, i))
-            .collect();
-        for c in recs.chunks(500) {
-            store.append_batch(&table, c).await.unwrap();
-        }
-    }
-    // Channel 1 also has a year of quiet history (one message a day, hot), as a real
-    // channel does: the SQL paths find today's bucket among them; the direct query names it.
-    let history: Vec<Record> = (1..=365)
-        .map(|d| record(1, day0 - d * 86_400_000_000, -d))
-        .collect();
-    store.append_batch(&table, &history).await.unwrap();
-    let archived = BucketId {
-        table_id: table.clone(),
-        partition_key: PartitionKey::new(encode_i64(2).to_vec()).unwrap(),
-        bucket_key: BucketStrategy::CalendarDayUtc.bucket_of(EventTime::from_micros(day0).unwrap()),
-    };
-    archive_bucket(&store, &archive, &archived).await;
+    let archived = load_chat(&store, &archive, &table, day0).await;
 
-    let sections =
-        std::env::var("SQL_BENCH").unwrap_or_else(|_| "hot,archived,planning,aggregate".into());
+    let sections = std::env::var("SQL_BENCH")
+        .unwrap_or_else(|_| "hot,archived,masks,planning,aggregate".into());
     let on = |name: &str| sections.split(',').any(|s| s.trim() == name);
     let n: usize = std::env::var("SQL_BENCH_ROUNDS")
         .ok()
@@ -300,6 +284,10 @@ async fn main() {
         println!("latest 50 from an archived bucket: ad-hoc p50 {arc_p50:?} p99 {arc_p99:?}; prepared p50 {arc_prep_p50:?} p99 {arc_prep_p99:?}; object-store calls per ad-hoc query [write, read, stat, list, delete] = {per_query:?}");
     }
 
+    if on("masks") {
+        masks_bench(&ctx, &store, &archive, day0, n).await;
+    }
+
     // Before `big` is loaded: the aggregate archives every bucket that ends before its
     // cutoff, which would include `big`'s older days.
     if on("aggregate") {
@@ -332,6 +320,117 @@ async fn main() {
     }
 
     store.drop_schema().await.unwrap();
+}
+
+/// Issue 28: do deletes and edits of archived rows (masks, before a rewrite applies them)
+/// slow the pages? Table `chat_m` holds exactly `chat`'s rows (channel 1 hot with its year
+/// of history, channel 2's day archived), then 200 of channel 2's archived rows are deleted
+/// and 200 edited through SQL. The latest 50 of each channel, through prepared statements,
+/// from both tables, interleaved in a fresh random order each round: the hot page of a table
+/// with masks against one without, and the archived page with masks against the same page
+/// without.
+async fn masks_bench(
+    ctx: &SessionContext,
+    store: &Arc<PgStore>,
+    archive: &Arc<ArchiveStore>,
+    day0: i64,
+    n: usize,
+) {
+    create_daily_table(ctx, "chat_m").await;
+    let table = TableId::new("chat_m").unwrap();
+    let archived = load_chat(store, archive, &table, day0).await;
+    for sql in [
+        "DELETE FROM chat_m WHERE channel_id = 2 AND id % 10 = 3",
+        "UPDATE chat_m SET content = 'edited' WHERE channel_id = 2 AND id % 10 = 7",
+    ] {
+        let b = rows_of(ctx, sql).await;
+        let count = b[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+            .unwrap()
+            .value(0);
+        assert_eq!(count, 200, "{sql}");
+    }
+    assert_eq!(store.row_masks(&archived).await.unwrap().len(), 400);
+    let page = |t: &str| {
+        format!("SELECT * FROM {t} WHERE channel_id = $1 ORDER BY timestamp DESC, id DESC LIMIT 50")
+    };
+    let plain = pulpitum::prepared::prepare(ctx, &page("chat"))
+        .await
+        .unwrap();
+    let masked = pulpitum::prepared::prepare(ctx, &page("chat_m"))
+        .await
+        .unwrap();
+    let arg = |ch: i64| [datafusion::scalar::ScalarValue::Int64(Some(ch))];
+    // hot plain, hot masked, archived plain, archived masked
+    let mut times: [Vec<Duration>; 4] = Default::default();
+    let mut order: Vec<usize> = (0..4).collect();
+    for round in 0..n + n / 10 {
+        order.shuffle(&mut rand::rng());
+        for &which in &order {
+            let (q, ch) = match which {
+                0 => (&plain, 1),
+                1 => (&masked, 1),
+                2 => (&plain, 2),
+                _ => (&masked, 2),
+            };
+            let t = Instant::now();
+            let b = q.execute(&arg(ch)).await.unwrap();
+            assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 50);
+            if round >= n / 10 {
+                times[which].push(t.elapsed());
+            }
+        }
+    }
+    let [hp, hm, ap, am] = times.map(percentiles);
+    println!(
+        "masks (400 of an archived channel's 2,000 rows deleted or edited, not rewritten): \
+         hot page p50 {:?} with masks in the table vs {:?} without = {:.2}x (p99 {:?} vs {:?}); \
+         archived page p50 {:?} with masks vs {:?} without = {:.2}x (p99 {:?} vs {:?})",
+        hm.0,
+        hp.0,
+        hm.0.as_secs_f64() / hp.0.as_secs_f64(),
+        hm.1,
+        hp.1,
+        am.0,
+        ap.0,
+        am.0.as_secs_f64() / ap.0.as_secs_f64(),
+        am.1,
+        ap.1
+    );
+}
+
+/// Loads the chat history the hot and archived sections read into `table`: channel 1 has
+/// 2,000 messages in one hot day and a year of quiet history before it (one message a day,
+/// hot), as a real channel does, so the SQL paths find today's bucket among them while the
+/// direct query names it; channel 2 has the same 2,000 in a day that is archived. Returns
+/// channel 2's bucket.
+async fn load_chat(
+    store: &Arc<PgStore>,
+    archive: &Arc<ArchiveStore>,
+    table: &TableId,
+    day0: i64,
+) -> BucketId {
+    for ch in [1i64, 2] {
+        let recs: Vec<Record> = (0..2000)
+            .map(|i| record(ch, day0 + i * 30_000_000, i))
+            .collect();
+        for c in recs.chunks(500) {
+            store.append_batch(table, c).await.unwrap();
+        }
+    }
+    let history: Vec<Record> = (1..=365)
+        .map(|d| record(1, day0 - d * 86_400_000_000, -d))
+        .collect();
+    store.append_batch(table, &history).await.unwrap();
+    let archived = BucketId {
+        table_id: table.clone(),
+        partition_key: PartitionKey::new(encode_i64(2).to_vec()).unwrap(),
+        bucket_key: BucketStrategy::CalendarDayUtc.bucket_of(EventTime::from_micros(day0).unwrap()),
+    };
+    archive_bucket(store, archive, &archived).await;
+    archived
 }
 
 /// Channels, days and rows per bucket of the aggregate benchmark.
