@@ -59,7 +59,11 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// p50 and p99; zeros for a variant that did not run (its ratios then read 0 or inf).
 fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
+    if v.is_empty() {
+        return (Duration::ZERO, Duration::ZERO);
+    }
     v.sort();
     (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
 }
@@ -311,10 +315,19 @@ async fn main() {
 
     let rounds = env_usize("WIRE_BENCH_ROUNDS", 500);
     let mut times: [Vec<Duration>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-    let mut order = [0usize, 1, 2];
+    // `WIRE_BENCH_VARIANTS=prepared,direct` (say) runs a subset, to profile: the ad-hoc
+    // variant's planning shares the server's cores and caches with the others.
+    let names = ["prepared", "direct", "adhoc"];
+    let mut order: Vec<usize> = match std::env::var("WIRE_BENCH_VARIANTS") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|n| names.iter().position(|x| *x == n.trim()))
+            .collect(),
+        Err(_) => vec![0, 1, 2],
+    };
     for round in 0..rounds + rounds / 10 {
         order.shuffle(&mut rand::rng());
-        for v in order {
+        for &v in &order {
             let t = Instant::now();
             match v {
                 0 => assert_eq!(wire.query(&wire_page, &[&1i64]).await.unwrap().len(), 50),
