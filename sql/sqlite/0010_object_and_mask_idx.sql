@@ -7,8 +7,3 @@ CREATE INDEX pulpitum_v4_bucket_metadata_by_object
 CREATE INDEX pulpitum_v4_row_masks_unpurged
     ON pulpitum_v4_row_masks (table_id, partition_key, bucket_key)
     WHERE purged_at IS NULL;
-
--- See the PostgreSQL migration 0023: the retired objects that are segments.
-CREATE INDEX pulpitum_v4_retired_objects_segments
-    ON pulpitum_v4_retired_objects (object_key)
-    WHERE object_key GLOB '*/segments/*/s?????-g*/manifest.json';

@@ -38,7 +38,7 @@ const TO_COMPACT: &str = "state = 'archived' AND hot_deleted = 1 \
      AND NOT (object_key GLOB '*/segments/*/s?????-g*/manifest.json')";
 
 /// The retired objects that are segments (see the PostgreSQL store): the predicate of the
-/// partial index of migration 10, verbatim.
+/// partial index of migration 11, verbatim.
 const RETIRED_SEGMENT: &str = "r.object_key GLOB '*/segments/*/s?????-g*/manifest.json'";
 
 /// The claim columns, in the order [`claim_from`] reads them.

@@ -101,6 +101,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0010_object_and_mask_idx.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 11,
+        name: "retired_segments_idx",
+        sql: include_str!("../../../sql/sqlite/0011_retired_segments_idx.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (
