@@ -927,16 +927,10 @@ async fn deleted_and_edited_archived_rows_are_rewritten_out_of_the_archive() {
         .unwrap();
     assert_eq!(r.masks_forgotten, 12, "{r:?}");
     assert_eq!(s.store.row_masks(&bucket(1, "01")).await.unwrap().len(), 1);
-    let fresh = || async {
-        session(
-            s.store.clone(),
-            s.archive.clone(),
-            SessionOptions::default(),
-        )
-        .await
-        .unwrap()
-    };
-    assert_eq!(answer(fresh().await).await, (expect(&later), vec![1]));
+    assert_eq!(
+        answer(fresh_session(&s).await).await,
+        (expect(&later), vec![1])
+    );
     // The next pass rewrites channel 1; nothing is left to do after it.
     let r = runner.compact_pass().await.unwrap();
     assert_eq!((r.windows, r.buckets), (1, 3), "{r:?}");
@@ -945,7 +939,10 @@ async fn deleted_and_edited_archived_rows_are_rewritten_out_of_the_archive() {
         .await
         .unwrap();
     assert_eq!(r.masks_forgotten, 1, "{r:?}");
-    assert_eq!(answer(fresh().await).await, (expect(&later), vec![1]));
+    assert_eq!(
+        answer(fresh_session(&s).await).await,
+        (expect(&later), vec![1])
+    );
     // The first segment, which held the deleted rows beside channel 1's, is gone with its
     // last route, and no object left holds a deleted row or the old body.
     let first_dir = first.trim_end_matches("manifest.json");

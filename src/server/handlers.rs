@@ -697,11 +697,7 @@ impl ExtendedQueryHandler for Extended {
         self.parser.clone()
     }
 
-    /// pgwire's own `on_bind`, but `BindComplete` is queued rather than flushed: a driver
-    /// sends Bind, Execute and Sync together, and PostgreSQL answers them in one write at
-    /// Sync. Flushing it alone cost every execution of a prepared statement one more write
-    /// on the server and one more wake-up and read on the client (the wire bench saw five
-    /// `sendto` per page instead of three). A `Flush` or `Sync` still sends it.
+    /// Binds a portal; see [`super::execute::bind`] (`BindComplete` queued, not flushed).
     async fn on_bind<C>(
         &self,
         client: &mut C,
@@ -713,37 +709,7 @@ impl ExtendedQueryHandler for Extended {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        use datafusion_postgres::pgwire::api::store::Entry;
-        use datafusion_postgres::pgwire::api::DEFAULT_NAME;
-        use datafusion_postgres::pgwire::messages::extendedquery::BindComplete;
-        use futures::SinkExt;
-        let statement_name = message.statement_name.as_deref().unwrap_or(DEFAULT_NAME);
-        let portal_name = message.portal_name.as_deref().unwrap_or(DEFAULT_NAME);
-        match client.portal_store().get_statement(statement_name) {
-            Some(Entry::Value(statement)) => {
-                let portal = Portal::try_new(&message, statement)?;
-                client.portal_store().put_portal(Arc::new(portal));
-            }
-            Some(Entry::Empty) => {
-                if !message.parameters.is_empty() {
-                    return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
-                        "ERROR".to_owned(),
-                        "08P01".to_owned(),
-                        format!(
-                            "bind message supplies {} parameters, but prepared statement \
-                             {statement_name:?} requires 0",
-                            message.parameters.len(),
-                        ),
-                    ))));
-                }
-                client.portal_store().put_empty_portal(portal_name);
-            }
-            None => return Err(PgWireError::StatementNotFound(statement_name.to_owned())),
-        }
-        client
-            .feed(PgWireBackendMessage::BindComplete(BindComplete::new()))
-            .await?;
-        Ok(())
+        super::execute::bind(client, message).await
     }
 
     async fn on_execute<C>(

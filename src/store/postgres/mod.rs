@@ -73,7 +73,7 @@ mod changes;
 mod claims;
 mod compaction;
 #[doc(hidden)]
-pub use compaction::{retired_work_statements, work_list_statements};
+pub use work_list::{retired_work_statements, work_list_statements};
 mod control;
 mod decode;
 mod lifecycle;
@@ -82,6 +82,7 @@ mod reads;
 pub mod session;
 mod sql;
 mod timeouts;
+mod work_list;
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 16;
