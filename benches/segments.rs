@@ -139,6 +139,7 @@ async fn compact_and_collect(store: &Arc<dyn HotStore>, url: &str) -> (Duration,
     let delays = GcDelays {
         orphans: Duration::ZERO,
         retired: Duration::ZERO,
+        erased: Duration::ZERO,
     };
     collect_garbage_with(&**store, &archive, delays, &ArchiverMetrics::default())
         .await

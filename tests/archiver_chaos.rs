@@ -441,6 +441,7 @@ async fn archivers_survive_kills_faults_and_dropped_connections() {
         pulpitum::archiver::GcDelays {
             orphans: Duration::ZERO,
             retired: Duration::ZERO,
+            erased: Duration::ZERO,
         },
         &pulpitum::archiver::ArchiverMetrics::default(),
     )

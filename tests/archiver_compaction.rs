@@ -228,6 +228,7 @@ async fn sql_sees_every_row_once_while_windows_move_into_segments() {
         GcDelays {
             orphans: Duration::ZERO,
             retired: Duration::ZERO,
+            erased: Duration::ZERO,
         },
         &ArchiverMetrics::default(),
     )
@@ -272,6 +273,7 @@ async fn replaced_objects_outlive_the_switch_by_the_retirement_delay() {
     let delays = GcDelays {
         orphans: Duration::ZERO,
         retired: Duration::from_secs(3600),
+        erased: Duration::from_secs(3600),
     };
     collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
         .await
@@ -735,6 +737,7 @@ async fn partitions_of_several_row_groups_read_back_through_sql() {
             GcDelays {
                 orphans: Duration::ZERO,
                 retired: Duration::ZERO,
+                erased: Duration::ZERO,
             },
             &ArchiverMetrics::default(),
         )
@@ -912,6 +915,7 @@ async fn deleted_and_edited_archived_rows_are_rewritten_out_of_the_archive() {
     let inside = GcDelays {
         orphans: Duration::ZERO,
         retired: Duration::from_secs(3600),
+        erased: Duration::from_secs(3600),
     };
     let r = collect_garbage_with(&*s.store, &s.archive, inside, &ArchiverMetrics::default())
         .await
@@ -921,6 +925,7 @@ async fn deleted_and_edited_archived_rows_are_rewritten_out_of_the_archive() {
     let past = GcDelays {
         orphans: Duration::ZERO,
         retired: Duration::ZERO,
+        erased: Duration::ZERO,
     };
     let r = collect_garbage_with(&*s.store, &s.archive, past, &ArchiverMetrics::default())
         .await
@@ -1077,6 +1082,7 @@ async fn gc_without_delays(s: &Setup) {
     let delays = GcDelays {
         orphans: Duration::ZERO,
         retired: Duration::ZERO,
+        erased: Duration::ZERO,
     };
     collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
         .await

@@ -113,6 +113,7 @@ async fn check_everything_archived(f: &Fixture) {
         GcDelays {
             orphans: Duration::ZERO,
             retired: Duration::ZERO,
+            erased: Duration::ZERO,
         },
         &ArchiverMetrics::default(),
     )

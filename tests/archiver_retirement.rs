@@ -328,55 +328,6 @@ async fn readers_holding_replaced_routes_follow_the_new_route_after_gc() {
     assert!(err.contains("not found") && err.contains(&segment), "{err}");
 }
 
-/// The schema a test database URL selects (`search_path`).
-fn schema_of(db: &str) -> String {
-    db.split("search_path%3D")
-        .nth(1)
-        .and_then(|r| r.split('&').next())
-        .expect("a test database URL names its schema")
-        .to_string()
-}
-
-fn run(cmd: &mut std::process::Command) {
-    let out = cmd
-        .output()
-        .expect("the PostgreSQL client tools are installed");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// docs/backup.md's PostgreSQL backup: `pg_dump -n SCHEMA -Fc` of the schema holding the
-/// `pulpitum_v4_*` tables.
-fn backup(db: &str, file: &std::path::Path) {
-    run(std::process::Command::new("pg_dump")
-        .arg(format!("--dbname={}", pg_base_url()))
-        .args(["-n", &schema_of(db), "-Fc", "-f"])
-        .arg(file));
-}
-
-/// docs/backup.md's restore of it: the schema dropped, then `pg_restore`.
-async fn restore(db: &str, file: &std::path::Path) {
-    let (client, conn) = tokio_postgres::connect(&pg_base_url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!("DROP SCHEMA {} CASCADE", schema_of(db)))
-        .await
-        .unwrap();
-    run(std::process::Command::new("pg_restore")
-        .arg(format!("--dbname={}", pg_base_url()))
-        .arg(file));
-}
-
-/// The embedded store's file in a `sqlite:PATH` URL.
-fn sqlite_path(db: &str) -> Option<&str> {
-    db.strip_prefix("sqlite:")
-}
-
 /// docs/backup.md run end to end: backup, compaction, GC past the delays, restore of the
 /// old backup with every process stopped, then the archivers started again. On
 /// PostgreSQL (`pg_dump`/`pg_restore`) when `embedded` is `None`, else on the embedded
@@ -400,11 +351,13 @@ async fn backup_compact_gc_restore(
         Some(path) => std::path::Path::new(path).with_extension("backup"),
     };
     match sqlite_path(&s.db) {
-        None => backup(&s.db, &dump),
+        None => pg_backup(&s.db, &dump),
         // Safe while the store has the file open (SQLite's online backup).
-        Some(path) => run(std::process::Command::new("sqlite3")
-            .arg(path)
-            .arg(format!(".backup {}", dump.display()))),
+        Some(path) => run_tool(
+            std::process::Command::new("sqlite3")
+                .arg(path)
+                .arg(format!(".backup {}", dump.display())),
+        ),
     }
     let runner = Runner::new(s.store.clone(), s.archive.clone(), config(retention)).unwrap();
     compact(&s, &runner).await;
@@ -420,10 +373,12 @@ async fn backup_compact_gc_restore(
     } = s;
     tokio::time::sleep(Duration::from_millis(200)).await;
     match sqlite_path(&db) {
-        None => restore(&db, &dump).await,
-        Some(path) => run(std::process::Command::new("sqlite3")
-            .arg(path)
-            .arg(format!(".restore {}", dump.display()))),
+        None => pg_restore(&db, &dump).await,
+        Some(path) => run_tool(
+            std::process::Command::new("sqlite3")
+                .arg(path)
+                .arg(format!(".restore {}", dump.display())),
+        ),
     }
     let _ = std::fs::remove_file(&dump);
     let (store, archive, ctx) = connect(&db, &archive_url).await;

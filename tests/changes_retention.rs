@@ -13,17 +13,8 @@ use changes_support::*;
 use datafusion::arrow::array::{Array, StringArray};
 use pulpitum::archive::PayloadFormat;
 use pulpitum::archiver::{collect_garbage_with, ArchiverConfig, ArchiverMetrics, GcDelays, Runner};
-use pulpitum::model::{encode_i64, EventTime, PartitionKey, Record, SortKey};
+use pulpitum::model::EventTime;
 use pulpitum::store::BucketState;
-
-fn record(ch: i64, id: i64, t: i64) -> Record {
-    Record {
-        partition_key: PartitionKey::from_i64(ch),
-        event_time: EventTime::from_micros(t).unwrap(),
-        sort_key: SortKey::new(encode_i64(id).to_vec()).unwrap(),
-        value: format!("m{id}").into_bytes(),
-    }
-}
 
 fn strings(b: &[datafusion::arrow::record_batch::RecordBatch], col: usize) -> Vec<String> {
     b.iter()
@@ -178,6 +169,7 @@ async fn retention(embedded: bool) {
         GcDelays {
             orphans: Duration::ZERO,
             retired: Duration::from_secs(3600),
+            erased: Duration::from_secs(3600),
         },
         &ArchiverMetrics::default(),
     )
@@ -204,6 +196,7 @@ async fn retention(embedded: bool) {
         GcDelays {
             orphans: Duration::ZERO,
             retired: Duration::ZERO,
+            erased: Duration::ZERO,
         },
         &ArchiverMetrics::default(),
     )

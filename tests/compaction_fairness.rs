@@ -507,6 +507,7 @@ async fn an_expired_window_claim_protects_its_segments_for_one_orphan_delay() {
     let delays = pulpitum::archiver::GcDelays {
         orphans: Duration::from_secs(1),
         retired: Duration::ZERO,
+        erased: Duration::ZERO,
     };
     let metrics = pulpitum::archiver::ArchiverMetrics::default();
     let gc = || pulpitum::archiver::collect_garbage_with(&*s.store, &s.archive, delays, &metrics);

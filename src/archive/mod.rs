@@ -28,6 +28,7 @@ use futures::{Stream, TryStreamExt};
 
 use crate::model::{BucketId, ModelError, Record, ScanBounds};
 
+pub mod erasure;
 pub mod faults;
 mod integrity;
 mod json;
@@ -174,6 +175,25 @@ pub enum ArchiveError {
         expected: String,
         /// The value in the manifest.
         actual: String,
+    },
+    /// A record of the erasure log that cannot be read (not JSON, missing fields, a bad
+    /// key or time, a name the log does not use).
+    #[error("invalid erasure log record {key}: {reason}")]
+    InvalidErasureRecord {
+        /// The record's key.
+        key: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// An erasure log record of a version this build does not read (a newer build wrote it).
+    #[error(
+        "erasure log record {key} has version {version}; this build reads version 1 (upgrade it)"
+    )]
+    UnsupportedErasureVersion {
+        /// The record's key.
+        key: String,
+        /// Its version.
+        version: u64,
     },
     /// A manifest that is not valid v4 JSON (missing or unknown fields, bad values).
     #[error("invalid manifest {key}: {reason}")]

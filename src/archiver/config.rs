@@ -234,6 +234,17 @@ impl ArchiverConfig {
             .max(self.backup_retention)
             .saturating_add(CLOCK_SKEW_ALLOWANCE)
     }
+
+    /// How long a retired object that holds erased rows is kept: the readers' bound alone
+    /// (route cache plus statement timeout, plus skew), not the backup retention. A
+    /// hot-store backup restored from before the erasure may then route buckets to an
+    /// object that is gone; the archiver's start repairs those routes from the erasure log
+    /// (`crate::erasure`), so the restore neither loses rows nor brings erased ones back.
+    pub fn erased_retirement_delay(&self) -> Duration {
+        self.reader_route_cache
+            .saturating_add(self.reader_statement_timeout)
+            .saturating_add(CLOCK_SKEW_ALLOWANCE)
+    }
 }
 
 /// The servers' default statement timeout (`PULPITUM_SERVER_STATEMENT_TIMEOUT_MS`).

@@ -24,12 +24,13 @@
 //! since its age from creation says nothing about when readers, or a restored hot-store
 //! backup, stopped naming it; its retired row is forgotten once its objects are gone.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
 use tracing::info;
 
+use crate::archive::erasure::ErasureId;
 use crate::archive::ArchiveStore;
 use crate::store::{BucketFilter, BucketState, HotStore};
 
@@ -78,6 +79,11 @@ pub struct GcDelays {
     /// A retired object must have been retired at least this long (store clock): see
     /// [`super::ArchiverConfig::retirement_delay`].
     pub retired: Duration,
+    /// A retired object that holds erased rows (the erasure log names it) is deleted once
+    /// retired this long, not kept for the backup retention: see
+    /// [`super::ArchiverConfig::erased_retirement_delay`]. An unreferenced one waits the
+    /// longer of this and the orphan delay.
+    pub erased: Duration,
 }
 
 /// One GC pass with the orphan delay `delay` and the default retirement delay
@@ -90,9 +96,11 @@ pub async fn collect_garbage(
     delay: Duration,
     metrics: &ArchiverMetrics,
 ) -> Result<GcReport, ArchiverError> {
+    let defaults = super::ArchiverConfig::with_defaults();
     let delays = GcDelays {
         orphans: delay,
-        retired: super::ArchiverConfig::with_defaults().retirement_delay(),
+        retired: defaults.retirement_delay(),
+        erased: defaults.erased_retirement_delay(),
     };
     collect_garbage_with(store, archive, delays, metrics).await
 }
@@ -145,6 +153,13 @@ pub async fn collect_garbage_with(
             .iter()
             .map(|k| generation_dir(k).to_string()),
     );
+    // Objects that hold erased rows, by directory, with the erasure and manifest key that
+    // name them: retired, they wait only for the readers (`delays.erased`).
+    let erased: HashMap<String, (ErasureId, String)> = crate::erasure::pending_objects(archive)
+        .await?
+        .into_iter()
+        .map(|(key, id)| (generation_dir(&key).to_string(), (id, key)))
+        .collect();
     // Retired objects after routes (see the module comment).
     let store_now = store.now().await?;
     let mut expired: HashSet<String> = HashSet::new();
@@ -153,7 +168,12 @@ pub async fn collect_garbage_with(
         let retired_for = store_now
             .as_micros()
             .saturating_sub(r.retired_at.as_micros());
-        let due = u128::try_from(retired_for).unwrap_or(0) >= delays.retired.as_micros();
+        let delay = if erased.contains_key(generation_dir(&r.object_key)) {
+            delays.erased
+        } else {
+            delays.retired
+        };
+        let due = u128::try_from(retired_for).unwrap_or(0) >= delay.as_micros();
         if due {
             expired.insert(generation_dir(&r.object_key).to_string());
             expired_keys.push(r.object_key);
@@ -166,7 +186,13 @@ pub async fn collect_garbage_with(
         ..GcReport::default()
     };
     let mut left: HashSet<String> = HashSet::new();
+    let log_root = archive.erasure_log_root();
     for obj in objects {
+        // The erasure log is never garbage: it must outlive every restore.
+        if obj.key.starts_with(&log_root) {
+            report.referenced += 1;
+            continue;
+        }
         let dir = generation_dir(&obj.key);
         if protected.contains(dir)
             || window_dir(&obj.key).is_some_and(|w| claimed_windows.contains(w))
@@ -191,6 +217,14 @@ pub async fn collect_garbage_with(
             metrics.retired_deletions.inc();
         }
         info!(key = %obj.key, "deleted unreferenced archive object");
+        if let Some((id, manifest_key)) = erased.get(dir) {
+            if *manifest_key == obj.key {
+                archive
+                    .log_erased_object_deleted(id, &obj.key, Utc::now())
+                    .await?;
+                info!(key = %obj.key, erasure = %id, "deleted an object that held erased rows");
+            }
+        }
         report.deleted += 1;
     }
     // Retired rows whose objects are all gone (deleted now or earlier) are done with.

@@ -124,6 +124,9 @@ pub struct DrainReport {
     pub interrupted: bool,
     /// Buckets past their table's retention removed at the end of the drain.
     pub expired: u64,
+    /// Re-applying the erasure log at the start failed for some erasure (logged; a later
+    /// run tries again).
+    pub erasures_failed: bool,
 }
 
 /// Where the default cutoff reads the time (injectable for tests).
@@ -183,6 +186,7 @@ impl Runner {
         super::GcDelays {
             orphans: self.config.gc_delay,
             retired: self.config.retirement_delay(),
+            erased: self.config.erased_retirement_delay(),
         }
     }
 
@@ -289,6 +293,29 @@ impl Runner {
         report
     }
 
+    /// Re-applies the erasure log ([`crate::erasure::reapply_all`]); whether every erasure
+    /// was re-applied (a failure is logged, and the caller tries again later).
+    pub async fn erasure_pass(&self) -> bool {
+        match crate::erasure::reapply_all(self.store.clone(), self.archive.clone()).await {
+            Ok(r) => {
+                if r.rows_deleted + r.routes_repaired > 0 || r.objects_recorded > 0 {
+                    info!(
+                        erasures = r.erasures,
+                        rows_deleted = r.rows_deleted,
+                        routes_repaired = r.routes_repaired,
+                        objects_recorded = r.objects_recorded,
+                        "erasure log re-applied"
+                    );
+                }
+                r.failed.is_empty()
+            }
+            Err(e) => {
+                warn!(error = %e, "re-applying the erasure log failed; retried at the next cycle");
+                false
+            }
+        }
+    }
+
     /// `--once`: runs batches of at most `scan_limit` items until discovery finds nothing it
     /// has not already tried in this drain, so everything eligible at the start (and every
     /// cleanup that comes due meanwhile) is handled once. A failed item is not retried in
@@ -301,6 +328,7 @@ impl Runner {
         let mut report = DrainReport::default();
         let mut tried: HashSet<(BucketId, WorkKind)> = HashSet::new();
         let mut done_before = 0;
+        report.erasures_failed = !self.erasure_pass().await;
         loop {
             if shutdown.is_cancelled() {
                 report.interrupted = true;
@@ -360,7 +388,13 @@ impl Runner {
         let gc_every = self.config.interval.max(Duration::from_secs(600));
         let mut last_gc: Option<Instant> = None;
         let mut last_compact: Option<Instant> = None;
+        // The erasure log first, at every start (a restored hot store may hold erased rows
+        // again), and at every cycle until a pass has re-applied all of it.
+        let mut erasures_due = true;
         while !shutdown.is_cancelled() {
+            if erasures_due {
+                erasures_due = !self.erasure_pass().await;
+            }
             let mut backlog = false;
             match self.run_cycle(&shutdown, &|_, _| {}).await {
                 Ok(r) if r.discovered > 0 => {
@@ -391,7 +425,9 @@ impl Runner {
                 Ok(_) => {}
                 Err(e) => warn!(error = %e, "retention pass failed"),
             }
-            if last_gc.is_none_or(|t| t.elapsed() >= gc_every) {
+            // Not while the erasure log is not re-applied: after a hot-store restore the
+            // objects its route repair switches to are orphans until it has run.
+            if !erasures_due && last_gc.is_none_or(|t| t.elapsed() >= gc_every) {
                 match super::gc::collect_garbage_with(
                     &*self.store,
                     &self.archive,

@@ -542,7 +542,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         b.finish_and_clear();
     }
     let report = &drained.totals;
-    let mut ok = report.failed == 0 && !drained.interrupted;
+    let mut ok = report.failed == 0 && !drained.interrupted && !drained.erasures_failed;
     eprintln!(
         "pulpitum-archiver: {} batches: discovered {}, archived {}, cleaned {}, deferred {}, skipped {}, interrupted {}, failed {}",
         drained.batches, report.discovered, report.archived, report.cleaned, report.deferred, report.skipped, report.interrupted, report.failed
@@ -574,7 +574,11 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
             }
         }
     }
-    if !args.no_gc {
+    if drained.erasures_failed && !args.no_gc {
+        // After a hot-store restore, the objects the erasure log's route repair switches to
+        // are orphans until it has run: GC waits for it.
+        eprintln!("pulpitum-archiver: GC skipped: the erasure log is not fully re-applied");
+    } else if !args.no_gc {
         match collect_garbage_with(&*store, &archive, runner.gc_delays(), &runner.metrics()).await {
             Ok(gc) => eprintln!(
                 "pulpitum-archiver: GC listed {}, deleted {}, kept {} referenced and {} young",
@@ -606,6 +610,11 @@ fn once_outcome(d: &pulpitum::archiver::DrainReport) -> String {
             "{} buckets refused by the database role's grants (fix the grants: docs/permissions.md, \"Database\")",
             d.totals.denied
         ));
+    }
+    if d.erasures_failed {
+        parts.push(
+            "the erasure log was not fully re-applied (see the warning above; run again)".into(),
+        );
     }
     if d.remaining > 0 {
         parts.push(format!(

@@ -100,6 +100,33 @@ enum Command {
     Migrate,
     /// Serve the tables over the PostgreSQL wire protocol (psql, drivers, BI tools).
     Serve(Box<ServeArgs>),
+    /// Erase rows with proof: request one, show whether it is gone, list them.
+    Erasure {
+        #[command(subcommand)]
+        action: ErasureAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ErasureAction {
+    /// Run one DELETE as an erasure: its row keys are logged in the archive bucket first, then
+    /// the rows are deleted from every tier; prints the erasure's id.
+    Request {
+        /// The DELETE statement, e.g. "DELETE FROM chat WHERE channel_id = 4242".
+        sql: String,
+        /// Your reference for the request (a ticket number; not personal data: it is kept).
+        #[arg(long)]
+        reference: Option<String>,
+    },
+    /// Whether an erasure is complete: every check of its proof; exits 0 when gone, 1 while
+    /// pending.
+    Show {
+        /// The erasure's id (e-YYYYMMDDTHHMMSSZ-xxxxxxxx); none: every erasure in the log
+        /// (exits 0 when all are gone).
+        id: Option<String>,
+    },
+    /// Every erasure in the log.
+    List,
 }
 
 /// `--format` where results are printed (the shell and the demo; not `serve`, whose clients
@@ -454,10 +481,18 @@ fn session_options(cli: &Cli) -> pulpitum::session::SessionOptions {
     }
 }
 
-async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(), String> {
-    use indicatif::{ProgressBar, ProgressStyle};
-    use pulpitum::demo::{self, DemoScale};
-    let (database_url, archive_url) = urls(&cli)?;
+/// The hot store and the archive the URLs name, the store started as every start but
+/// `migrate` starts it (the embedded default migrated, any other checked).
+async fn open_tiers(
+    cli: &Cli,
+) -> Result<
+    (
+        std::sync::Arc<dyn pulpitum::store::HotStore>,
+        std::sync::Arc<pulpitum::archive::ArchiveStore>,
+    ),
+    String,
+> {
+    let (database_url, archive_url) = urls(cli)?;
     // The archive URL first: a refused one must not leave a new database file behind.
     let archive = std::sync::Arc::new(
         pulpitum::archive::ArchiveStore::from_url(&archive_url).map_err(|e| e.to_string())?,
@@ -466,6 +501,13 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
     let (store, _) = pulpitum::store::open_started(&database_url, migrate)
         .await
         .map_err(|e| e.to_string())?;
+    Ok((store, archive))
+}
+
+async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(), String> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use pulpitum::demo::{self, DemoScale};
+    let (store, archive) = open_tiers(&cli).await?;
     let scale = if small {
         DemoScale::SMALL
     } else {
@@ -683,6 +725,39 @@ async fn migrate(cli: &Cli) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// `pulpitum erasure ...` ([`pulpitum::cli::erasure`]); `false` when `show` finds the
+/// erasure still pending.
+async fn erasure(cli: &Cli, action: &ErasureAction) -> Result<bool, String> {
+    let (store, archive) = open_tiers(cli).await?;
+    let (text, ok) = match action {
+        ErasureAction::Request { sql, reference } => {
+            let mut opts = session_options(cli);
+            opts.migrate = false;
+            let ctx = pulpitum::session::session(store, archive, opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            let text = pulpitum::cli::erasure::request(&ctx, sql, reference.as_deref())
+                .await
+                .map_err(|e| e.to_string())?;
+            (text, true)
+        }
+        ErasureAction::Show { id } => pulpitum::cli::erasure::show(store, archive, id.as_deref())
+            .await
+            .map_err(|e| e.to_string())?,
+        ErasureAction::List => (
+            pulpitum::cli::erasure::list(&archive)
+                .await
+                .map_err(|e| e.to_string())?,
+            true,
+        ),
+    };
+    let mut out = pulpitum::cli::stdout();
+    writeln!(out, "{text}")
+        .and_then(|()| out.flush())
+        .map_err(|e| e.to_string())?;
+    Ok(ok)
+}
+
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
@@ -712,8 +787,13 @@ fn main() -> ExitCode {
         eprintln!("Error: -c/--command and -f/--file run statements in the shell; they do not combine with a subcommand");
         return ExitCode::from(pulpitum::cli::EXIT_SETTING);
     }
-    if cli.format.is_some() && matches!(cli.command, Some(Command::Serve(_) | Command::Migrate)) {
-        eprintln!("Error: --format is for results the shell prints; serve and migrate print none");
+    if cli.format.is_some()
+        && matches!(
+            cli.command,
+            Some(Command::Serve(_) | Command::Migrate | Command::Erasure { .. })
+        )
+    {
+        eprintln!("Error: --format is for results the shell prints; serve, migrate and erasure print none");
         return ExitCode::from(pulpitum::cli::EXIT_SETTING);
     }
     // The query limits would be ignored by `migrate`, which runs no query.
@@ -769,6 +849,11 @@ fn main() -> ExitCode {
         }
         Some(Command::Serve(ref args)) => rt.block_on(serve(&cli, args)),
         Some(Command::Migrate) => rt.block_on(migrate(&cli)),
+        Some(Command::Erasure { ref action }) => match rt.block_on(erasure(&cli, action)) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,6 +11,7 @@
 
 use std::io::Write;
 
+pub mod erasure;
 pub mod script;
 
 use crate::store::migrate::Migrated;

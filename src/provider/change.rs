@@ -249,6 +249,23 @@ impl ChangeExec {
                 .await
                 .map_err(|e| DataFusionError::from(ProviderError::from(e)))?;
             let changes = self.read_changes(&ctx).await?;
+            // An erasure logs the keys before they change (crate::erasure), so a statement
+            // that fails from here on is still re-applied by the archiver.
+            if let Some(erasure) = ctx
+                .session_config()
+                .get_extension::<crate::erasure::ErasureContext>()
+            {
+                if self.kind != ChangeKind::Delete {
+                    return Err(ProviderError::InvalidChange(
+                        "an erasure is a DELETE; an UPDATE cannot be one".into(),
+                    )
+                    .into());
+                }
+                erasure
+                    .before_apply(&self.table, &changes)
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            }
             match self.table.apply_changes(read_at, &changes).await {
                 Ok(done) => return Ok(done.total()),
                 Err(TableError::Store(StoreError::ChangeConflict { .. })) if attempt < ATTEMPTS => {

@@ -135,3 +135,56 @@ pub async fn read_bucket(
         }
     }
 }
+
+/// The schema a test database URL selects (`search_path`).
+pub fn schema_of(db: &str) -> String {
+    db.split("search_path%3D")
+        .nth(1)
+        .and_then(|r| r.split('&').next())
+        .expect("a test database URL names its schema")
+        .to_string()
+}
+
+pub fn run_tool(cmd: &mut std::process::Command) {
+    let out = cmd
+        .output()
+        .expect("the PostgreSQL client tools are installed");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// docs/backup.md's PostgreSQL backup: `pg_dump -n SCHEMA -Fc` of the schema holding the
+/// `pulpitum_v4_*` tables.
+pub fn pg_backup(db: &str, file: &std::path::Path) {
+    run_tool(
+        std::process::Command::new("pg_dump")
+            .arg(format!("--dbname={}", pg_base_url()))
+            .args(["-n", &schema_of(db), "-Fc", "-f"])
+            .arg(file),
+    );
+}
+
+/// docs/backup.md's restore of it: the schema dropped, then `pg_restore`.
+pub async fn pg_restore(db: &str, file: &std::path::Path) {
+    let (client, conn) = tokio_postgres::connect(&pg_base_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("DROP SCHEMA {} CASCADE", schema_of(db)))
+        .await
+        .unwrap();
+    run_tool(
+        std::process::Command::new("pg_restore")
+            .arg(format!("--dbname={}", pg_base_url()))
+            .arg(file),
+    );
+}
+
+/// The embedded store's file in a `sqlite:PATH` URL.
+pub fn sqlite_path(db: &str) -> Option<&str> {
+    db.strip_prefix("sqlite:")
+}

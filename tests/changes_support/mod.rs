@@ -19,12 +19,27 @@ use pulpitum::store::{BucketFilter, BucketState, HotStore};
 use tokio_util::sync::CancellationToken;
 
 pub const DAY_US: i64 = 86_400_000_000;
+
+/// Message `id` of channel `ch` at `t` (µs), with the body `m<id>`.
+pub fn record(ch: i64, id: i64, t: i64) -> pulpitum::model::Record {
+    use pulpitum::model::{encode_i64, PartitionKey, Record, SortKey};
+    Record {
+        partition_key: PartitionKey::from_i64(ch),
+        event_time: EventTime::from_micros(t).unwrap(),
+        sort_key: SortKey::new(encode_i64(id).to_vec()).unwrap(),
+        value: format!("m{id}").into_bytes(),
+    }
+}
 pub const START: &str = "2021-03-01T00:00:00Z";
 
 /// `(channel, id) -> (event time in µs, content)`: what the table must answer.
 pub type Model = BTreeMap<(i64, i64), (i64, String)>;
 
 pub struct Env {
+    /// The hot store's URL.
+    pub db: String,
+    /// The archive's URL.
+    pub archive_url: String,
     pub store: Arc<dyn HotStore>,
     pub archive: Arc<ArchiveStore>,
     pub ctx: SessionContext,
@@ -49,6 +64,8 @@ impl Env {
         };
         let ctx = session(store.clone(), archive.clone(), opts).await.unwrap();
         let env = Self {
+            db,
+            archive_url,
             store,
             archive,
             ctx,
