@@ -433,6 +433,20 @@ impl ArchiveStore {
     /// One erasure, read whole from the log. [`ArchiveError::NotFound`] when it has no
     /// request record.
     pub async fn read_erasure(&self, id: &ErasureId) -> Result<ErasureEntry, ArchiveError> {
+        self.read_erasure_with(id, true).await
+    }
+
+    /// One erasure without its keys (`keys` left empty): what garbage collection needs on
+    /// every pass, without reading up to tens of thousands of keys per erasure.
+    pub async fn read_erasure_objects(&self, id: &ErasureId) -> Result<ErasureEntry, ArchiveError> {
+        self.read_erasure_with(id, false).await
+    }
+
+    async fn read_erasure_with(
+        &self,
+        id: &ErasureId,
+        with_keys: bool,
+    ) -> Result<ErasureEntry, ArchiveError> {
         let dir = self.erasure_key(id, "");
         let entries: Vec<opendal::Entry> = self
             .op
@@ -480,6 +494,9 @@ impl ArchiveStore {
         let mut deleted = BTreeMap::new();
         for name in names {
             if name.starts_with("keys-") && name.ends_with(".json") {
+                if !with_keys {
+                    continue;
+                }
                 let (key, bytes) = read(name).await?;
                 let record: KeysRecord = parse_record(&key, &bytes)?;
                 for k in record.keys {
@@ -592,6 +609,11 @@ mod tests {
         assert_eq!(e.objects.as_deref().unwrap().len(), 1);
         assert_eq!(e.deleted.len(), 1);
         assert_eq!(a.erasure_ids().await.unwrap(), vec![id.clone()]);
+        // What GC reads every pass: the objects and deletions, not the keys.
+        let light = a.read_erasure_objects(&id).await.unwrap();
+        assert!(light.keys.is_empty());
+        assert_eq!(light.objects, e.objects);
+        assert_eq!(light.deleted, e.deleted);
 
         // A record of a newer version is refused by name, not misread.
         let key = a.erasure_key(&id, "keys-3.json");

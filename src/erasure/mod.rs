@@ -363,7 +363,7 @@ pub async fn pending_objects(
 ) -> Result<HashMap<String, ErasureId>, ArchiveError> {
     let mut out = HashMap::new();
     for id in archive.erasure_ids().await? {
-        let entry = archive.read_erasure(&id).await?;
+        let entry = archive.read_erasure_objects(&id).await?;
         for object in entry.objects.unwrap_or_default() {
             if !entry.deleted.contains_key(&object) {
                 out.entry(object).or_insert_with(|| id.clone());
