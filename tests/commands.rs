@@ -2,12 +2,13 @@
 //! before or after a subcommand, output into a closed pipe, the exit status of a refused
 //! setting, and errors and help that say what to do.
 
+use std::path::Path;
 use std::process::Command;
 
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::{archiver, seeded_store, NOWHERE};
+use cli::{archiver, archiver_in, seeded_store, NOWHERE};
 
 /// `policy` changes what the store holds and what `policy show` prints; bad options, values
 /// and tables fail with exit code 2 and a line naming what was wrong, and change nothing;
@@ -274,26 +275,215 @@ fn connection_and_archive_errors_name_what_to_fix() {
     assert!(err.contains("write file:///tmp/relative"), "{err}");
 }
 
-/// The help says what the program accepts: every database form, the cleanup delay's real
-/// range.
+/// The help says what the program accepts: every database form, in both binaries; the
+/// cleanup delay's real range.
 #[test]
 fn help_lists_what_is_accepted() {
-    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum-archiver"))
-        .arg("--help")
+    let help = |bin: &str, args: &[&str]| {
+        let out = Command::new(bin).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).replace(char::is_whitespace, "")
+    };
+    for bin in [
+        env!("CARGO_BIN_EXE_pulpitum-archiver"),
+        env!("CARGO_BIN_EXE_pulpitum"),
+    ] {
+        let help = help(bin, &["--help"]);
+        for form in [
+            "postgres://",
+            "postgresql://",
+            "key=valuestring",
+            "sqlite:PATH",
+            "sqlite://PATH",
+            "sqlite::memory:",
+            ".db,.sqliteor.sqlite3",
+        ] {
+            assert!(
+                help.contains(form),
+                "{bin}: --database-url help lacks {form}"
+            );
+        }
+        for form in ["s3://", "file:///", "memory://"] {
+            assert!(
+                help.contains(form),
+                "{bin}: --archive-url help lacks {form}"
+            );
+        }
+    }
+    let archiver = help(env!("CARGO_BIN_EXE_pulpitum-archiver"), &["--help"]);
+    assert!(archiver.contains("0to604800"), "cleanup delay range");
+    assert!(!archiver.contains("route-cacheTTL") && !archiver.contains("atleastthereaders"));
+}
+
+/// A subcommand's help offers only the flags it takes: the global flags it refuses (the
+/// query limits and the archive URL for `migrate`, the archive URL for `policy`) are not
+/// listed, though the top-level help lists them.
+#[test]
+fn a_subcommands_help_leaves_out_the_flags_it_refuses() {
+    let help = |bin: &str, args: &[&str]| {
+        let out = Command::new(bin).args(args).output().unwrap();
+        assert!(out.status.success(), "{bin} {args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shell = env!("CARGO_BIN_EXE_pulpitum");
+    let archiver = env!("CARGO_BIN_EXE_pulpitum-archiver");
+    let top = help(shell, &["--help"]);
+    for flag in [
+        "--max-rows",
+        "--max-bytes",
+        "--max-duration-ms",
+        "--archive-url",
+    ] {
+        assert!(top.contains(flag), "pulpitum --help lacks {flag}");
+    }
+    for (bin, args, refused) in [
+        (
+            shell,
+            &["migrate", "--help"][..],
+            &[
+                "--max-rows",
+                "--max-bytes",
+                "--max-duration-ms",
+                "--archive-url",
+            ][..],
+        ),
+        (archiver, &["migrate", "--help"], &["--archive-url"]),
+        (archiver, &["policy", "show", "--help"], &["--archive-url"]),
+        (archiver, &["policy", "--help"], &["--archive-url"]),
+    ] {
+        let text = help(bin, args);
+        assert!(text.contains("--database-url"), "{args:?}: {text}");
+        for flag in refused {
+            assert!(!text.contains(flag), "{bin} {args:?} lists {flag}: {text}");
+        }
+    }
+    assert!(help(shell, &["serve", "--help"]).contains("--max-rows"));
+}
+
+/// `--archive-url` with a subcommand that never opens the archive (`migrate` in both
+/// binaries, `policy`) is refused, exit 2, with the same line wherever it is typed: before
+/// or after the subcommand.
+#[test]
+fn an_archive_url_is_refused_where_it_would_be_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = seeded_store(&dir.path().join("p.db"));
+    let run = |bin: &str, args: &[&str]| {
+        let out = Command::new(bin)
+            .args(args)
+            .env_remove("PULPITUM_DATABASE_URL")
+            .env_remove("PULPITUM_ARCHIVE_URL")
+            .env("PULPITUM_LOG", "error")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let a = "--archive-url";
+    let m = "memory://";
+    let archiver_line = "--archive-url is for a run (without a subcommand)";
+    let shell_line = "--archive-url names the archive; migrate touches only the hot store";
+    for (bin, args, line) in [
+        (
+            env!("CARGO_BIN_EXE_pulpitum-archiver"),
+            &[a, m, "policy", "show", "--database-url", &url][..],
+            archiver_line,
+        ),
+        (
+            env!("CARGO_BIN_EXE_pulpitum-archiver"),
+            &["policy", "show", a, m, "--database-url", &url],
+            archiver_line,
+        ),
+        (
+            env!("CARGO_BIN_EXE_pulpitum-archiver"),
+            &[a, m, "migrate", "--database-url", &url],
+            archiver_line,
+        ),
+        (
+            env!("CARGO_BIN_EXE_pulpitum-archiver"),
+            &["migrate", a, m, "--database-url", &url],
+            archiver_line,
+        ),
+        (
+            env!("CARGO_BIN_EXE_pulpitum"),
+            &[a, m, "migrate", "--database-url", &url],
+            shell_line,
+        ),
+        (
+            env!("CARGO_BIN_EXE_pulpitum"),
+            &["migrate", a, m, "--database-url", &url],
+            shell_line,
+        ),
+    ] {
+        let (code, err) = run(bin, args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(line), "{args:?}: {err}");
+    }
+    // The query limits likewise, after `migrate` or before it.
+    for args in [
+        &["migrate", "--max-rows", "5", "--database-url", &url][..],
+        &["--max-bytes", "5", "migrate", "--database-url", &url],
+    ] {
+        let (code, err) = run(env!("CARGO_BIN_EXE_pulpitum"), args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("queries; migrate runs none"),
+            "{args:?}: {err}"
+        );
+    }
+    let (code, err) = run(
+        env!("CARGO_BIN_EXE_pulpitum"),
+        &["migrate", "--database-url", &url],
+    );
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// A configuration the shell cannot start with (an archive "URL" that is a path, an embedded
+/// store that does not exist, a refused connection) exits 2 before any work, as the
+/// archiver does for the same refusals; a statement that fails exits 1.
+#[test]
+fn the_shell_and_the_archiver_exit_2_for_the_same_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.db");
+    let missing = missing.to_str().unwrap();
+    for (db, archive, needle) in [
+        (
+            "sqlite::memory:",
+            "/tmp/relative",
+            "write file:///tmp/relative",
+        ),
+        (missing, "memory://", "no embedded store at"),
+        (NOWHERE, "memory://", "Connection refused"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+            .current_dir(dir.path())
+            .args(["--database-url", db, "--archive-url", archive])
+            .args(["-c", "SELECT 1"])
+            .env("PULPITUM_LOG", "error")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "pulpitum {db} {archive}: {err}");
+        assert!(err.contains(needle), "{err}");
+        let (code, err) = archiver_in(
+            Some(dir.path()),
+            &["--once", "--database-url", db, "--archive-url", archive],
+            &[],
+        );
+        assert_eq!(code, 2, "pulpitum-archiver {db} {archive}: {err}");
+        assert!(err.contains(needle), "{err}");
+    }
+    assert!(!Path::new(missing).exists(), "no start creates the store");
+    let out = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args([
+            "--database-url",
+            "sqlite::memory:",
+            "--archive-url",
+            "memory://",
+        ])
+        .args(["-c", "SELECT * FROM nothing_here"])
+        .env("PULPITUM_LOG", "error")
         .output()
         .unwrap();
-    let help = String::from_utf8_lossy(&out.stdout).replace(char::is_whitespace, "");
-    for form in [
-        "postgres://",
-        "postgresql://",
-        "key=valuestring",
-        "sqlite:PATH",
-        "sqlite://PATH",
-        "sqlite::memory:",
-        ".db,.sqliteor.sqlite3",
-    ] {
-        assert!(help.contains(form), "--database-url help lacks {form}");
-    }
-    assert!(help.contains("0to604800"), "cleanup delay range");
-    assert!(!help.contains("route-cacheTTL") && !help.contains("atleastthereaders"));
+    assert_eq!(out.status.code(), Some(1));
 }

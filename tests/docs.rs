@@ -13,7 +13,8 @@
 //!   `pulpitum` and `pulpitum-archiver` first on `PATH`; each command must be one the harness
 //!   can run (the binaries and a few shell tools), so a block calling `psql`, `curl` or
 //!   `kubectl` must be marked. ` ```console `: `$ ` lines are commands, the lines after each
-//!   are its expected output (standard output and error together, any exit status).
+//!   are its expected output (standard output and error together), and a last line
+//!   `(exit N)` is its exit status; a command without one must exit 0.
 //! - ` ```text output ` / ` ```text error ` right after a run block: what that block prints
 //!   on standard output, or the error it must fail with (standard error, non-zero exit).
 //!   Whitespace is collapsed before comparing, and `...` stands for any text (times,
@@ -219,6 +220,78 @@ fn matches(expected: &str, actual: &str) -> bool {
     true
 }
 
+/// One `$ ` command of a `console` block: what the docs show it printing and its exit
+/// status (a last line `(exit N)`; none: 0).
+#[derive(Debug, PartialEq)]
+struct ConsoleStep {
+    command: String,
+    output: String,
+    status: i32,
+}
+
+/// The commands of a `console` block, each with its documented output and exit status.
+fn console_steps(text: &str) -> Vec<ConsoleStep> {
+    let mut steps: Vec<ConsoleStep> = Vec::new();
+    for line in text.lines() {
+        if let Some(command) = line.strip_prefix("$ ") {
+            steps.push(ConsoleStep {
+                command: command.to_string(),
+                output: String::new(),
+                status: 0,
+            });
+        } else if let Some(step) = steps.last_mut() {
+            let status = line
+                .trim()
+                .strip_prefix("(exit ")
+                .and_then(|r| r.strip_suffix(')'))
+                .and_then(|n| n.parse().ok());
+            match status {
+                Some(n) => step.status = n,
+                None => {
+                    step.output.push_str(line);
+                    step.output.push('\n');
+                }
+            }
+        }
+    }
+    steps
+}
+
+/// The marker the console script prints after each command, followed by its exit status.
+const EXIT_MARKER: &str = "@@pulpitum-docs-exit ";
+
+/// A bash script running each command in order (in the same shell, so `cd` and `export`
+/// carry over), its standard error into its standard output, and printing after each the
+/// marker and the command's exit status; a failing command does not stop the script (`-e`
+/// does not apply to the left of `&&`).
+fn console_script(steps: &[ConsoleStep]) -> String {
+    steps
+        .iter()
+        .map(|s| {
+            format!(
+                "{{ {}\n}} 2>&1 && status=0 || status=$?; echo \"{EXIT_MARKER}$status\"\n",
+                s.command
+            )
+        })
+        .collect()
+}
+
+/// What each command of a console script printed, and its exit status.
+fn console_outcomes(stdout: &str) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    let mut printed = String::new();
+    for line in stdout.lines() {
+        match line.strip_prefix(EXIT_MARKER) {
+            Some(n) => out.push((std::mem::take(&mut printed), n.parse().unwrap_or(-1))),
+            None => {
+                printed.push_str(line);
+                printed.push('\n');
+            }
+        }
+    }
+    out
+}
+
 /// Counts of what the harness did, printed at the end.
 #[derive(Default, Debug)]
 struct Counts {
@@ -380,30 +453,31 @@ fn every_fenced_block_of_the_docs_runs_or_is_marked() {
                     let sb = sandbox.get_or_insert_with(Sandbox::new);
                     if console {
                         counts.console += 1;
-                        let o = sb.bash(
-                            &format!(
-                                "{{ {}\n}} 2>&1 || true",
-                                b.text
-                                    .lines()
-                                    .map(|l| l
-                                        .strip_prefix("$ ")
-                                        .map_or_else(|| format!("# {l}"), str::to_string,))
-                                    .collect::<Vec<_>>()
-                                    .join("\n")
-                            ),
-                            "",
-                        );
-                        let expected: String = b
-                            .text
-                            .lines()
-                            .map(|l| if l.starts_with("$ ") { "...\n" } else { l })
-                            .collect::<Vec<_>>()
-                            .join("\n");
-                        if !matches(&expected, &o.stdout) {
+                        let steps = console_steps(&b.text);
+                        let o = sb.bash(&console_script(&steps), "");
+                        let ran = console_outcomes(&o.stdout);
+                        if ran.len() != steps.len() {
                             fail!(format!(
-                                "printed something else.\n--- docs:\n{}\n--- actual:\n{}",
-                                b.text, o.stdout
+                                "ran {} of {} commands: {}{}",
+                                ran.len(),
+                                steps.len(),
+                                o.stdout,
+                                o.stderr
                             ));
+                            continue;
+                        }
+                        for (step, (printed, status)) in steps.iter().zip(&ran) {
+                            if *status != step.status {
+                                fail!(format!(
+                                    "`{}` exited {status}, the docs show {}:\n{printed}",
+                                    step.command, step.status
+                                ));
+                            } else if !matches(&step.output, printed) {
+                                fail!(format!(
+                                    "`{}` printed something else.\n--- docs:\n{}\n--- actual:\n{printed}",
+                                    step.command, step.output
+                                ));
+                            }
                         }
                     } else {
                         counts.sh += 1;
@@ -462,6 +536,26 @@ fn the_parser_reads_info_strings_continuations_and_programs() {
     assert_eq!(programs(&lines[0]), vec!["pulpitum"]);
     assert_eq!(programs(&lines[1]), vec!["echo", "head", "curl"]);
     assert_eq!(programs("pulpitum -c 'SELECT 1 | psql'"), vec!["pulpitum"]);
+    let steps = console_steps("$ a\nx\n(exit 2)\n$ b\n");
+    assert_eq!(
+        steps,
+        vec![
+            ConsoleStep {
+                command: "a".into(),
+                output: "x\n".into(),
+                status: 2
+            },
+            ConsoleStep {
+                command: "b".into(),
+                output: String::new(),
+                status: 0
+            }
+        ]
+    );
+    assert_eq!(
+        console_outcomes(&format!("x\n{EXIT_MARKER}2\n{EXIT_MARKER}0\n")),
+        vec![("x\n".to_string(), 2), (String::new(), 0)]
+    );
     assert!(matches("a ... c", "x a  b\n c"));
     assert!(!matches("a ... c", "c b a"));
 }

@@ -211,9 +211,10 @@ async fn scenario(names: &Names, archive: &str) {
         .await
         .expect("the documented roles and schema");
 
-    // Before the owner migrates, no other start runs, and each names the step.
+    // Before the owner migrates, no other start runs (exit 2, a refusal before any work, in
+    // both binaries), and each names the step.
     let (code, _, err) = shell(names, "pulpitum_owner", archive, &["-c", "SELECT 1"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(
         err.contains(&format!(
             "no Pulpitum schema yet: schema \"{}\", the first on this role's search path",
@@ -223,7 +224,7 @@ async fn scenario(names: &Names, archive: &str) {
     );
     // A role that may not use the schema yet is told what it lacks.
     let (code, _, err) = shell(names, "pulpitum_app", archive, &["-c", "SELECT 1"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("no schema on this role's search path"),
         "{err}"
@@ -247,7 +248,7 @@ async fn scenario(names: &Names, archive: &str) {
         .expect("the documented grants");
     // Nor may anyone but the owner migrate (no CREATE on the schema).
     let (code, _, err) = shell(names, "pulpitum_app", archive, &["migrate"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("permission denied during migrate"), "{err}");
     // The roles really are without DDL rights.
     for r in ["pulpitum_reader", "pulpitum_app", "pulpitum_archiver"] {
@@ -588,7 +589,7 @@ async fn schema_version_checks(names: &Names, archive: &str, owner: &tokio_postg
         .await
         .unwrap();
     let (code, _, err) = shell(names, "pulpitum_reader", archive, &["-c", "SELECT 1"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(
         err.contains(&format!("migration {last} ("))
             && err.contains("is not applied")
@@ -614,7 +615,7 @@ async fn schema_version_checks(names: &Names, archive: &str, owner: &tokio_postg
         .await
         .unwrap();
     let (code, _, err) = shell(names, "pulpitum_reader", archive, &["-c", "SELECT 1"]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(
         err.contains(&format!(
             "requires a pulpitum build with schema version {future} or later"

@@ -38,8 +38,10 @@ pub struct ArchiverConfig {
     pub format: PayloadFormat,
     /// Orphaned objects younger than this are never deleted; above [`Self::min_gc_delay`].
     pub gc_delay: Duration,
-    /// How long after publication the hot rows are kept, so readers that cached the old
-    /// route finish; at least the readers' archived-route cache bound.
+    /// How long after publication the hot rows are kept: a margin for a reader in the middle
+    /// of a hot page when publication commits, and for operators reading the hot table
+    /// directly. Not needed for routed reads (a hot page is read with its route in one
+    /// statement, and only archived routes are cached), so any value from 0 is accepted.
     pub cleanup_delay: Duration,
     /// The readers' archived-route cache bound (`RouteCacheConfig::ttl`, 60 s in the
     /// binaries): part of [`Self::retirement_delay`].

@@ -28,16 +28,23 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Archives eligible Pulpitum buckets to object storage"
 )]
 struct Args {
-    /// Hot store: postgres://..., postgresql://..., a PostgreSQL key=value string (host=... dbname=...), sqlite:PATH, sqlite://PATH, sqlite::memory: or a file path containing '/' or ending in .db, .sqlite or .sqlite3 (an existing file; `migrate` creates one). Default: the embedded store in ./pulpitum-data.
     #[arg(
         long,
         env = "PULPITUM_DATABASE_URL",
         hide_env_values = true,
-        global = true
+        global = true,
+        help = pulpitum::cli::DATABASE_URL_HELP
     )]
     database_url: Option<String>,
-    /// Archive URL: s3://bucket/prefix, file:///absolute/path or memory://. Default: ./pulpitum-data/archive.
-    #[arg(long, env = "PULPITUM_ARCHIVE_URL", hide_env_values = true)]
+    // Global, like in `pulpitum`, so that typed after a subcommand it is parsed and refused
+    // by the same check as before it (`policy` and `migrate` never open the archive).
+    #[arg(
+        long,
+        env = "PULPITUM_ARCHIVE_URL",
+        hide_env_values = true,
+        global = true,
+        help = pulpitum::cli::ARCHIVE_URL_HELP
+    )]
     archive_url: Option<String>,
     /// RFC 3339 cutoff: a bucket is eligible when bucket_end <= this. Default: January 1 of the previous UTC year, recomputed every cycle.
     #[arg(long, env = "ARCHIVER_ELIGIBLE_BEFORE", allow_hyphen_values = true)]
@@ -726,20 +733,20 @@ async fn wait_for_signal() {
 #[tokio::main]
 async fn main() -> ExitCode {
     let command = Args::command();
-    let matches = command.clone().get_matches();
+    // `--archive-url` is global (see `Args`) but refused by both subcommands: not in their help.
+    let matches =
+        pulpitum::cli::hide_globals_in(command.clone(), &["migrate", "policy"], &["archive_url"])
+            .get_matches();
     let args = match Args::from_arg_matches(&matches) {
         Ok(a) => a,
         Err(e) => e.exit(),
     };
     pulpitum::cli::quiet_broken_pipes();
-    // `policy` and `migrate` use the URLs and the log format; a run's flags typed with them
-    // would be ignored, so they are refused.
+    // `policy` and `migrate` use the database URL and the log format; a run's flags (and the
+    // archive URL, which neither opens) typed with them would be ignored, so they are
+    // refused, before or after the subcommand.
     if args.command.is_some() {
-        let stray = pulpitum::cli::flags_given(
-            &command,
-            &matches,
-            &["database_url", "archive_url", "log_format"],
-        );
+        let stray = pulpitum::cli::flags_given(&command, &matches, &["database_url", "log_format"]);
         if !stray.is_empty() {
             eprintln!(
                 "pulpitum-archiver: {} {} for a run (without a subcommand); `policy` and `migrate` take --database-url and --log-format",

@@ -31,20 +31,20 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "pulpitum", version, about)]
 struct Cli {
-    /// Hot store: postgres://..., a PostgreSQL key=value string, sqlite:PATH, or a file path containing '/' or ending in .db, .sqlite or .sqlite3.
     #[arg(
         long,
         env = "PULPITUM_DATABASE_URL",
         global = true,
-        hide_env_values = true
+        hide_env_values = true,
+        help = pulpitum::cli::DATABASE_URL_HELP
     )]
     database_url: Option<String>,
-    /// Archive URL: s3://bucket/prefix, file:///abs/path or memory://.
     #[arg(
         long,
         env = "PULPITUM_ARCHIVE_URL",
         global = true,
-        hide_env_values = true
+        hide_env_values = true,
+        help = pulpitum::cli::ARCHIVE_URL_HELP
     )]
     archive_url: Option<String>,
     /// Output format of query results [default: table].
@@ -490,21 +490,19 @@ async fn open_tiers(
         std::sync::Arc<dyn pulpitum::store::HotStore>,
         std::sync::Arc<pulpitum::archive::ArchiveStore>,
     ),
-    String,
+    Failure,
 > {
-    let (database_url, archive_url) = urls(cli)?;
+    let (database_url, archive_url) = setting(urls(cli))?;
     // The archive URL first: a refused one must not leave a new database file behind.
-    let archive = std::sync::Arc::new(
-        pulpitum::archive::ArchiveStore::from_url(&archive_url).map_err(|e| e.to_string())?,
-    );
+    let archive = std::sync::Arc::new(setting(pulpitum::archive::ArchiveStore::from_url(
+        &archive_url,
+    ))?);
     let migrate = pulpitum::defaults::start_migrates(cli.database_url.as_deref());
-    let (store, _) = pulpitum::store::open_started(&database_url, migrate)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (store, _) = setting(pulpitum::store::open_started(&database_url, migrate).await)?;
     Ok((store, archive))
 }
 
-async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(), String> {
+async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(), Failure> {
     use indicatif::{ProgressBar, ProgressStyle};
     use pulpitum::demo::{self, DemoScale};
     let (store, archive) = open_tiers(&cli).await?;
@@ -587,7 +585,7 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
     if no_shell {
         return Ok(());
     }
-    shell.interactive_or_stdin().await
+    Ok(shell.interactive_or_stdin().await?)
 }
 
 /// `pulpitum serve`: the session of the shell, over the PostgreSQL wire protocol, until
@@ -689,12 +687,10 @@ async fn wait_for_stop_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-async fn run(cli: Cli, format: Format) -> Result<(), String> {
-    let (database_url, archive_url) = urls(&cli)?;
+async fn run(cli: Cli, format: Format) -> Result<(), Failure> {
+    let (database_url, archive_url) = setting(urls(&cli))?;
     let opts = session_options(&cli);
-    let ctx = pulpitum::session::connect_with(&database_url, &archive_url, opts)
-        .await
-        .map_err(|e| e.to_string())?;
+    let ctx = setting(pulpitum::session::connect_with(&database_url, &archive_url, opts).await)?;
     let mut shell = Shell {
         ctx,
         format,
@@ -711,7 +707,7 @@ async fn run(cli: Cli, format: Format) -> Result<(), String> {
     if scripted {
         return Ok(());
     }
-    shell.interactive_or_stdin().await
+    Ok(shell.interactive_or_stdin().await?)
 }
 
 /// `pulpitum migrate`: the same step as `pulpitum-archiver migrate` ([`pulpitum::cli::migrate`]).
@@ -727,7 +723,7 @@ async fn migrate(cli: &Cli) -> Result<(), String> {
 
 /// `pulpitum erasure ...` ([`pulpitum::cli::erasure`]); `false` when `show` finds the
 /// erasure still pending.
-async fn erasure(cli: &Cli, action: &ErasureAction) -> Result<bool, String> {
+async fn erasure(cli: &Cli, action: &ErasureAction) -> Result<bool, Failure> {
     let (store, archive) = open_tiers(cli).await?;
     let (text, ok) = match action {
         ErasureAction::Request { sql, reference } => {
@@ -758,8 +754,32 @@ async fn erasure(cli: &Cli, action: &ErasureAction) -> Result<bool, String> {
     Ok(ok)
 }
 
+/// Why a command failed: before any work (a store or archive that cannot be opened, a
+/// server setting), exiting [`pulpitum::cli::EXIT_SETTING`] as the archiver does, or in the
+/// work itself (a statement), exiting 1.
+enum Failure {
+    Setting(String),
+    Work(String),
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self {
+        Failure::Work(e)
+    }
+}
+
+/// Marks an error met before any work as a refused setting.
+fn setting<T, E: std::fmt::Display>(r: Result<T, E>) -> Result<T, Failure> {
+    r.map_err(|e| Failure::Setting(e.to_string()))
+}
+
+/// The global flags `migrate` refuses (it runs no query and never opens the archive), so its
+/// help does not list them.
+const NOT_FOR_MIGRATE: [&str; 4] = ["max_rows", "max_bytes", "max_duration_ms", "archive_url"];
+
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let matches = pulpitum::cli::hide_globals_in(Cli::command(), &["migrate"], &NOT_FOR_MIGRATE)
+        .get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => e.exit(),
@@ -796,24 +816,31 @@ fn main() -> ExitCode {
         eprintln!("Error: --format is for results the shell prints; serve, migrate and erasure print none");
         return ExitCode::from(pulpitum::cli::EXIT_SETTING);
     }
-    // The query limits would be ignored by `migrate`, which runs no query.
+    // The query limits and the archive URL would be ignored by `migrate`, which runs no query
+    // and touches only the hot store: refused, typed before or after it.
     if let Some(("migrate", sub)) = matches.subcommand() {
         use clap::parser::ValueSource;
-        let stray: Vec<String> = ["max_rows", "max_bytes", "max_duration_ms"]
-            .into_iter()
-            .filter(|id| {
-                [&matches, sub]
-                    .iter()
-                    .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
-            })
-            .map(|id| format!("--{}", id.replace('_', "-")))
+        let typed = |id: &str| {
+            [&matches, sub]
+                .iter()
+                .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
+        };
+        let flag = |id: &str| format!("--{}", id.replace('_', "-"));
+        let limits: Vec<String> = NOT_FOR_MIGRATE[..3]
+            .iter()
+            .filter(|id| typed(id))
+            .map(|id| flag(id))
             .collect();
-        if !stray.is_empty() {
-            let verb = if stray.len() == 1 { "limits" } else { "limit" };
+        if !limits.is_empty() {
+            let verb = if limits.len() == 1 { "limits" } else { "limit" };
             eprintln!(
                 "Error: {} {verb} queries; migrate runs none",
-                stray.join(", ")
+                limits.join(", ")
             );
+            return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+        }
+        if typed("archive_url") {
+            eprintln!("Error: --archive-url names the archive; migrate touches only the hot store");
             return ExitCode::from(pulpitum::cli::EXIT_SETTING);
         }
     }
@@ -847,8 +874,10 @@ fn main() -> ExitCode {
             let format = format.or(cli.format).unwrap_or(Format::Table);
             rt.block_on(demo(cli, small, no_shell, format))
         }
-        Some(Command::Serve(ref args)) => rt.block_on(serve(&cli, args)),
-        Some(Command::Migrate) => rt.block_on(migrate(&cli)),
+        // Everything `serve` can fail at comes before it serves; `migrate` is the archiver's
+        // function, and exits as `pulpitum-archiver migrate` does.
+        Some(Command::Serve(ref args)) => setting(rt.block_on(serve(&cli, args))),
+        Some(Command::Migrate) => setting(rt.block_on(migrate(&cli))),
         Some(Command::Erasure { ref action }) => match rt.block_on(erasure(&cli, action)) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(1),
@@ -857,7 +886,11 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Err(Failure::Setting(e)) => {
+            eprintln!("Error: {e}");
+            ExitCode::from(pulpitum::cli::EXIT_SETTING)
+        }
+        Err(Failure::Work(e)) => {
             eprintln!("Error: {e}");
             ExitCode::FAILURE
         }

@@ -18,9 +18,17 @@ use crate::store::migrate::Migrated;
 use crate::store::StoreError;
 
 /// The exit status of a setting refused before any work (an invalid `PULPITUM_LOG` or
-/// `--log-format`, a bad archiver setting), in both binaries: 2, as clap exits for a flag
-/// it refuses.
+/// `--log-format`, a bad archiver setting, a flag the subcommand would ignore, an archive URL
+/// or hot store that cannot be opened), in both binaries: 2, as clap exits for a flag it
+/// refuses. A failure in the work itself (a statement, a failed bucket) exits 1.
 pub const EXIT_SETTING: u8 = 2;
+
+/// `--database-url`'s help, one text for both binaries: each accepts every form the store
+/// opens, so each help lists them all.
+pub const DATABASE_URL_HELP: &str = "Hot store: postgres://..., postgresql://..., a PostgreSQL key=value string (host=... dbname=...), sqlite:PATH, sqlite://PATH, sqlite::memory: or a file path containing '/' or ending in .db, .sqlite or .sqlite3 (an existing file; `migrate` creates one). Default: the embedded store in ./pulpitum-data.";
+
+/// `--archive-url`'s help, one text for both binaries.
+pub const ARCHIVE_URL_HELP: &str = "Archive URL: s3://bucket/prefix, file:///absolute/path or memory://. Give both URLs or neither; neither: the embedded default, ./pulpitum-data/archive.";
 
 /// Why `migrate` failed.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +90,24 @@ pub fn flags_given(
             None => a.get_id().to_string(),
         })
         .collect()
+}
+
+/// `cmd` with the global flags `ids` hidden from the help of the subcommands `subs` and of
+/// theirs: a subcommand refuses the global flags it would ignore (see [`flags_given`]), so
+/// its help must not offer them. A subcommand gets a hidden copy of each flag; clap copies a
+/// global flag into a subcommand only where none of that name exists, and the copy, global
+/// too, passes on to the subcommand's own subcommands. Parsing still accepts the flags, so
+/// the refusal, not clap, answers them wherever they are typed.
+pub fn hide_globals_in(mut cmd: clap::Command, subs: &[&str], ids: &[&str]) -> clap::Command {
+    let hidden: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| ids.contains(&a.get_id().as_str()))
+        .map(|a| a.clone().hide(true))
+        .collect();
+    for sub in subs {
+        cmd = cmd.mut_subcommand(sub, |s| s.args(hidden.clone()));
+    }
+    cmd
 }
 
 /// Standard output that ends the process by SIGPIPE when the reader has gone (see

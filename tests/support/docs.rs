@@ -53,13 +53,15 @@ pub struct Sandbox {
     path: String,
     /// `--database-url ... --archive-url ...` (empty: the embedded default).
     pub store_args: String,
+    /// `--database-url ...` alone, for `migrate`, which refuses an archive URL.
+    db_args: String,
     /// The S3 variables a PostgreSQL-and-S3 sandbox passes on.
     env: Vec<(String, String)>,
 }
 
 impl Sandbox {
     pub fn new() -> Self {
-        Self::with_store(String::new(), Vec::new())
+        Self::with_store(String::new(), String::new(), Vec::new())
     }
 
     /// A sandbox on the real PostgreSQL (a fresh schema) and S3 (a fresh prefix).
@@ -76,16 +78,15 @@ impl Sandbox {
             })
             .collect();
         Self::with_store(
-            format!(
-                "--database-url {} --archive-url {}",
-                quoted(&db),
-                quoted(&archive)
-            ),
+            format!("--database-url {}", quoted(&db)),
+            format!("--archive-url {}", quoted(&archive)),
             env,
         )
     }
 
-    pub fn with_store(store_args: String, env: Vec<(String, String)>) -> Self {
+    /// A sandbox on the store `db_args` names (empty: the embedded default), with the archive
+    /// `archive_args` names.
+    fn with_store(db_args: String, archive_args: String, env: Vec<(String, String)>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("bin");
         let cwd = dir.path().join("work");
@@ -102,12 +103,13 @@ impl Sandbox {
             _dir: dir,
             cwd,
             path,
-            store_args,
+            store_args: format!("{db_args} {archive_args}"),
+            db_args,
             env,
         };
         // The state every page assumes: the store migrated, with the README's table.
         for script in [
-            format!("pulpitum {} migrate", sandbox.store_args),
+            format!("pulpitum {} migrate", sandbox.db_args),
             format!(
                 "pulpitum {} -c \"CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
                  OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')\"",
