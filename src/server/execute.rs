@@ -175,16 +175,19 @@ where
                 None => break,
             }
         }
+        // Queued, not flushed: like PostgreSQL, the answer to Execute goes out with the
+        // ReadyForQuery of the Sync (or at a Flush). A flush here made every page two writes
+        // and woke the client twice (`perf trace` of the wire bench: 3,470 bytes, then 6).
         if more {
             *held = PortalExecutionState::Suspended(response);
             client
-                .send(PgWireBackendMessage::PortalSuspended(PortalSuspended::new()))
+                .feed(PgWireBackendMessage::PortalSuspended(PortalSuspended::new()))
                 .await?;
         } else {
             *held = PortalExecutionState::Finished;
             let tag = Tag::new(&response.command_tag).with_rows(rows);
             client
-                .send(PgWireBackendMessage::CommandComplete(tag.into()))
+                .feed(PgWireBackendMessage::CommandComplete(tag.into()))
                 .await?;
         }
     }

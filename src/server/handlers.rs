@@ -17,11 +17,7 @@
 //! cancel token, and pgwire writes rows as the socket takes them.
 
 use std::fmt::Debug;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -49,15 +45,13 @@ use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::data::DataRow;
 use datafusion_postgres::pgwire::messages::PgWireBackendMessage;
 use datafusion_postgres::{DfSessionService, Parser, QueryHook};
-use futures::{Sink, Stream, StreamExt};
-use tokio::time::{Instant, Sleep};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use futures::{Sink, StreamExt};
 
 use super::conn::ConnState;
 use super::guard::{self, authorize, Role};
 use super::hooks::{Guard, Unhandled};
+use super::limits::{bound_rows, bounded, deadline};
 use super::memory::QueryPool;
-use super::vars;
 use super::Shared;
 use crate::control::{ControlHandle, ControlStatement};
 use crate::lru::Lru;
@@ -70,7 +64,7 @@ const PREPARED_PER_CONNECTION: usize = 64;
 /// cursor hook's downcast stays valid).
 pub(super) type DfStatement = (String, Option<(Statement, LogicalPlan)>);
 
-fn error(severity: &str, code: &str, message: String) -> PgWireError {
+pub(super) fn error(severity: &str, code: &str, message: String) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
         severity.into(),
         code.into(),
@@ -249,107 +243,6 @@ impl ConnSession {
             .expect("prepared lock")
             .insert(key, p.clone());
         Ok(p)
-    }
-}
-
-/// The deadline of a statement that starts now: the server's timeout, or the client's own
-/// `SET statement_timeout` when that is shorter (a client may tighten, never loosen it).
-fn deadline(server: Option<Duration>, client: &impl ClientInfo) -> Option<(Instant, Duration)> {
-    let own = client
-        .metadata()
-        .get(vars::TIMEOUT_KEY)
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map(Duration::from_millis);
-    let limit = match (server, own) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    limit.map(|d| (Instant::now() + d, d))
-}
-
-fn timed_out(limit: Duration) -> PgWireError {
-    error(
-        "ERROR",
-        "57014",
-        format!(
-            "canceling statement due to statement timeout ({} ms)",
-            limit.as_millis()
-        ),
-    )
-}
-
-fn cancelled() -> PgWireError {
-    error(
-        "ERROR",
-        "57014",
-        "canceling statement due to user request".into(),
-    )
-}
-
-/// Runs a statement's work inside its deadline and its cancel token.
-async fn bounded<T>(
-    deadline: Option<(Instant, Duration)>,
-    token: &CancellationToken,
-    work: impl Future<Output = PgWireResult<T>>,
-) -> PgWireResult<T> {
-    let sleep = async {
-        match deadline {
-            Some((at, _)) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        r = work => r,
-        _ = token.cancelled() => Err(cancelled()),
-        _ = sleep => Err(timed_out(deadline.map(|d| d.1).unwrap_or_default())),
-    }
-}
-
-/// A response's rows, ended by the statement's deadline or cancel token with 57014.
-struct BoundedRows {
-    rows: Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>,
-    sleep: Option<(Pin<Box<Sleep>>, Duration)>,
-    cancel: Pin<Box<WaitForCancellationFutureOwned>>,
-    done: bool,
-}
-
-impl Stream for BoundedRows {
-    type Item = PgWireResult<DataRow>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        if this.done {
-            return Poll::Ready(None);
-        }
-        if this.cancel.as_mut().poll(cx).is_ready() {
-            this.done = true;
-            return Poll::Ready(Some(Err(cancelled())));
-        }
-        if let Some((sleep, limit)) = &mut this.sleep {
-            if sleep.as_mut().poll(cx).is_ready() {
-                this.done = true;
-                return Poll::Ready(Some(Err(timed_out(*limit))));
-            }
-        }
-        let next = this.rows.as_mut().poll_next(cx);
-        if let Poll::Ready(Some(Err(_)) | None) = &next {
-            this.done = true;
-        }
-        next
-    }
-}
-
-/// Bounds the rows of every query response by the statement's deadline and token.
-fn bound_rows(r: &mut Response, deadline: Option<(Instant, Duration)>, token: &CancellationToken) {
-    if let Response::Query(q) = r {
-        let rows = std::mem::replace(&mut q.data_rows, Box::pin(futures::stream::empty()));
-        q.data_rows = Box::pin(BoundedRows {
-            rows,
-            sleep: deadline.map(|(at, limit)| (Box::pin(tokio::time::sleep_until(at)), limit)),
-            cancel: Box::pin(token.clone().cancelled_owned()),
-            done: false,
-        });
     }
 }
 

@@ -36,6 +36,7 @@ pub mod guard;
 mod handlers;
 mod handshake;
 mod hooks;
+mod limits;
 pub mod memory;
 mod params;
 mod retained;
