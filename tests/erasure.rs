@@ -17,7 +17,7 @@ use archiver_support::{pg_backup, pg_restore, run_tool, schema_of};
 use changes_support::*;
 use pulpitum::archive::PayloadFormat;
 use pulpitum::archiver::{collect_garbage_with, ArchiverConfig, ArchiverMetrics, GcDelays, Runner};
-use pulpitum::erasure::{ErasureId, ObjectState};
+use pulpitum::erasure::{ErasedKey, ErasureId, ObjectState};
 use pulpitum::model::EventTime;
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::table::DurableTable;
@@ -118,6 +118,43 @@ async fn erasure(embedded: bool) {
     // channels off the segments), GC deletes the retired objects that held erased rows.
     let runner = Runner::new(env.store.clone(), env.archive.clone(), config()).unwrap();
     assert!(runner.erasure_pass().await, "nothing to re-apply yet");
+
+    // A row written afterwards under an erased row's key, with other content, is not the
+    // erased row: the re-apply leaves it (break-it finding: it was deleted at every start).
+    let june = t0 + 93 * DAY_US;
+    let mut again = record(1, 10_930, june);
+    again.value = b"written after the erasure".to_vec();
+    env.store.append_batch(&env.table, &[again]).await.unwrap();
+    let mut with_new = model.clone();
+    with_new.insert((1, 10_930), (june, "written after the erasure".into()));
+    // A request that failed (keys logged, no `applied.json`) is not re-applied, and a file
+    // beside the log's folders stops nothing (break-it findings).
+    let failed = ErasureId::generate(chrono::Utc::now());
+    env.archive
+        .log_erasure_request(&failed, &env.table, None, chrono::Utc::now())
+        .await
+        .unwrap();
+    let (&(ch, id), &(t, _)) = model.iter().next().unwrap();
+    env.archive
+        .log_erased_keys(&failed, 1, &[ErasedKey::of(&record(ch, id, t))])
+        .await
+        .unwrap();
+    env.archive
+        .operator()
+        .write(
+            &format!("{}README.txt", env.archive.erasure_log_root()),
+            b"notes".to_vec(),
+        )
+        .await
+        .unwrap();
+    assert!(runner.erasure_pass().await);
+    assert_same(
+        &env.dump().await,
+        &with_new,
+        "after a pass with a later row and a failed request",
+    );
+    let incomplete = report(&env, &failed).await;
+    assert!(!incomplete.is_gone(), "a failed request is never proven");
     for _ in 0..4 {
         let c = runner.compact_pass().await.unwrap();
         assert_eq!(c.failed, 0, "{c:?}");
@@ -173,7 +210,7 @@ async fn erasure(embedded: bool) {
         .await
         .unwrap()
         .contains(&receipt.id));
-    assert_same(&env.dump().await, &model, "after the rewrite and GC");
+    assert_same(&env.dump().await, &with_new, "after the rewrite and GC");
 
     // The old backup restored, every process stopped first.
     let Env {

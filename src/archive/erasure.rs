@@ -10,10 +10,12 @@
 //! Per erasure `ID` (`e-YYYYMMDDTHHMMSSZ-xxxxxxxx`):
 //! - `erasures/ID/request.json`: the table, the operator's reference and the time;
 //! - `erasures/ID/keys-N.json`: the keys (partition, event time, sort key) of the rows the
-//!   attempt N of the statement changed, written before the change is applied, so an
-//!   erasure that fails half-way is still re-applied; never a row's value;
+//!   attempt N of the statement changed, written before the change is applied, with a
+//!   SHA-256 of each erased value (never the value itself);
 //! - `erasures/ID/objects.json`: the archive objects (manifest keys) that held an erased row
 //!   when the statement had been applied: what must be gone before the erasure is complete;
+//! - `erasures/ID/applied.json`: the request completed (written last); an erasure without it
+//!   failed, and is neither re-applied nor proven;
 //! - `erasures/ID/deleted-HASH.json`: when garbage collection deleted one of those objects.
 
 use std::collections::BTreeMap;
@@ -84,6 +86,29 @@ pub struct ErasedKey {
     pub event_time: EventTime,
     /// The row's sort key.
     pub sort_key: SortKey,
+    /// SHA-256 of the erased value: a row written later under the same key with other
+    /// content is not the erased row, and the re-apply leaves it alone.
+    pub value_sha256: [u8; 32],
+}
+
+impl ErasedKey {
+    /// The key of `record`, erased with the value it holds.
+    pub fn of(record: &crate::model::Record) -> Self {
+        Self {
+            partition_key: record.partition_key.clone(),
+            event_time: record.event_time,
+            sort_key: record.sort_key.clone(),
+            value_sha256: Sha256::digest(&record.value).into(),
+        }
+    }
+
+    /// Whether `record` is this erased row: the same key and the erased value.
+    pub fn matches(&self, record: &crate::model::Record) -> bool {
+        self.event_time == record.event_time
+            && self.sort_key == record.sort_key
+            && self.partition_key == record.partition_key
+            && <[u8; 32]>::from(Sha256::digest(&record.value)) == self.value_sha256
+    }
 }
 
 /// An erasure as the log holds it.
@@ -104,6 +129,10 @@ pub struct ErasureEntry {
     pub objects: Option<Vec<String>>,
     /// When garbage collection deleted each of those objects, as far as it recorded.
     pub deleted: BTreeMap<String, DateTime<Utc>>,
+    /// Whether the request completed (its `DELETE` applied and its objects recorded). An
+    /// erasure whose request failed is neither re-applied nor proven: its operator saw the
+    /// failure and no id.
+    pub applied: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -122,6 +151,7 @@ struct KeyRecord {
     partition_key: String,
     event_time_us: i64,
     sort_key: String,
+    value_sha256: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -139,6 +169,15 @@ struct ObjectsRecord {
     erasure_id: String,
     recorded_at: String,
     objects: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppliedRecord {
+    version: u32,
+    erasure_id: String,
+    rows: u64,
+    applied_at: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -185,6 +224,11 @@ fn parse_record<T: for<'de> Deserialize<'de>>(key: &str, bytes: &[u8]) -> Result
 }
 
 impl ArchiveStore {
+    #[cfg(test)]
+    fn erasure_key_root_file(&self, name: &str) -> String {
+        self.rooted(&format!("{ERASURES_DIR}{name}"))
+    }
+
     fn erasure_key(&self, id: &ErasureId, name: &str) -> String {
         self.rooted(&format!("{ERASURES_DIR}{id}/{name}"))
     }
@@ -261,6 +305,7 @@ impl ArchiveStore {
                     partition_key: k.partition_key.to_hex(),
                     event_time_us: k.event_time.as_micros(),
                     sort_key: hex::encode(k.sort_key.as_bytes()),
+                    value_sha256: hex::encode(k.value_sha256),
                 })
                 .collect(),
         };
@@ -287,6 +332,25 @@ impl ArchiveStore {
         };
         let bytes = serde_json::to_vec_pretty(&record).expect("serialisable");
         self.put_once(&self.erasure_key(id, "objects.json"), bytes)
+            .await
+    }
+
+    /// Records that the request completed: its `DELETE` applied (`rows` deleted) and its
+    /// objects recorded. Written last.
+    pub async fn log_erasure_applied(
+        &self,
+        id: &ErasureId,
+        rows: u64,
+        at: DateTime<Utc>,
+    ) -> Result<(), ArchiveError> {
+        let record = AppliedRecord {
+            version: ERASURE_LOG_VERSION,
+            erasure_id: id.to_string(),
+            rows,
+            applied_at: time_text(at),
+        };
+        let bytes = serde_json::to_vec_pretty(&record).expect("serialisable");
+        self.put_once(&self.erasure_key(id, "applied.json"), bytes)
             .await
     }
 
@@ -327,6 +391,55 @@ impl ArchiveStore {
         &self,
         bucket: &BucketId,
     ) -> Result<Vec<(String, RouteManifest)>, ArchiveError> {
+        let (own, segments) = self.bucket_dirs(bucket);
+        let mut out = Vec::new();
+        for key in self.manifests_under(&own).await? {
+            let m = self.open_route(&key, bucket).await?;
+            out.push((key, m));
+        }
+        for key in self.manifests_under(&segments).await? {
+            let m = self.read_segment_manifest(&key).await?;
+            if m.entry_for(&key, bucket).is_ok() {
+                out.push((key, RouteManifest::Segment(m)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Directories (with a trailing `/`) where `bucket`'s objects are written that hold files
+    /// but no `manifest.json`: uploads a crash or an abandoned compaction left, whose bytes
+    /// may hold the bucket's rows and cannot be read as an archive. (An unfinished multipart
+    /// upload is not listed by the object store at all.)
+    pub async fn unmanifested_dirs_of_bucket(
+        &self,
+        bucket: &BucketId,
+    ) -> Result<Vec<String>, ArchiveError> {
+        let (own, segments) = self.bucket_dirs(bucket);
+        let mut out = Vec::new();
+        for dir in [own, segments] {
+            let entries: Vec<opendal::Entry> = self
+                .op
+                .lister_with(&dir)
+                .recursive(true)
+                .await
+                .map_err(|e| ArchiveError::storage("list", &dir, e))?
+                .try_collect()
+                .await
+                .map_err(|e| ArchiveError::storage("list", &dir, e))?;
+            let mut dirs: BTreeMap<String, bool> = BTreeMap::new();
+            for e in entries.iter().filter(|e| e.metadata().is_file()) {
+                if let Some((d, name)) = e.path().rsplit_once('/') {
+                    *dirs.entry(format!("{d}/")).or_default() |= name == "manifest.json";
+                }
+            }
+            out.extend(dirs.into_iter().filter(|(_, m)| !m).map(|(d, _)| d));
+        }
+        Ok(out)
+    }
+
+    /// The two directories a bucket's objects are written under: its own (every generation)
+    /// and its compaction window's segments.
+    fn bucket_dirs(&self, bucket: &BucketId) -> (String, String) {
         let own = format!(
             "{}/",
             self.rooted(&format!(
@@ -341,18 +454,7 @@ impl ArchiveStore {
             bucket.table_id,
             bucket.bucket_key.window()
         ));
-        let mut out = Vec::new();
-        for key in self.manifests_under(&own).await? {
-            let m = self.open_route(&key, bucket).await?;
-            out.push((key, m));
-        }
-        for key in self.manifests_under(&segments).await? {
-            let m = self.read_segment_manifest(&key).await?;
-            if m.entry_for(&key, bucket).is_ok() {
-                out.push((key, RouteManifest::Segment(m)));
-            }
-        }
-        Ok(out)
+        (own, segments)
     }
 
     /// Manifest keys under a directory, sorted.
@@ -416,6 +518,13 @@ impl ArchiveStore {
         for e in entries {
             let name = e.path().trim_start_matches(&root).trim_end_matches('/');
             if name.is_empty() {
+                continue;
+            }
+            // The log is directories, one per erasure; a file beside them (a README someone
+            // copied there) is not part of it, and must not stop GC and every archiver
+            // start. Said, and left alone.
+            if e.metadata().is_file() {
+                tracing::warn!(key = %e.path(), "a file in the erasure log's folder that is not part of the log; ignored");
                 continue;
             }
             ids.push(ErasureId::parse(name).map_err(|_| {
@@ -492,6 +601,7 @@ impl ArchiveStore {
         let mut keys = Vec::new();
         let mut objects = None;
         let mut deleted = BTreeMap::new();
+        let mut applied = false;
         for name in names {
             if name.starts_with("keys-") && name.ends_with(".json") {
                 if !with_keys {
@@ -509,6 +619,10 @@ impl ArchiveStore {
                             hex::decode(&k.sort_key).map_err(|e| invalid(&key, e))?,
                         )
                         .map_err(|e| invalid(&key, e))?,
+                        value_sha256: hex::decode(&k.value_sha256)
+                            .ok()
+                            .and_then(|d| <[u8; 32]>::try_from(d).ok())
+                            .ok_or_else(|| invalid(&key, "value_sha256 is not 64 hex digits"))?,
                     });
                 }
             } else if name == "objects.json" {
@@ -516,6 +630,11 @@ impl ArchiveStore {
                 let record: ObjectsRecord = parse_record(&key, &bytes)?;
                 parse_time(&key, &record.recorded_at)?;
                 objects = Some(record.objects);
+            } else if name == "applied.json" {
+                let (key, bytes) = read(name).await?;
+                let record: AppliedRecord = parse_record(&key, &bytes)?;
+                parse_time(&key, &record.applied_at)?;
+                applied = true;
             } else if name.starts_with("deleted-") && name.ends_with(".json") {
                 let (key, bytes) = read(name).await?;
                 let record: DeletedRecord = parse_record(&key, &bytes)?;
@@ -537,6 +656,7 @@ impl ArchiveStore {
             keys,
             objects,
             deleted,
+            applied,
         })
     }
 }
@@ -578,6 +698,7 @@ mod tests {
             partition_key: PartitionKey::from_hex(p).unwrap(),
             event_time: EventTime::from_micros(t).unwrap(),
             sort_key: SortKey::new(s.to_vec()).unwrap(),
+            value_sha256: Sha256::digest(s).into(),
         };
         a.log_erased_keys(&id, 1, &[k("01", 5, b"a"), k("01", 4, b"b")])
             .await
@@ -608,6 +729,14 @@ mod tests {
         );
         assert_eq!(e.objects.as_deref().unwrap().len(), 1);
         assert_eq!(e.deleted.len(), 1);
+        assert!(!e.applied, "no applied record yet");
+        a.log_erasure_applied(&id, 3, at).await.unwrap();
+        let e = a.read_erasure(&id).await.unwrap();
+        assert!(e.applied);
+        // A stray file beside the log's folders is ignored, not an error.
+        a.op.write(&a.erasure_key_root_file("README.txt"), b"notes".to_vec())
+            .await
+            .unwrap();
         assert_eq!(a.erasure_ids().await.unwrap(), vec![id.clone()]);
         // What GC reads every pass: the objects and deletions, not the keys.
         let light = a.read_erasure_objects(&id).await.unwrap();

@@ -298,12 +298,11 @@ impl Runner {
     pub async fn erasure_pass(&self) -> bool {
         match crate::erasure::reapply_all(self.store.clone(), self.archive.clone()).await {
             Ok(r) => {
-                if r.rows_deleted + r.routes_repaired > 0 || r.objects_recorded > 0 {
+                if r.rows_deleted + r.routes_repaired > 0 {
                     info!(
                         erasures = r.erasures,
                         rows_deleted = r.rows_deleted,
                         routes_repaired = r.routes_repaired,
-                        objects_recorded = r.objects_recorded,
                         "erasure log re-applied"
                     );
                 }

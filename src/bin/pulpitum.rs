@@ -119,7 +119,7 @@ enum ErasureAction {
         reference: Option<String>,
     },
     /// Whether an erasure is complete: every check of its proof; exits 0 when gone, 1 while
-    /// pending.
+    /// pending, 2 on an error (an unknown id, an unreadable log).
     Show {
         /// The erasure's id (e-YYYYMMDDTHHMMSSZ-xxxxxxxx); none: every erasure in the log
         /// (exits 0 when all are gone).
@@ -878,10 +878,12 @@ fn main() -> ExitCode {
         // function, and exits as `pulpitum-archiver migrate` does.
         Some(Command::Serve(ref args)) => setting(rt.block_on(serve(&cli, args))),
         Some(Command::Migrate) => setting(rt.block_on(migrate(&cli))),
+        // 0 gone (or done), 1 pending, 2 anything that failed: a script waiting for `show`
+        // must not loop on a typo.
         Some(Command::Erasure { ref action }) => match rt.block_on(erasure(&cli, action)) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(1),
-            Err(e) => Err(e),
+            Err(Failure::Setting(e) | Failure::Work(e)) => Err(Failure::Setting(e)),
         },
     };
     match result {

@@ -109,6 +109,7 @@ async fn show_one(
                 deleted_at: Some(t),
             } => format!("absent (checked now); deleted at {}", t.to_rfc3339()),
             ObjectState::Absent { deleted_at: None } => "absent (checked now)".to_string(),
+            ObjectState::Unverified => "stored upload without a manifest".to_string(),
         };
         let _ = writeln!(out, "    {key}: {text}");
     }
@@ -139,12 +140,17 @@ pub async fn list(archive: &ArchiveStore) -> Result<String, ErasureError> {
         let e = archive.read_erasure(&id).await?;
         let _ = writeln!(
             out,
-            "{}  {}  {}  {} rows  {}",
+            "{}  {}  {}  {} rows  {}{}",
             e.id,
             e.requested_at.to_rfc3339(),
             e.table_id,
             e.keys.len(),
-            e.reference.as_deref().unwrap_or("-")
+            e.reference.as_deref().unwrap_or("-"),
+            if e.applied {
+                ""
+            } else {
+                "  (incomplete: the request failed)"
+            }
         );
     }
     Ok(out.trim_end().to_string())

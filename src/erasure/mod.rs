@@ -102,8 +102,9 @@ impl ErasureContext {
     }
 
     /// Logs the keys `changes` is about to delete from `table`, create-once, before they are
-    /// applied: a statement that fails after this point is still re-applied by the next
-    /// archiver start, so the log never misses a row the store deleted.
+    /// applied, so the log never misses a row the store deleted. Only a request that
+    /// completes (`applied.json`) is re-applied: one that failed was reported to its
+    /// operator with no id, and must be run again.
     pub async fn before_apply(
         &self,
         table: &DurableTable,
@@ -123,10 +124,13 @@ impl ErasureContext {
         }
         let keys: Vec<ErasedKey> = changes
             .iter()
-            .map(|c| ErasedKey {
-                partition_key: c.partition_key.clone(),
-                event_time: c.event_time,
-                sort_key: c.sort_key.clone(),
+            .map(|c| {
+                ErasedKey::of(&crate::model::Record {
+                    partition_key: c.partition_key.clone(),
+                    event_time: c.event_time,
+                    sort_key: c.sort_key.clone(),
+                    value: c.old_value.clone(),
+                })
             })
             .collect();
         let attempt = self
@@ -218,6 +222,11 @@ pub async fn request(
         .archive()
         .log_erased_objects(&id, &objects, Utc::now())
         .await?;
+    // Last: only a request that got this far is re-applied and proven.
+    table
+        .archive()
+        .log_erasure_applied(&id, rows, Utc::now())
+        .await?;
     Ok(ErasureReceipt {
         id,
         table_id: def.table_id,
@@ -273,9 +282,9 @@ pub(crate) async fn readable_rows(
     keys: &[ErasedKey],
 ) -> Result<Vec<crate::model::Record>, ErasureError> {
     use futures::StreamExt;
-    let wanted: std::collections::HashSet<(i64, &[u8])> = keys
+    let wanted: HashMap<(i64, &[u8]), &ErasedKey> = keys
         .iter()
-        .map(|k| (k.event_time.as_micros(), k.sort_key.as_bytes()))
+        .map(|k| ((k.event_time.as_micros(), k.sort_key.as_bytes()), k))
         .collect();
     let mut chunks = table.scan_bucket(
         bucket.clone(),
@@ -293,7 +302,12 @@ pub(crate) async fn readable_rows(
     let mut out = Vec::new();
     while let Some(chunk) = chunks.next().await {
         for r in crate::model::batch_to_records(&chunk?.batch)? {
-            if wanted.contains(&(r.event_time.as_micros(), r.sort_key.as_bytes())) {
+            // The erased row itself: the same key and the erased value, not a row written
+            // under its key afterwards.
+            let erased = wanted
+                .get(&(r.event_time.as_micros(), r.sort_key.as_bytes()))
+                .is_some_and(|k| k.matches(&r));
+            if erased {
                 out.push(r);
             }
         }
@@ -309,9 +323,9 @@ pub(crate) async fn erased_rows_in(
     bucket: &BucketId,
     keys: &[ErasedKey],
 ) -> Result<usize, ArchiveError> {
-    let wanted: HashMap<(i64, &[u8]), ()> = keys
+    let wanted: HashMap<(i64, &[u8]), &ErasedKey> = keys
         .iter()
-        .map(|k| ((k.event_time.as_micros(), k.sort_key.as_bytes()), ()))
+        .map(|k| ((k.event_time.as_micros(), k.sort_key.as_bytes()), k))
         .collect();
     let req = ArchiveScan {
         bounds: covering(keys),
@@ -329,7 +343,10 @@ pub(crate) async fn erased_rows_in(
             key: bucket.to_string(),
             reason: e.to_string(),
         })? {
-            if wanted.contains_key(&(r.event_time.as_micros(), r.sort_key.as_bytes())) {
+            if wanted
+                .get(&(r.event_time.as_micros(), r.sort_key.as_bytes()))
+                .is_some_and(|k| k.matches(&r))
+            {
                 found += 1;
             }
         }
@@ -364,6 +381,9 @@ pub async fn pending_objects(
     let mut out = HashMap::new();
     for id in archive.erasure_ids().await? {
         let entry = archive.read_erasure_objects(&id).await?;
+        if !entry.applied {
+            continue;
+        }
         for object in entry.objects.unwrap_or_default() {
             if !entry.deleted.contains_key(&object) {
                 out.entry(object).or_insert_with(|| id.clone());

@@ -22,6 +22,10 @@ pub enum ObjectState {
         /// Erased rows it holds.
         rows: usize,
     },
+    /// An upload without a manifest (a crashed write) in a directory that may hold the
+    /// subject's buckets: its bytes cannot be looked into, so it is pending until garbage
+    /// collection deletes it (after the GC delay).
+    Unverified,
     /// Named by the log and no longer stored: nothing is left under its directory.
     Absent {
         /// When garbage collection recorded deleting it, if it did.
@@ -49,6 +53,7 @@ impl ErasureReport {
     pub fn is_gone(&self) -> bool {
         self.readable == 0
             && self.hot_copies.is_empty()
+            && self.entry.applied
             && self.entry.objects.is_some()
             && self
                 .objects
@@ -65,9 +70,9 @@ impl ErasureReport {
                 self.readable
             ));
         }
-        if self.entry.objects.is_none() {
+        if !self.entry.applied || self.entry.objects.is_none() {
             out.push(
-                "the objects holding the rows were not recorded (the request stopped early); the next archiver start records them".into(),
+                "the request did not complete (it printed no id): it is not re-applied; run the erasure again".into(),
             );
         }
         for b in &self.hot_copies {
@@ -76,6 +81,11 @@ impl ErasureReport {
             ));
         }
         for (key, state) in &self.objects {
+            if matches!(state, ObjectState::Unverified) {
+                out.push(format!(
+                    "{key}: an upload without a manifest (a crashed write) that may hold erased rows; garbage collection deletes it after the GC delay"
+                ));
+            }
             if let ObjectState::Holding { rows } = state {
                 out.push(format!(
                     "{key}: holds {rows} erased rows (compaction rewrites its buckets, then garbage collection deletes it)"
@@ -108,6 +118,13 @@ pub async fn report(
             } = meta.state
             {
                 hot_copies.push(bucket.to_string());
+            }
+        }
+        // Uploads that never got a manifest, where the bucket's objects live: unreadable,
+        // so pending until they are gone.
+        for dir in archive.unmanifested_dirs_of_bucket(&bucket).await? {
+            if seen.insert(dir.clone()) {
+                holding.push((dir, ObjectState::Unverified));
             }
         }
         // Stored objects: every one that holds the bucket, read.

@@ -12,7 +12,9 @@
 //!    segment compaction wrote when it rewrote the bucket).
 //! 2. Every erased key still readable is deleted again through the table, as the request's
 //!    `DELETE` did (hot rows deleted, archived rows masked; compaction then rewrites).
-//! 3. An erasure whose request stopped before recording its objects gets them recorded.
+//!
+//! An erasure whose request failed (no `applied.json`) is left alone: its operator was told,
+//! and given no id.
 //!
 //! Each step is idempotent, so every start runs it whole; an erasure that fails (a bucket
 //! being archived refuses changes for a moment) is reported and retried at the next pass.
@@ -21,10 +23,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use tracing::{info, warn};
 
-use super::{by_bucket, erased_rows_in, holding_objects, readable_rows, ErasedKey, ErasureEntry};
+use super::{by_bucket, erased_rows_in, readable_rows, ErasedKey, ErasureEntry};
 use super::{ErasureError, ErasureId};
 use crate::archive::{ArchiveStore, RouteManifest};
 use crate::model::{BucketId, TableId};
@@ -48,10 +49,10 @@ pub struct ReapplyReport {
     pub rows_deleted: u64,
     /// Buckets routed to a deleted erased object, switched to their rewrite.
     pub routes_repaired: u64,
-    /// Erasures whose objects were recorded by this pass.
-    pub objects_recorded: usize,
     /// Erasures of tables no longer registered (nothing to re-apply).
     pub skipped: usize,
+    /// Erasures whose request failed before it completed: not re-applied.
+    pub incomplete: usize,
     /// Erasures that failed, with why (retried at the next pass).
     pub failed: Vec<(ErasureId, String)>,
 }
@@ -74,7 +75,8 @@ pub async fn reapply_all(
     // Erased keys per bucket over every erasure: a repaired route must hold none of them.
     let mut erased: HashMap<BucketId, Vec<ErasedKey>> = HashMap::new();
     let mut tables: BTreeMap<TableId, Option<DurableTable>> = BTreeMap::new();
-    for e in &entries {
+    // Only completed requests count: a failed one's keys name rows that were never erased.
+    for e in entries.iter().filter(|e| e.applied) {
         if !tables.contains_key(&e.table_id) {
             let def = store.table(&e.table_id).await?;
             let table = def.map(|d| DurableTable::new(store.clone(), archive.clone(), d));
@@ -91,7 +93,7 @@ pub async fn reapply_all(
         let Some(table) = table else { continue };
         let logged: HashSet<&str> = entries
             .iter()
-            .filter(|e| &e.table_id == table_id)
+            .filter(|e| e.applied && &e.table_id == table_id)
             .flat_map(|e| e.objects.iter().flatten().map(String::as_str))
             .collect();
         match repair_routes(table, &logged, &erased).await {
@@ -112,10 +114,14 @@ pub async fn reapply_all(
         if report.failed.iter().any(|(id, _)| *id == entry.id) {
             continue;
         }
+        // A request that failed (no `applied.json`): its operator was told so, with no id.
+        if !entry.applied {
+            report.incomplete += 1;
+            continue;
+        }
         match reapply_one(table, &entry).await {
-            Ok((rows, recorded)) => {
+            Ok(rows) => {
                 report.rows_deleted += rows;
-                report.objects_recorded += usize::from(recorded);
                 if rows > 0 {
                     info!(erasure = %entry.id, rows, "erased rows found readable were deleted again");
                 }
@@ -129,12 +135,8 @@ pub async fn reapply_all(
     Ok(report)
 }
 
-/// Deletes the erasure's keys still readable; records its objects if it has none. Returns
-/// the rows deleted and whether the objects were recorded now.
-async fn reapply_one(
-    table: &DurableTable,
-    entry: &ErasureEntry,
-) -> Result<(u64, bool), ErasureError> {
+/// Deletes the erasure's rows still readable; returns how many.
+async fn reapply_one(table: &DurableTable, entry: &ErasureEntry) -> Result<u64, ErasureError> {
     let def = table.definition();
     let groups = by_bucket(&def.table_id, def.strategy, &entry.keys);
     let mut attempt = 0;
@@ -156,18 +158,7 @@ async fn reapply_one(
             Err(e) => return Err(e.into()),
         }
     };
-    let recorded = if entry.objects.is_none() {
-        let objects =
-            holding_objects(table.archive(), &def.table_id, def.strategy, &entry.keys).await?;
-        table
-            .archive()
-            .log_erased_objects(&entry.id, &objects, Utc::now())
-            .await?;
-        true
-    } else {
-        false
-    };
-    Ok((deleted, recorded))
+    Ok(deleted)
 }
 
 fn retry(e: &TableError) -> bool {
@@ -230,14 +221,14 @@ async fn repair_routes(
             .entry(meta.id.bucket_key.window().to_string())
             .or_default();
         match replacement(archive, &meta.id, keys).await? {
-            Some(to) => window.0.push(RouteSwitch {
+            Replacement::Found(to) => window.0.push(RouteSwitch {
                 bucket: meta.id.clone(),
                 from_object_key: object_key.clone(),
                 to_object_key: to,
             }),
-            // No stored object holds the bucket: the rewrite after the erasure found it
-            // empty (every row of it erased) and removed it, which is what is done again.
-            None if !keys.is_empty() => {
+            // No stored object holds the bucket at all: the rewrite after the erasure found
+            // it empty (every row of it erased) and removed it, which is what is done again.
+            Replacement::NoneStored if !keys.is_empty() => {
                 let (start, end) = meta.id.bucket_key.bounds();
                 window.1.push(CompactionSource {
                     bucket: meta.id.clone(),
@@ -247,7 +238,9 @@ async fn repair_routes(
                     masked: true,
                 });
             }
-            None => {
+            // Objects hold the bucket, but each with erased rows, or nothing holds a bucket
+            // no erasure touched: never guessed at, never dropped.
+            Replacement::NoneStored | Replacement::OnlyWithErased => {
                 return Err(ErasureError::Repair(format!(
                     "{} is routed to {object_key}, an object an erasure had deleted, and no stored object holds its rows; restore the archive's objects or a newer hot-store backup",
                     meta.id
@@ -296,6 +289,16 @@ async fn repair_routes(
     Ok(repaired)
 }
 
+/// Where a bucket routed to a deleted erased object can go.
+enum Replacement {
+    /// The newest stored object holding it without erased rows.
+    Found(String),
+    /// No stored object holds it.
+    NoneStored,
+    /// Stored objects hold it, each with erased rows.
+    OnlyWithErased,
+}
+
 /// The newest stored object holding `bucket` and none of `keys`: a segment before a
 /// per-bucket archive (compaction moves buckets into segments, never back), then the
 /// highest generation.
@@ -303,7 +306,7 @@ async fn replacement(
     archive: &ArchiveStore,
     bucket: &BucketId,
     keys: &[ErasedKey],
-) -> Result<Option<String>, ErasureError> {
+) -> Result<Replacement, ErasureError> {
     let mut candidates: Vec<(bool, i64, String, RouteManifest)> = archive
         .objects_of_bucket(bucket)
         .await?
@@ -313,13 +316,16 @@ async fn replacement(
             (segment, generation_of(&key), key, m)
         })
         .collect();
+    if candidates.is_empty() {
+        return Ok(Replacement::NoneStored);
+    }
     candidates.sort_by_key(|c| std::cmp::Reverse((c.0, c.1)));
     for (_, _, key, m) in candidates {
         if keys.is_empty() || erased_rows_in(archive, &m, bucket, keys).await? == 0 {
-            return Ok(Some(key));
+            return Ok(Replacement::Found(key));
         }
     }
-    Ok(None)
+    Ok(Replacement::OnlyWithErased)
 }
 
 /// The generation in a manifest key (`.../g7/manifest.json`, `.../s00001-g7/manifest.json`).
