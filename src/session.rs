@@ -146,7 +146,7 @@ pub async fn session(
     crate::control::system::register(&ctx, store.clone())?;
     for def in store.tables().await? {
         let name = def.table_id.to_string();
-        let provider = factory.provider(def)?;
+        let provider = factory.provider(def).await?;
         ctx.register_table(name.as_str(), Arc::new(provider))?;
     }
     Ok(ctx)

@@ -18,6 +18,7 @@
 
 pub mod options;
 pub mod queue;
+pub mod schema;
 pub mod statements;
 pub mod system;
 
@@ -64,6 +65,9 @@ pub enum ControlError {
         /// What it accepts.
         reason: String,
     },
+    /// A declared table's schema, or a change to it, refused.
+    #[error(transparent)]
+    Schema(crate::model::schema::SchemaError),
     /// The session was not built over a Pulpitum store.
     #[error("this session has no Pulpitum store; build it with pulpitum::session")]
     NoStore,
@@ -81,7 +85,8 @@ impl From<ControlError> for DataFusionError {
             ControlError::Syntax { .. }
             | ControlError::UnknownOption { .. }
             | ControlError::RepeatedOption { .. }
-            | ControlError::BadOption { .. } => DataFusionError::Plan(e.to_string()),
+            | ControlError::BadOption { .. }
+            | ControlError::Schema(_) => DataFusionError::Plan(e.to_string()),
             other => DataFusionError::External(Box::new(other)),
         }
     }
@@ -127,7 +132,26 @@ pub async fn run_text(
         return Ok(None);
     };
     let store = handle(ctx).ok_or(ControlError::NoStore)?.store.clone();
-    Ok(Some(run(&*store, &stmt).await?))
+    Ok(Some(run_in(ctx, &*store, &stmt).await?))
+}
+
+/// [`run`], then, after a declared table's creation or change, makes the session's next
+/// statement see the table's newest schema (rather than after its recheck interval).
+pub async fn run_in(
+    ctx: &SessionContext,
+    store: &dyn HotStore,
+    stmt: &ControlStatement,
+) -> Result<RecordBatch, ControlError> {
+    let out = run(store, stmt).await?;
+    let changed = match stmt {
+        ControlStatement::CreateDeclared(c) => Some(&c.definition.table_id),
+        ControlStatement::AlterColumns { table, .. } => Some(table),
+        _ => None,
+    };
+    if let Some(t) = changed {
+        crate::provider::factory::forget_table(ctx, t.as_str());
+    }
+    Ok(out)
 }
 
 /// Applies a control statement; answers with the table's policy after it (or, for the whole
@@ -155,6 +179,14 @@ pub async fn run(
             };
             Ok(policy_batch(&store.update_policy(table, &update).await?)?)
         }
+        ControlStatement::CreateDeclared(c) => {
+            let v = schema::create(store, c).await?;
+            Ok(schema_batch(&c.definition.table_id, v)?)
+        }
+        ControlStatement::AlterColumns { table, changes } => {
+            let v = schema::alter(store, table, changes).await?;
+            Ok(schema_batch(table, v)?)
+        }
         ControlStatement::Moves {
             table: None,
             paused,
@@ -177,8 +209,34 @@ pub fn answer_schema(stmt: &ControlStatement) -> datafusion::arrow::datatypes::S
             DataType::Boolean,
             false,
         )])),
+        ControlStatement::CreateDeclared(_) | ControlStatement::AlterColumns { .. } => {
+            Arc::new(Schema::new(vec![
+                Field::new("table_id", DataType::Utf8, false),
+                Field::new("schema_version", DataType::Int64, false),
+            ]))
+        }
         _ => policy_schema(),
     }
+}
+
+/// The answer of a declared table's creation or change: the table and its schema version.
+fn schema_batch(
+    table: &crate::model::TableId,
+    version: u32,
+) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    let stmt = ControlStatement::AlterColumns {
+        table: table.clone(),
+        changes: Vec::new(),
+    };
+    RecordBatch::try_new(
+        answer_schema(&stmt),
+        vec![
+            Arc::new(StringArray::from(vec![table.as_str()])) as ArrayRef,
+            Arc::new(datafusion::arrow::array::Int64Array::from(vec![i64::from(
+                version,
+            )])),
+        ],
+    )
 }
 
 /// The columns of a policy answer (what `ALTER TABLE ... SET` returns).

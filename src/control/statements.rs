@@ -18,7 +18,7 @@ use crate::model::TableId;
 use super::ControlError;
 
 /// A recognized control statement.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ControlStatement {
     /// `ALTER TABLE name SET (...)`: options and their raw values.
     Set {
@@ -33,6 +33,15 @@ pub enum ControlStatement {
         table: TableId,
         /// Options named.
         options: Vec<String>,
+    },
+    /// `CREATE EXTERNAL TABLE` of a declared table (see [`super::schema`]).
+    CreateDeclared(Box<super::schema::CreateDeclared>),
+    /// `ALTER TABLE name` column changes of a declared table.
+    AlterColumns {
+        /// The table.
+        table: TableId,
+        /// The changes, in order.
+        changes: Vec<super::schema::AlterOp>,
     },
     /// `SYSTEM STOP MOVES` (`paused`) or `SYSTEM START MOVES`, for one table or the store.
     Moves {
@@ -169,6 +178,7 @@ fn may_be_control(sql: &str) -> bool {
         || head.starts_with("/*")
         || word.eq_ignore_ascii_case("alter")
         || word.eq_ignore_ascii_case("system")
+        || word.eq_ignore_ascii_case("create")
 }
 
 /// The control statement `sql` holds, `Ok(None)` when it is not one.
@@ -190,7 +200,9 @@ pub fn recognize(sql: &str) -> Result<Option<ControlStatement>, ControlError> {
         c.ident("a table name")?;
         let (set, reset) = (is_word(c.peek(), "set"), is_word(c.peek(), "reset"));
         if !set && !reset {
-            return Ok(None);
+            // Column changes of a declared table; anything else is DataFusion's to refuse.
+            return Ok(super::schema::parse_alter(sql)?
+                .map(|(table, changes)| ControlStatement::AlterColumns { table, changes }));
         }
         c.at = at_name;
         let table = c.table()?;
@@ -224,6 +236,11 @@ pub fn recognize(sql: &str) -> Result<Option<ControlStatement>, ControlError> {
         c.expect(&Token::RParen, "')' or ','")?;
         c.end()?;
         return Ok(Some(stmt));
+    }
+    if is_word(toks.first(), "create") {
+        // `CREATE EXTERNAL TABLE` of a declared table; every other CREATE is DataFusion's.
+        return Ok(super::schema::parse_create(sql)?
+            .map(|c| ControlStatement::CreateDeclared(Box::new(c))));
     }
     if is_word(toks.first(), "system") {
         let mut c = Cursor {
@@ -313,12 +330,18 @@ mod tests {
             .unwrap()
             .is_some());
         assert!(recognize("  \n\tsystem start moves").unwrap().is_some());
+        // Column changes are recognized for every table; a fixed surface refuses them
+        // when they run (crate::control::schema::alter).
+        assert!(matches!(
+            recognize("ALTER TABLE chat ADD COLUMN x INT").unwrap(),
+            Some(ControlStatement::AlterColumns { ref changes, .. }) if changes.len() == 1
+        ));
         for sql in [
             "-- just a comment\nSELECT 1",
             "altered",
             "SELECT * FROM chat",
-            "ALTER TABLE chat ADD COLUMN x INT",
             "INSERT INTO chat VALUES (1, now(), 1, 'set')",
+            "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION ''",
             "SELECT 'ALTER TABLE chat SET (paused = true)'",
             "not even sql '",
         ] {

@@ -8,6 +8,7 @@ mod bucket;
 pub mod envelope;
 mod int_key;
 mod keys;
+pub mod schema;
 mod time;
 
 pub use bounds::{ClusteringKey, ScanBounds};

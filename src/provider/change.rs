@@ -81,26 +81,28 @@ impl PulpitumTable {
         assignments: Vec<(String, Expr)>,
         filters: Vec<Expr>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let names = self.surface.column_names();
-        let value_name = names[Role::Value.index()];
         let filters = unsealed(filters)?;
-        let mut new_value: Expr = col(value_name);
+        // A declared table's read carries each row's stored value (see
+        // `Surface::with_stored_value`); the fixed surfaces' value column is that value.
+        let read_surface = self.surface.with_stored_value();
+        let reader = PulpitumTable::with_surface(self.table.clone(), read_surface, self.options);
+        let read_schema = reader.schema.clone();
+        let mut assigned: std::collections::HashMap<String, Expr> = Default::default();
         for (column, expr) in assignments {
-            if column != value_name {
-                return Err(ProviderError::InvalidChange(format!(
-                    "UPDATE may set only {value_name}: {column} is part of the row's key \
-                     (delete the row and insert it again instead)"
-                ))
-                .into());
+            match self.surface.role_of(&column) {
+                Some(Role::Value) => {
+                    assigned.insert(column, expr);
+                }
+                _ => {
+                    let [p, t, k] = self.surface.key_names();
+                    return Err(ProviderError::InvalidChange(format!(
+                        "UPDATE may not set {column}: {p}, {t} and {k} are the row's key \
+                         (delete the row and insert it again instead)"
+                    ))
+                    .into());
+                }
             }
-            new_value = expr;
         }
-        let reader = PulpitumTable {
-            table: self.table.clone(),
-            surface: self.surface,
-            schema: self.schema.clone(),
-            options: self.options,
-        };
         let mut builder = LogicalPlanBuilder::scan(
             "pulpitum_change_target",
             provider_as_source(Arc::new(reader)),
@@ -110,15 +112,32 @@ impl PulpitumTable {
             builder = builder.filter(predicate)?;
         }
         if kind == ChangeKind::Update {
-            let value_type = self.schema.field(Role::Value.index()).data_type().clone();
-            let mut exprs: Vec<Expr> = names.iter().map(|n| col(*n)).collect();
-            exprs.push(cast(new_value, value_type).alias(NEW_VALUE));
+            let mut exprs: Vec<Expr> = read_schema
+                .fields()
+                .iter()
+                .map(|f| col(f.name().as_str()))
+                .collect();
+            if let Surface::Declared(_) = &self.surface {
+                // The new row: each value column as assigned (cast to its type) or as read.
+                for (i, f) in read_schema.fields().iter().enumerate() {
+                    if let Some(e) = assigned.get(f.name()) {
+                        exprs[i] = cast(e.clone(), f.data_type().clone()).alias(f.name());
+                    }
+                }
+            } else {
+                let value_index = Role::Value.index();
+                let value = read_schema.field(value_index);
+                let new_value = assigned
+                    .remove(value.name())
+                    .unwrap_or_else(|| col(value.name().as_str()));
+                exprs.push(cast(new_value, value.data_type().clone()).alias(NEW_VALUE));
+            }
             builder = builder.project(exprs)?;
         }
         let read = state.create_physical_plan(&builder.build()?).await?;
         Ok(Arc::new(ChangeExec::new(
             self.table.clone(),
-            self.surface,
+            self.surface.clone(),
             kind,
             read,
             self.options.max_insert_rows,
@@ -194,7 +213,7 @@ impl ChangeExec {
                 }
                 .into());
             }
-            let old = self.surface.batch_to_records(&batch)?;
+            let old = self.surface.with_stored_value().batch_to_records(&batch)?;
             let new = match self.kind {
                 ChangeKind::Delete => None,
                 ChangeKind::Update => Some(self.new_values(&batch)?),
@@ -214,28 +233,44 @@ impl ChangeExec {
 
     /// An `UPDATE`'s new values, as the surface stores them.
     fn new_values(&self, batch: &RecordBatch) -> DFResult<Vec<Vec<u8>>> {
-        let names = self.surface.column_names();
-        let new = batch
-            .column_by_name(NEW_VALUE)
-            .ok_or_else(|| ProviderError::Internal("UPDATE read lacks its new value".into()))?;
-        if new.null_count() > 0 {
-            return Err(ProviderError::InvalidChange(format!(
-                "UPDATE would set {} to NULL; every column is NOT NULL",
-                names[Role::Value.index()]
-            ))
-            .into());
-        }
-        let columns: Vec<ArrayRef> = (0..3)
-            .map(|i| batch.column(i).clone())
-            .chain(std::iter::once(new.clone()))
-            .collect();
-        let as_rows = RecordBatch::try_new(self.surface.schema(), columns)?;
-        Ok(self
+        let schema = self.surface.schema();
+        let as_rows = if let Surface::Declared(_) = &self.surface {
+            // The assigned row, without the stored value: encoded afresh.
+            let columns: Vec<ArrayRef> = schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    batch.column_by_name(f.name()).cloned().ok_or_else(|| {
+                        ProviderError::Internal(format!("UPDATE read lacks {}", f.name()))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            RecordBatch::try_new(schema, columns)?
+        } else {
+            let value_name = schema.field(Role::Value.index()).name().clone();
+            let new = batch
+                .column_by_name(NEW_VALUE)
+                .ok_or_else(|| ProviderError::Internal("UPDATE read lacks its new value".into()))?;
+            if new.null_count() > 0 {
+                return Err(ProviderError::InvalidChange(format!(
+                    "UPDATE would set {value_name} to NULL; every column is NOT NULL"
+                ))
+                .into());
+            }
+            let columns: Vec<ArrayRef> = (0..3)
+                .map(|i| batch.column(i).clone())
+                .chain(std::iter::once(new.clone()))
+                .collect();
+            RecordBatch::try_new(schema, columns)?
+        };
+        let records = self
             .surface
-            .batch_to_records(&as_rows)?
-            .into_iter()
-            .map(|r| r.value)
-            .collect())
+            .batch_to_records(&as_rows)
+            .map_err(|e| match e {
+                ProviderError::InvalidInsert(m) => ProviderError::InvalidChange(m),
+                other => other,
+            })?;
+        Ok(records.into_iter().map(|r| r.value).collect())
     }
 
     async fn run(&self, ctx: Arc<TaskContext>) -> DFResult<u64> {
@@ -321,7 +356,7 @@ impl ExecutionPlan for ChangeExec {
             .map_err(|_| DataFusionError::Internal("ChangeExec takes one child".into()))?;
         Ok(Arc::new(Self::new(
             self.table.clone(),
-            self.surface,
+            self.surface.clone(),
             self.kind,
             read,
             self.max_rows,
@@ -340,7 +375,7 @@ impl ExecutionPlan for ChangeExec {
         }
         let me = Self::new(
             self.table.clone(),
-            self.surface,
+            self.surface.clone(),
             self.kind,
             self.read.clone(),
             self.max_rows,

@@ -27,9 +27,10 @@ use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::logical_expr::{CreateExternalTable, DdlStatement, LogicalPlan, WriteOp};
 use datafusion::prelude::SessionContext;
 
-use super::surface::Surface;
+use super::surface::{declared, Surface};
 use super::{ProviderError, ProviderOptions, PulpitumTable};
 use crate::archive::ArchiveStore;
+use crate::model::schema::TableSchema;
 use crate::model::{BucketStrategy, TableId};
 use crate::table::{
     DurableTable, HotStore, RouteCacheConfig, StoreError, TableDefinition, TableError,
@@ -94,14 +95,48 @@ impl PulpitumTableFactory {
             .table(&id)
             .await
             .map_err(|e| ProviderError::Table(TableError::Store(e)))?;
-        def.map(|d| self.provider(d)).transpose()
+        match def {
+            Some(d) => Ok(Some(self.provider(d).await?)),
+            None => Ok(None),
+        }
     }
 
-    /// The provider of an already registered table.
-    pub fn provider(&self, def: TableDefinition) -> Result<PulpitumTable, ProviderError> {
+    /// The provider of an already registered table; a declared table's at the newest
+    /// version of its schema.
+    pub async fn provider(&self, def: TableDefinition) -> Result<PulpitumTable, ProviderError> {
+        let surface = if def.surface == declared::NAME {
+            let schema = self.declared_schema(&def.table_id).await?;
+            Surface::declared(schema)
+        } else {
+            Surface::parse(&def.surface)?
+        };
         let table =
             DurableTable::with_cache(self.store.clone(), self.archive.clone(), def, self.cache);
-        PulpitumTable::try_new(table, self.options)
+        Ok(PulpitumTable::with_surface(table, surface, self.options))
+    }
+
+    /// The newest schema of a declared table.
+    pub async fn declared_schema(&self, table: &TableId) -> Result<TableSchema, ProviderError> {
+        let stored = self
+            .store
+            .table_schema(table)
+            .await
+            .map_err(|e| ProviderError::Table(TableError::Store(e)))?
+            .ok_or_else(|| {
+                ProviderError::InvalidDefinition(format!(
+                    "declared table {table} has no stored schema (its CREATE EXTERNAL TABLE \
+                     was interrupted): run the same CREATE EXTERNAL TABLE again"
+                ))
+            })?;
+        let schema = TableSchema::from_json(&stored.definition)
+            .map_err(|e| ProviderError::InvalidDefinition(format!("table {table}: {e}")))?;
+        if schema.version != stored.version {
+            return Err(ProviderError::InvalidDefinition(format!(
+                "table {table}: schema version {} is stored as version {}",
+                schema.version, stored.version
+            )));
+        }
+        Ok(schema)
     }
 
     /// Parses the options of a `CREATE EXTERNAL TABLE` into a definition.
@@ -149,7 +184,7 @@ impl PulpitumTableFactory {
                 "PARTITIONED BY and WITH ORDER are fixed by the surface".into(),
             ));
         }
-        check_columns(surface, cmd)?;
+        check_columns(&surface, cmd)?;
         let mut def = TableDefinition::new(table_id, strategy, surface.as_str());
         def.writable_buckets = writable;
         Ok(def)
@@ -194,7 +229,7 @@ impl TableProviderFactory for PulpitumTableFactory {
             ))
             .into());
         }
-        Ok(Arc::new(self.provider(stored)?))
+        Ok(Arc::new(self.provider(stored).await?))
     }
 }
 
@@ -233,7 +268,7 @@ fn differences(stored: &TableDefinition, requested: &TableDefinition) -> Vec<Str
 /// `Binary`; `TIMESTAMPTZ`, `TIMESTAMP WITH TIME ZONE` and, because the session has no
 /// time zone to tell them apart, plain `TIMESTAMP`, are `Timestamp` (any precision: the
 /// table keeps microseconds whatever the list says, and INSERT refuses finer values).
-fn check_columns(surface: Surface, cmd: &CreateExternalTable) -> Result<(), ProviderError> {
+fn check_columns(surface: &Surface, cmd: &CreateExternalTable) -> Result<(), ProviderError> {
     let declared = cmd.schema.fields();
     if declared.is_empty() {
         return Ok(());
@@ -340,6 +375,8 @@ pub fn change_refused(table: &str, op: &str) -> DataFusionError {
 #[derive(Debug, Default)]
 pub struct PulpitumSchema {
     tables: RwLock<HashMap<String, Arc<dyn TableProvider>>>,
+    /// When each declared table's schema version was last compared with the registry.
+    checked: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Finds tables registered after the session was built (by another process), on their
     /// first use; `None` keeps the schema to what was registered in it.
     resolver: Option<PulpitumTableFactory>,
@@ -363,10 +400,52 @@ impl PulpitumSchema {
         })?;
         let schema = Self {
             tables: RwLock::default(),
+            checked: Default::default(),
             resolver,
         };
         catalog.register_schema(&names.default_schema, Arc::new(schema))?;
         Ok(())
+    }
+
+    /// A cached declared table's provider, rebuilt when the registry holds a newer schema
+    /// version (changed by another process); compared at most once per
+    /// [`SCHEMA_RECHECK`] per table, so a change made elsewhere is seen within that.
+    async fn recheck(
+        &self,
+        name: &str,
+        cached: Arc<dyn TableProvider>,
+    ) -> DFResult<Arc<dyn TableProvider>> {
+        let (Some(resolver), Some(table)) =
+            (&self.resolver, cached.downcast_ref::<PulpitumTable>())
+        else {
+            return Ok(cached);
+        };
+        let Surface::Declared(d) = table.surface() else {
+            return Ok(cached);
+        };
+        {
+            let mut checked = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            match checked.get(name) {
+                Some(at) if now.duration_since(*at) < SCHEMA_RECHECK => return Ok(cached),
+                _ => {
+                    checked.insert(name.to_string(), now);
+                }
+            }
+        }
+        let newest = resolver
+            .declared_schema(&table.table().definition().table_id)
+            .await?;
+        if newest.version == d.schema.version {
+            return Ok(cached);
+        }
+        let fresh: Arc<dyn TableProvider> = Arc::new(
+            resolver
+                .provider(table.table().definition().clone())
+                .await?,
+        );
+        self.write().insert(name.to_string(), fresh.clone());
+        Ok(fresh)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<dyn TableProvider>>> {
@@ -387,8 +466,9 @@ impl SchemaProvider for PulpitumSchema {
     }
 
     async fn table(&self, name: &str) -> DFResult<Option<Arc<dyn TableProvider>>> {
-        if let Some(t) = self.read().get(name).cloned() {
-            return Ok(Some(t));
+        let cached = self.read().get(name).cloned();
+        if let Some(t) = cached {
+            return self.recheck(name, t).await.map(Some);
         }
         let Some(resolver) = &self.resolver else {
             return Ok(None);
@@ -439,6 +519,29 @@ impl SchemaProvider for PulpitumSchema {
 
     fn table_exist(&self, name: &str) -> bool {
         self.read().get(name).is_some_and(|t| !is_pulpitum(t))
+    }
+}
+
+/// How often a session compares a declared table's schema version with the registry.
+pub const SCHEMA_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Drops a table's provider from the session's default schema, so that its next use
+/// resolves it from the registry afresh (after a schema change made through this session).
+pub fn forget_table(ctx: &SessionContext, name: &str) {
+    let state = ctx.state();
+    let names = &state.config_options().catalog;
+    let Some(schema) = ctx
+        .catalog(&names.default_catalog)
+        .and_then(|c| c.schema(&names.default_schema))
+    else {
+        return;
+    };
+    if let Some(p) = schema.downcast_ref::<PulpitumSchema>() {
+        p.write().remove(name);
+        p.checked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
     }
 }
 

@@ -53,8 +53,8 @@ pub enum ProviderError {
     /// A value that violates the model (key length, time range, sub-microsecond time).
     #[error(transparent)]
     Model(#[from] ModelError),
-    /// A table's surface name is not `chat` or `raw`.
-    #[error("unknown surface {0:?} (expected 'chat' or 'raw')")]
+    /// A table's surface name is not `chat`, `raw` or `declared`.
+    #[error("unknown surface {0:?} (expected 'chat', 'raw' or 'declared'; a table registered by a newer build needs that build)")]
     UnknownSurface(String),
     /// A bad `CREATE EXTERNAL TABLE` option or column list.
     #[error("invalid table definition: {0}")]
@@ -168,18 +168,32 @@ pub struct PulpitumTable {
     surface: Surface,
     schema: SchemaRef,
     options: ProviderOptions,
+    /// What an INSERT that names no value for a column stores (a declared table's
+    /// `DEFAULT`s).
+    defaults: std::collections::HashMap<String, Expr>,
 }
 
 impl PulpitumTable {
-    /// A provider for a table; its surface comes from the table's definition.
+    /// A provider for a table with a fixed surface (`chat`, `raw`), named by its definition.
     pub fn try_new(table: DurableTable, options: ProviderOptions) -> Result<Self, ProviderError> {
         let surface = Surface::parse(&table.definition().surface)?;
-        Ok(Self {
+        Ok(Self::with_surface(table, surface, options))
+    }
+
+    /// A provider for a table shown as `surface` (a declared table's is built from its
+    /// stored schema; see [`PulpitumTableFactory::provider`]).
+    pub fn with_surface(table: DurableTable, surface: Surface, options: ProviderOptions) -> Self {
+        let defaults = match &surface {
+            Surface::Declared(d) => d.defaults(),
+            _ => Default::default(),
+        };
+        Self {
             schema: surface.schema(),
             table,
             surface,
             options,
-        })
+            defaults,
+        }
     }
 
     /// The underlying table.
@@ -188,8 +202,8 @@ impl PulpitumTable {
     }
 
     /// The surface.
-    pub fn surface(&self) -> Surface {
-        self.surface
+    pub fn surface(&self) -> &Surface {
+        &self.surface
     }
 
     async fn plan_scan(
@@ -200,8 +214,10 @@ impl PulpitumTable {
         limit: Option<usize>,
         list_at_execution: bool,
     ) -> Result<ScanSpec, ProviderError> {
-        let pushed = PushedFilters::try_from_exprs(self.surface, filters)?;
-        let projection: Vec<usize> = projection.cloned().unwrap_or_else(|| (0..4).collect());
+        let pushed = PushedFilters::try_from_exprs(&self.surface, filters)?;
+        let projection: Vec<usize> = projection
+            .cloned()
+            .unwrap_or_else(|| (0..self.schema.fields().len()).collect());
         // Contradicting filters read nothing: no listing at all.
         let plan = if pushed.empty {
             BucketPlan::default()
@@ -216,7 +232,7 @@ impl PulpitumTable {
         };
         Ok(ScanSpec {
             table: self.table.clone(),
-            surface: self.surface,
+            surface: self.surface.clone(),
             projection,
             pushed,
             keys: plan.keys,
@@ -241,11 +257,15 @@ impl TableProvider for PulpitumTable {
         TableType::Base
     }
 
+    fn get_column_default(&self, column: &str) -> Option<&Expr> {
+        self.defaults.get(column)
+    }
+
     fn supports_filters_pushdown(
         &self,
         filters: &[&Expr],
     ) -> DFResult<Vec<TableProviderFilterPushDown>> {
-        Ok(filters.iter().map(|f| classify(self.surface, f)).collect())
+        Ok(filters.iter().map(|f| classify(&self.surface, f)).collect())
     }
 
     async fn scan(
@@ -279,7 +299,7 @@ impl TableProvider for PulpitumTable {
         }
         let sink = PulpitumSink::new(
             self.table.clone(),
-            self.surface,
+            self.surface.clone(),
             self.options.max_insert_rows,
         );
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))

@@ -155,7 +155,7 @@ fn orderings(
     groups: &[Vec<KeyBuckets>],
     schema: &SchemaRef,
 ) -> Vec<Vec<PhysicalSortExpr>> {
-    let names = spec.surface.column_names();
+    let names = spec.surface.key_names();
     let col = |role_idx: usize, desc: bool| -> Option<PhysicalSortExpr> {
         let idx = schema.index_of(names[role_idx]).ok()?;
         let e: Arc<dyn PhysicalExpr> = Arc::new(Column::new(names[role_idx], idx));
@@ -224,7 +224,7 @@ impl DisplayAs for PulpitumScanExec {
                     "PulpitumScanExec: table={}, projection=[{}], filters={}, partitions={}, keys={}, buckets=[{}], order={}, limit={}",
                     s.table.definition().table_id,
                     cols.join(", "),
-                    s.pushed.describe(s.surface),
+                    s.pushed.describe(&s.surface),
                     self.groups.len(),
                     keys,
                     buckets,
@@ -347,11 +347,11 @@ impl ExecutionPlan for PulpitumScanExec {
             include_value: spec
                 .projection
                 .iter()
-                .any(|&i| Surface::role_at(i) == Role::Value),
+                .any(|&i| spec.surface.role_at(i) == Role::Value),
             include_keys: spec
                 .projection
                 .iter()
-                .any(|&i| matches!(Surface::role_at(i), Role::Time | Role::Sort)),
+                .any(|&i| matches!(spec.surface.role_at(i), Role::Time | Role::Sort)),
             page_rows: spec.page_rows,
             limit: None,
             archive_metrics: Some(objects.clone()),
@@ -413,7 +413,7 @@ impl PulpitumScanExec {
         let spec = &self.spec;
         let schema = self.schema.clone();
         let shared = self.shared.clone();
-        let surface = spec.surface;
+        let surface = spec.surface.clone();
         let projection = spec.projection.clone();
         let limits = spec.limits;
         let out_schema = schema.clone();
@@ -422,6 +422,7 @@ impl PulpitumScanExec {
             let projection = projection.clone();
             let shared = shared.clone();
             let limit = limit.clone();
+            let surface = surface.clone();
             async move {
                 // Not even polled once the limit is reached.
                 if done || limit.is_spent() {

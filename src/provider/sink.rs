@@ -46,8 +46,8 @@ impl PulpitumSink {
     pub fn new(table: DurableTable, surface: Surface, max_rows: usize) -> Self {
         Self {
             table,
-            surface,
             schema: surface.schema(),
+            surface,
             max_rows,
         }
     }

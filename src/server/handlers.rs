@@ -281,7 +281,7 @@ async fn run_control(
     authorize(
         role,
         Role::Admin,
-        "a control statement (ALTER TABLE ... SET, SYSTEM ... MOVES)",
+        "a control statement (ALTER TABLE, CREATE EXTERNAL TABLE, SYSTEM ... MOVES)",
     )?;
     let store = ctx
         .state()
@@ -290,7 +290,9 @@ async fn run_control(
         .ok_or_else(|| api(crate::control::ControlError::NoStore))?
         .store
         .clone();
-    let batch = crate::control::run(&*store, statement).await.map_err(api)?;
+    let batch = crate::control::run_in(ctx, &*store, statement)
+        .await
+        .map_err(api)?;
     batch_response(batch, format)
 }
 
@@ -406,7 +408,7 @@ where
             authorize(
                 login.role,
                 Role::Admin,
-                "a control statement (ALTER TABLE ... SET, SYSTEM ... MOVES)",
+                "a control statement (ALTER TABLE, CREATE EXTERNAL TABLE, SYSTEM ... MOVES)",
             )?;
             continue;
         }

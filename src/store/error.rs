@@ -30,6 +30,17 @@ pub enum StoreError {
     /// The table id is not registered.
     #[error("table {0} is not registered")]
     UnknownTable(TableId),
+    /// A schema change that lost a race: the table's schema is no longer the version the
+    /// change was made from (another change was stored first). Nothing was written.
+    #[error("table {table_id}: the schema changed while this change was made (it was made from version {from}, the newest is {newest}); nothing was changed, run the statement again")]
+    SchemaChanged {
+        /// The table.
+        table_id: TableId,
+        /// The version the change started from.
+        from: u32,
+        /// The newest stored version.
+        newest: u32,
+    },
     /// Registering an existing table id with a different definition.
     #[error("table {table_id} is already registered as {existing}; requested {requested} (the bucket strategy and surface of a table are immutable)")]
     TableConflict {

@@ -27,8 +27,8 @@ use super::{
     AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, ChangeOutcome, Claim,
     CompactionClaim, CompactionSource, Eligibility, ExpiredBucket, HeadPage, HotPage, JobEnd,
     JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, RetiredObject, RouteSwitch,
-    RoutedBucket, RowChange, RowMask, StoreResult, TableDefinition, TablePolicy, WindowState,
-    WorkItem,
+    RoutedBucket, RowChange, RowMask, StoreResult, StoredSchema, TableDefinition, TablePolicy,
+    WindowState, WorkItem,
 };
 use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
@@ -57,6 +57,16 @@ pub trait Catalog: Send + Sync + 'static {
 
     /// The store's current time (its clock decides leases).
     async fn now(&self) -> StoreResult<EventTime>;
+
+    /// The newest stored version of a declared table's schema; `None` when none is stored.
+    async fn table_schema(&self, table_id: &TableId) -> StoreResult<Option<StoredSchema>>;
+
+    /// Stores `schema` as the table's next version, in one transaction: version 1 when none
+    /// is stored, otherwise exactly one more than the newest. Storing the newest version
+    /// again with the same definition is a no-op; anything else is
+    /// [`StoreError::SchemaChanged`](super::StoreError::SchemaChanged), and an unregistered
+    /// table [`StoreError::UnknownTable`](super::StoreError::UnknownTable).
+    async fn put_table_schema(&self, table_id: &TableId, schema: &StoredSchema) -> StoreResult<()>;
 }
 
 /// Fenced appends: a record commits only into a Hot bucket inside the table's guard.

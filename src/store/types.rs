@@ -39,6 +39,16 @@ impl TableDefinition {
     }
 }
 
+/// One version of a declared table's schema as the registry keeps it: the version and the
+/// definition's JSON (read by `crate::model::schema::TableSchema::from_json`; opaque here).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSchema {
+    /// The table schema version, from 1.
+    pub version: u32,
+    /// The definition, JSON.
+    pub definition: String,
+}
+
 /// The lifecycle state of a bucket, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BucketState {

@@ -130,6 +130,21 @@ impl Catalog for Hooked {
     async fn now(&self) -> StoreResult<EventTime> {
         self.inner.now().await
     }
+
+    async fn table_schema(
+        &self,
+        t: &TableId,
+    ) -> StoreResult<Option<pulpitum::store::StoredSchema>> {
+        self.inner.table_schema(t).await
+    }
+
+    async fn put_table_schema(
+        &self,
+        t: &TableId,
+        s: &pulpitum::store::StoredSchema,
+    ) -> StoreResult<()> {
+        self.inner.put_table_schema(t, s).await
+    }
 }
 
 #[async_trait]

@@ -478,8 +478,8 @@ pub(super) fn text_array<S: Into<String>>(v: Vec<Option<S>>) -> ArrayRef {
 /// A partition key as its surface's partition column reads (the channel id of a chat
 /// table); hex for a table whose surface this build does not know.
 fn partition_text(surfaces: &HashMap<TableId, Option<Surface>>, t: &TableId, key: &[u8]) -> String {
-    match surfaces.get(t).copied().flatten() {
-        Some(s) => s.display_key(key),
+    match surfaces.get(t).cloned().flatten() {
+        Some(s) => s.display_key(crate::provider::surface::Role::Partition, key),
         None => hex::encode(key),
     }
 }
@@ -494,10 +494,20 @@ async fn read(
     if let Some(t) = &p.table {
         tables.retain(|d| d.table_id.as_str() == t);
     }
-    let surfaces: HashMap<TableId, Option<Surface>> = tables
-        .iter()
-        .map(|d| (d.table_id.clone(), Surface::parse(&d.surface).ok()))
-        .collect();
+    let mut surfaces: HashMap<TableId, Option<Surface>> = HashMap::new();
+    for d in &tables {
+        let surface = if d.surface == crate::control::schema::DECLARED {
+            // A declared table's keys read by its key types; hex if its schema is unreadable.
+            store
+                .table_schema(&d.table_id)
+                .await?
+                .and_then(|s| crate::model::schema::TableSchema::from_json(&s.definition).ok())
+                .map(Surface::declared)
+        } else {
+            Surface::parse(&d.surface).ok()
+        };
+        surfaces.insert(d.table_id.clone(), surface);
+    }
     let policies: HashMap<TableId, TablePolicy> = store
         .policies()
         .await?

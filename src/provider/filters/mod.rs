@@ -53,7 +53,7 @@ enum TimeBound {
 /// shape: each placeholder is replaced by a representable value of its inferred type. The
 /// real value arrives before the scan is planned; one that cannot be applied exactly then
 /// fails the query ([`PushedFilters::try_from_exprs`]) instead of being dropped.
-pub fn classify(surface: Surface, expr: &Expr) -> TableProviderFilterPushDown {
+pub fn classify(surface: &Surface, expr: &Expr) -> TableProviderFilterPushDown {
     let accepted = match with_probe_values(expr) {
         Some(probe) => piece(surface, &probe).is_some(),
         None => false,
@@ -97,7 +97,7 @@ fn with_probe_values(expr: &Expr) -> Option<Expr> {
     (!unknown).then_some(out)
 }
 
-fn column_role(surface: Surface, e: &Expr) -> Option<Role> {
+fn column_role(surface: &Surface, e: &Expr) -> Option<Role> {
     match e {
         Expr::Column(c) => surface.role_of(&c.name),
         _ => None,
@@ -116,7 +116,7 @@ fn flip(op: Operator) -> Option<Operator> {
 }
 
 /// `column op literal` with the column on the left, whichever way it was written.
-fn comparison(surface: Surface, e: &Expr) -> Option<(Role, Operator, ScalarValue)> {
+fn comparison(surface: &Surface, e: &Expr) -> Option<(Role, Operator, ScalarValue)> {
     let Expr::BinaryExpr(BinaryExpr { left, op, right }) = e else {
         return None;
     };
@@ -139,15 +139,15 @@ fn micros_of(v: &ScalarValue) -> Option<i64> {
     }
 }
 
-fn sort_key_of(surface: Surface, v: &ScalarValue) -> Option<SortKey> {
+fn sort_key_of(surface: &Surface, v: &ScalarValue) -> Option<SortKey> {
     surface.sort_key_of(v)
 }
 
-fn partition_of(surface: Surface, v: &ScalarValue) -> Option<PartitionKey> {
+fn partition_of(surface: &Surface, v: &ScalarValue) -> Option<PartitionKey> {
     surface.partition_of(v)
 }
 
-fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
+fn piece(surface: &Surface, e: &Expr) -> Option<Piece> {
     match e {
         Expr::BinaryExpr(BinaryExpr {
             left,
@@ -296,7 +296,7 @@ fn piece(surface: Surface, e: &Expr) -> Option<Piece> {
 
 /// `t > a OR (t = a AND k > b)` (forward) or the same with `<` (backward), in any operand
 /// order inside the OR and the AND.
-fn cursor(surface: Surface, l: &Expr, r: &Expr) -> Option<Piece> {
+fn cursor(surface: &Surface, l: &Expr, r: &Expr) -> Option<Piece> {
     let try_order = |strict: &Expr, tie: &Expr| -> Option<Piece> {
         let (role, op, tv) = comparison(surface, strict)?;
         if role != Role::Time || !matches!(op, Operator::Gt | Operator::Lt) {
@@ -347,7 +347,7 @@ impl PushedFilters {
     /// empty raw key, a sub-microsecond time) or a placeholder left unbound. Dropping such a
     /// filter would return rows it excludes.
     pub fn try_from_exprs(
-        surface: Surface,
+        surface: &Surface,
         filters: &[Expr],
     ) -> Result<Self, super::ProviderError> {
         if let Some(bad) = filters.iter().find(|f| piece(surface, f).is_none()) {
@@ -358,7 +358,7 @@ impl PushedFilters {
 
     /// Combines the filters that [`classify`] accepted; others are ignored (DataFusion
     /// evaluates them above the scan).
-    pub fn from_exprs(surface: Surface, filters: &[Expr]) -> Self {
+    pub fn from_exprs(surface: &Surface, filters: &[Expr]) -> Self {
         let mut out = Self {
             partitions: None,
             bounds: ScanBounds::all(),
@@ -507,12 +507,13 @@ fn tighten_sort(slot: &mut Bound<SortKey>, new: Bound<SortKey>, lower: bool) {
 impl PushedFilters {
     /// The pushed predicates in the surface's column names, with readable literals (for
     /// EXPLAIN): e.g. `[channel_id IN (1), timestamp >= 2024-05-02T00:00:00Z]`.
-    pub fn describe(&self, surface: Surface) -> String {
-        let [p, t, k, _] = surface.column_names();
-        let key = |b: &[u8]| surface.display_key(b);
+    pub fn describe(&self, surface: &Surface) -> String {
+        let [p, t, k] = surface.key_names();
+        let pkey = |b: &[u8]| surface.display_key(Role::Partition, b);
+        let key = |b: &[u8]| surface.display_key(Role::Sort, b);
         let mut parts = Vec::new();
         if let Some(set) = &self.partitions {
-            let vals: Vec<String> = set.iter().map(|pk| key(pk.as_bytes())).collect();
+            let vals: Vec<String> = set.iter().map(|pk| pkey(pk.as_bytes())).collect();
             parts.push(format!("{p} IN ({})", vals.join(", ")));
         }
         match &self.bounds.time_lower {

@@ -17,7 +17,7 @@ fn ts(s: &str) -> Expr {
 }
 
 fn exact(e: &Expr) -> bool {
-    classify(Surface::Chat, e) == TableProviderFilterPushDown::Exact
+    classify(&Surface::Chat, e) == TableProviderFilterPushDown::Exact
 }
 
 #[test]
@@ -32,7 +32,7 @@ fn accepted_shapes() {
         .or(col("channel_id").eq(lit(3i64))));
     assert!(exact(&ors));
     assert_eq!(
-        PushedFilters::from_exprs(Surface::Chat, &[ors])
+        PushedFilters::from_exprs(&Surface::Chat, &[ors])
             .partitions
             .unwrap()
             .len(),
@@ -58,7 +58,7 @@ fn accepted_shapes() {
         .and(col("id").lt(lit(7i64)))
         .or(col("timestamp").lt(t.clone()));
     assert!(exact(&back));
-    let p = PushedFilters::from_exprs(Surface::Chat, &[fwd]);
+    let p = PushedFilters::from_exprs(&Surface::Chat, &[fwd]);
     assert_eq!(
         p.bounds.after.unwrap().sort_key.as_bytes(),
         &crate::model::encode_i64(7)
@@ -98,7 +98,7 @@ fn refused_shapes() {
 #[test]
 fn combination_and_contradiction() {
     let p = PushedFilters::from_exprs(
-        Surface::Chat,
+        &Surface::Chat,
         &[
             col("channel_id").in_list(vec![lit(1i64), lit(2i64)], false),
             col("channel_id").eq(lit(2i64)),
@@ -122,7 +122,7 @@ fn combination_and_contradiction() {
             - 1
     );
     let p = PushedFilters::from_exprs(
-        Surface::Chat,
+        &Surface::Chat,
         &[
             col("channel_id").eq(lit(1i64)),
             col("channel_id").eq(lit(2i64)),
@@ -130,30 +130,30 @@ fn combination_and_contradiction() {
     );
     assert!(p.empty);
     let p = PushedFilters::from_exprs(
-        Surface::Chat,
+        &Surface::Chat,
         &[col("id").gt(lit(5i64)), col("id").lt(lit(3i64))],
     );
     assert!(p.empty);
     let p = PushedFilters::from_exprs(
-        Surface::Chat,
+        &Surface::Chat,
         &[col("id").gt(lit(5i64)), col("id").lt_eq(lit(5i64))],
     );
     assert!(p.empty);
     let p = PushedFilters::from_exprs(
-        Surface::Chat,
+        &Surface::Chat,
         &[col("id").gt_eq(lit(5i64)), col("id").lt_eq(lit(5i64))],
     );
     assert!(!p.empty);
     // Out of the supported range: a lower bound before 1900 restricts nothing; an upper
     // bound before 1900 matches nothing.
     let p = PushedFilters::from_exprs(
-        Surface::Chat,
+        &Surface::Chat,
         &[col("timestamp").gt(ts("1800-01-01T00:00:00Z"))],
     );
     assert!(!p.empty);
     assert_eq!(p.bounds.time_lower, Bound::Unbounded);
     let p = PushedFilters::from_exprs(
-        Surface::Chat,
+        &Surface::Chat,
         &[col("timestamp").lt(ts("1800-01-01T00:00:00Z"))],
     );
     assert!(p.empty);

@@ -77,7 +77,7 @@ impl SurfaceKind for Chat {
     }
 }
 
-fn decode_i64_column(a: &ArrayRef, name: &str) -> Result<ArrayRef, ProviderError> {
+pub(super) fn decode_i64_column(a: &ArrayRef, name: &str) -> Result<ArrayRef, ProviderError> {
     let bin = a.as_any().downcast_ref::<BinaryArray>().ok_or_else(|| {
         ProviderError::Internal(format!("{name} source has type {}", a.data_type()))
     })?;

@@ -6,6 +6,8 @@
 //! - [`chat`]: `channel_id BIGINT, timestamp TIMESTAMPTZ, id BIGINT, content TEXT`, integer
 //!   keys in the order-preserving encoding of [`crate::model::encode_i64`].
 //! - [`raw`]: the envelope as it is, bytes for keys and value.
+//! - [`declared`]: a table of the user's own columns (record schema v3), whose schema is
+//!   the registry's newest version of it.
 //!
 //! # Adding a surface
 //!
@@ -16,6 +18,7 @@
 //! on every surface (`TIMESTAMP(µs, UTC)`) and is handled here once.
 
 mod chat;
+pub mod declared;
 mod raw;
 
 use std::sync::{Arc, OnceLock};
@@ -28,18 +31,22 @@ use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::scalar::ScalarValue;
 
 use super::ProviderError;
+use crate::model::schema::TableSchema;
 use crate::model::{EventTime, PartitionKey, Record, SortKey};
+pub use declared::Declared;
 
 /// The time zone of every timestamp column.
 pub const UTC: &str = "UTC";
 
 /// How a table is shown in SQL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Surface {
     /// `channel_id BIGINT, timestamp TIMESTAMPTZ, id BIGINT, content TEXT`.
     Chat,
     /// `partition_key BYTEA, event_time TIMESTAMPTZ, sort_key BYTEA, value BYTEA`.
     Raw,
+    /// A declared table's columns (record schema v3; see [`declared`]).
+    Declared(Arc<Declared>),
 }
 
 /// The role of a surface column in the envelope.
@@ -51,20 +58,21 @@ pub enum Role {
     Time,
     /// The sort key column.
     Sort,
-    /// The value column.
+    /// A value column (the only one of `chat` and `raw`, any of a declared table's).
     Value,
 }
 
 impl Role {
     const ALL: [Role; 4] = [Role::Partition, Role::Time, Role::Sort, Role::Value];
 
-    /// The column's index in every surface's schema (and in the envelope).
+    /// The column's index in the envelope (and of the keys in every surface's schema).
     pub fn index(self) -> usize {
         self as usize
     }
 }
 
-/// What one surface defines; the rest of the provider reaches it only through [`Surface`].
+/// What one fixed surface defines; the rest of the provider reaches it only through
+/// [`Surface`].
 pub(crate) trait SurfaceKind: Sync {
     /// The name stored in a table's registration.
     fn name(&self) -> &'static str;
@@ -94,7 +102,7 @@ pub(crate) trait SurfaceKind: Sync {
 }
 
 impl Surface {
-    /// Parses a surface name (`chat` or `raw`).
+    /// Parses a fixed surface's name (`chat` or `raw`).
     pub fn parse(name: &str) -> Result<Self, ProviderError> {
         [Self::Chat, Self::Raw]
             .into_iter()
@@ -102,38 +110,78 @@ impl Surface {
             .ok_or_else(|| ProviderError::UnknownSurface(name.to_string()))
     }
 
-    /// The registered definition of this surface.
-    pub(crate) fn kind(self) -> &'static dyn SurfaceKind {
+    /// The surface of a declared table's schema.
+    pub fn declared(schema: TableSchema) -> Self {
+        Self::Declared(Arc::new(Declared::new(schema, false)))
+    }
+
+    /// This surface with a trailing `__pulpitum_value` column holding each row's stored
+    /// value as it is: what `DELETE` and `UPDATE` of a declared table read, since a row
+    /// re-encoded from its columns need not be the bytes it was stored as (written under
+    /// an older schema version). Other surfaces are returned unchanged.
+    pub(crate) fn with_stored_value(&self) -> Self {
         match self {
-            Self::Chat => &chat::Chat,
-            Self::Raw => &raw::Raw,
+            Self::Declared(d) => Self::Declared(Arc::new(Declared::new(d.schema.clone(), true))),
+            other => other.clone(),
         }
     }
 
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        self.kind().name()
+    /// The registered definition of a fixed surface.
+    pub(crate) fn kind(&self) -> Option<&'static dyn SurfaceKind> {
+        match self {
+            Self::Chat => Some(&chat::Chat),
+            Self::Raw => Some(&raw::Raw),
+            Self::Declared(_) => None,
+        }
     }
 
-    /// Column names in schema order (partition, time, sort, value).
-    pub fn column_names(self) -> [&'static str; 4] {
-        self.kind().column_names()
+    /// The stored name (`chat`, `raw`, `declared`).
+    pub fn as_str(&self) -> &'static str {
+        match self.kind() {
+            Some(k) => k.name(),
+            None => declared::NAME,
+        }
+    }
+
+    /// The names of the partition, time and sort columns.
+    pub fn key_names(&self) -> [&str; 3] {
+        match self {
+            Self::Declared(d) => [
+                d.schema.partition.name.as_str(),
+                d.schema.time.as_str(),
+                d.schema.sort.name.as_str(),
+            ],
+            other => {
+                let [p, t, s, _] = other.kind().expect("a fixed surface").column_names();
+                [p, t, s]
+            }
+        }
     }
 
     /// The role of a column by name.
-    pub fn role_of(self, column: &str) -> Option<Role> {
-        let names = self.column_names();
-        names.iter().position(|n| *n == column).map(Self::role_at)
+    pub fn role_of(&self, column: &str) -> Option<Role> {
+        let index = match self {
+            Self::Declared(d) => d.arrow.index_of(column).ok()?,
+            other => {
+                let names = other.kind().expect("a fixed surface").column_names();
+                names.iter().position(|n| *n == column)?
+            }
+        };
+        Some(self.role_at(index))
     }
 
     /// The role of the column at a schema index.
-    pub fn role_at(index: usize) -> Role {
-        Role::ALL[index]
+    pub fn role_at(&self, index: usize) -> Role {
+        Role::ALL[index.min(Role::Value.index())]
     }
 
-    /// The full SQL schema. Every column is non-null: the envelope has no nulls.
-    pub fn schema(self) -> SchemaRef {
-        let kind = self.kind();
+    /// The full SQL schema. The keys are non-null; the value columns of `chat` and `raw`
+    /// too (the envelope has no nulls), a declared table's as declared.
+    pub fn schema(&self) -> SchemaRef {
+        let kind = match self {
+            Self::Declared(d) => return d.arrow.clone(),
+            other => other.kind().expect("a fixed surface"),
+        };
         let fields: Vec<Field> = Role::ALL
             .iter()
             .map(|&role| match role {
@@ -145,42 +193,73 @@ impl Surface {
     }
 
     /// The partition key a filter literal names exactly, if any.
-    pub(crate) fn partition_of(self, v: &ScalarValue) -> Option<PartitionKey> {
-        self.kind().partition_of(v)
+    pub(crate) fn partition_of(&self, v: &ScalarValue) -> Option<PartitionKey> {
+        match self {
+            Self::Declared(d) => {
+                declared::key_of(d.schema.partition.ty, v).and_then(|k| PartitionKey::new(k).ok())
+            }
+            other => other.kind()?.partition_of(v),
+        }
     }
 
     /// The sort key a filter literal names exactly, if any.
-    pub(crate) fn sort_key_of(self, v: &ScalarValue) -> Option<SortKey> {
-        self.kind().sort_key_of(v)
+    pub(crate) fn sort_key_of(&self, v: &ScalarValue) -> Option<SortKey> {
+        match self {
+            Self::Declared(d) => {
+                declared::key_of(d.schema.sort.ty, v).and_then(|k| SortKey::new(k).ok())
+            }
+            other => other.kind()?.sort_key_of(v),
+        }
     }
 
-    /// A key as a person reads it in this surface (EXPLAIN).
-    pub(crate) fn display_key(self, key: &[u8]) -> String {
-        self.kind().display_key(key)
+    /// A key as a person reads it in this surface (EXPLAIN); `role` is the partition or
+    /// sort key.
+    pub(crate) fn display_key(&self, role: Role, key: &[u8]) -> String {
+        match self {
+            Self::Declared(d) => {
+                let ty = if role == Role::Partition {
+                    d.schema.partition.ty
+                } else {
+                    d.schema.sort.ty
+                };
+                declared::display_key(ty, key)
+            }
+            other => other.kind().expect("a fixed surface").display_key(key),
+        }
     }
 
     /// Converts envelope batches (as the table streams them) into this surface's columns,
     /// keeping only `projection` (indices into [`Self::schema`]).
     pub fn envelope_to_surface(
-        self,
+        &self,
         envelope: &RecordBatch,
         projection: &[usize],
         out_schema: &SchemaRef,
     ) -> Result<RecordBatch, ProviderError> {
         const ENVELOPE: [&str; 4] = ["partition_key", "event_time", "sort_key", "value"];
-        let kind = self.kind();
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(projection.len());
-        for &i in projection {
-            let role = Self::role_at(i);
+        let envelope_column = |role: Role| {
             let name = ENVELOPE[role.index()];
-            let col = envelope
+            envelope
                 .column_by_name(name)
-                .ok_or_else(|| ProviderError::Internal(format!("envelope batch lacks {name}")))?;
-            columns.push(match role {
-                Role::Time => time_to_micros(col)?,
-                _ => kind.column_from_envelope(role, col)?,
-            });
-        }
+                .cloned()
+                .ok_or_else(|| ProviderError::Internal(format!("envelope batch lacks {name}")))
+        };
+        let columns: Vec<ArrayRef> = match self {
+            Self::Declared(d) => d.columns(projection, &envelope_column)?,
+            other => {
+                let kind = other.kind().expect("a fixed surface");
+                let mut columns = Vec::with_capacity(projection.len());
+                for &i in projection {
+                    let role = self.role_at(i);
+                    let col = envelope_column(role)?;
+                    columns.push(match role {
+                        Role::Time => time_to_micros(&col)?,
+                        _ => kind.column_from_envelope(role, &col)?,
+                    });
+                }
+                columns
+            }
+        };
         let opts = RecordBatchOptions::new().with_row_count(Some(envelope.num_rows()));
         Ok(RecordBatch::try_new_with_options(
             out_schema.clone(),
@@ -189,10 +268,14 @@ impl Surface {
         )?)
     }
 
-    /// Converts a batch in this surface's full schema into records (for INSERT).
-    pub fn batch_to_records(self, batch: &RecordBatch) -> Result<Vec<Record>, ProviderError> {
-        let kind = self.kind();
-        let names = self.column_names();
+    /// Converts a batch in this surface's full schema into records (for INSERT, and for the
+    /// rows a DELETE or UPDATE read).
+    pub fn batch_to_records(&self, batch: &RecordBatch) -> Result<Vec<Record>, ProviderError> {
+        if let Self::Declared(d) = self {
+            return d.batch_to_records(batch);
+        }
+        let kind = self.kind().expect("a fixed surface");
+        let names = kind.column_names();
         let get = |i: usize| {
             batch
                 .column_by_name(names[i])
@@ -253,7 +336,7 @@ fn bytes_of(v: &ScalarValue) -> Option<Vec<u8>> {
     }
 }
 
-fn micros_of(a: &ArrayRef) -> Result<Vec<i64>, ProviderError> {
+pub(super) fn micros_of(a: &ArrayRef) -> Result<Vec<i64>, ProviderError> {
     match a.data_type() {
         DataType::Timestamp(TimeUnit::Microsecond, _) => Ok(a
             .as_any()
@@ -267,7 +350,7 @@ fn micros_of(a: &ArrayRef) -> Result<Vec<i64>, ProviderError> {
     }
 }
 
-fn time_to_micros(a: &ArrayRef) -> Result<ArrayRef, ProviderError> {
+pub(super) fn time_to_micros(a: &ArrayRef) -> Result<ArrayRef, ProviderError> {
     let ns = a
         .as_any()
         .downcast_ref::<TimestampNanosecondArray>()
@@ -294,10 +377,11 @@ mod tests {
             assert_eq!(Surface::parse(s.as_str()).unwrap(), s);
             let schema = s.schema();
             let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-            assert_eq!(names, s.column_names());
+            let want = s.kind().unwrap().column_names();
+            assert_eq!(names, want);
             assert_eq!(schema.field(1).data_type(), &micros_utc());
-            for (i, n) in s.column_names().iter().enumerate() {
-                assert_eq!(s.role_of(n), Some(Surface::role_at(i)));
+            for (i, n) in want.iter().enumerate() {
+                assert_eq!(s.role_of(n), Some(s.role_at(i)));
             }
         }
         assert!(matches!(

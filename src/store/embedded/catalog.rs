@@ -11,7 +11,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::model::{EventTime, TableId};
 use crate::store::migrate::Migrated;
-use crate::store::{Catalog, StoreError, StoreResult, TableDefinition};
+use crate::store::{Catalog, StoreError, StoreResult, StoredSchema, TableDefinition};
 
 use super::decode::{corrupt, time};
 use super::{backend, clock_micros, migrate, Mode, SqliteStore, TxError, TxResult};
@@ -54,6 +54,24 @@ fn load_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<Option<Table
 pub(super) fn require_table(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<TableDefinition> {
     load_table(tx, table_id)?
         .ok_or_else(|| TxError::Store(StoreError::UnknownTable(table_id.clone())))
+}
+
+fn newest_schema(tx: &Transaction<'_>, table_id: &TableId) -> TxResult<Option<StoredSchema>> {
+    tx.prepare_cached(
+        "SELECT schema_version, definition FROM pulpitum_v4_table_schemas \
+         WHERE table_id = ?1 ORDER BY schema_version DESC LIMIT 1",
+    )?
+    .query_row([table_id.as_str()], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+    })
+    .optional()?
+    .map(|(v, definition)| {
+        Ok(StoredSchema {
+            version: u32::try_from(v).map_err(|_| corrupt(format!("table schema version {v}")))?,
+            definition,
+        })
+    })
+    .transpose()
 }
 
 #[async_trait]
@@ -99,6 +117,46 @@ impl Catalog for SqliteStore {
                 ],
             )?;
             Ok(def.clone())
+        })
+        .await
+    }
+
+    async fn table_schema(&self, table_id: &TableId) -> StoreResult<Option<StoredSchema>> {
+        let table_id = table_id.clone();
+        self.run("table_schema", Mode::Read, move |tx, _| {
+            newest_schema(tx, &table_id)
+        })
+        .await
+    }
+
+    async fn put_table_schema(&self, table_id: &TableId, schema: &StoredSchema) -> StoreResult<()> {
+        let (table_id, schema) = (table_id.clone(), schema.clone());
+        self.run("put_table_schema", Mode::Write, move |tx, now| {
+            require_table(tx, &table_id)?;
+            let newest = newest_schema(tx, &table_id)?;
+            if newest.as_ref() == Some(&schema) {
+                return Ok(());
+            }
+            let newest_version = newest.map_or(0, |n| n.version);
+            if newest_version + 1 != schema.version {
+                return Err(StoreError::SchemaChanged {
+                    table_id: table_id.clone(),
+                    from: schema.version.saturating_sub(1),
+                    newest: newest_version,
+                }
+                .into());
+            }
+            tx.execute(
+                "INSERT INTO pulpitum_v4_table_schemas \
+                 (table_id, schema_version, definition, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    table_id.as_str(),
+                    i64::from(schema.version),
+                    schema.definition,
+                    now
+                ],
+            )?;
+            Ok(())
         })
         .await
     }

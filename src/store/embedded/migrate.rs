@@ -107,6 +107,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0011_retired_segments_idx.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 12,
+        name: "table_schemas",
+        sql: include_str!("../../../sql/sqlite/0012_table_schemas.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

@@ -13,7 +13,7 @@ use super::decode::{decode_table, event_time};
 use super::{migrate, PgStore, TxError};
 use crate::model::{EventTime, TableId};
 use crate::store::migrate::Migrated;
-use crate::store::{Catalog, StoreError, StoreResult, TableDefinition};
+use crate::store::{Catalog, StoreError, StoreResult, StoredSchema, TableDefinition};
 
 #[async_trait]
 impl Catalog for PgStore {
@@ -142,4 +142,90 @@ impl Catalog for PgStore {
         })
         .await
     }
+
+    async fn table_schema(&self, table_id: &TableId) -> StoreResult<Option<StoredSchema>> {
+        self.run("table_schema", || async {
+            let client = self.pooled().await?;
+            let row = client
+                .query_opt(
+                    "SELECT schema_version, definition FROM pulpitum_v4_table_schemas \
+                     WHERE table_id = $1 ORDER BY schema_version DESC LIMIT 1",
+                    &[&table_id.as_str()],
+                )
+                .await?;
+            row.map(|r| stored_schema(&r)).transpose()
+        })
+        .await
+    }
+
+    async fn put_table_schema(&self, table_id: &TableId, schema: &StoredSchema) -> StoreResult<()> {
+        let version = i32::try_from(schema.version).map_err(|_| {
+            StoreError::Config(format!("schema version {} too large", schema.version))
+        })?;
+        self.run("put_table_schema", || async {
+            let mut client = self.pooled().await?;
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::Serializable)
+                .start()
+                .await?;
+            let known = tx
+                .query_opt(
+                    "SELECT 1 FROM pulpitum_v4_tables WHERE table_id = $1",
+                    &[&table_id.as_str()],
+                )
+                .await?;
+            if known.is_none() {
+                return Err(TxError::Store(StoreError::UnknownTable(table_id.clone())));
+            }
+            let newest = tx
+                .query_opt(
+                    "SELECT schema_version, definition FROM pulpitum_v4_table_schemas \
+                     WHERE table_id = $1 ORDER BY schema_version DESC LIMIT 1",
+                    &[&table_id.as_str()],
+                )
+                .await?
+                .map(|r| stored_schema(&r))
+                .transpose()?;
+            if let Some(n) = &newest {
+                if n == schema {
+                    return Ok(());
+                }
+            }
+            let newest_version = newest.map_or(0, |n| n.version);
+            let changed = || {
+                TxError::Store(StoreError::SchemaChanged {
+                    table_id: table_id.clone(),
+                    from: schema.version.saturating_sub(1),
+                    newest: newest_version,
+                })
+            };
+            if newest_version + 1 != schema.version {
+                return Err(changed());
+            }
+            let n = tx
+                .execute(
+                    "INSERT INTO pulpitum_v4_table_schemas (table_id, schema_version, definition) \
+                     VALUES ($1, $2, $3) ON CONFLICT (table_id, schema_version) DO NOTHING",
+                    &[&table_id.as_str(), &version, &schema.definition],
+                )
+                .await?;
+            if n != 1 {
+                return Err(changed());
+            }
+            tx.commit().await.map_err(TxError::Commit)?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn stored_schema(r: &tokio_postgres::Row) -> Result<StoredSchema, TxError> {
+    let v: i32 = r.try_get(0)?;
+    Ok(StoredSchema {
+        version: u32::try_from(v).map_err(|_| {
+            TxError::Store(StoreError::Corrupt(format!("table schema version {v}")))
+        })?,
+        definition: r.try_get(1)?,
+    })
 }

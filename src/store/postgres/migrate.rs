@@ -211,6 +211,14 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0023_retired_segments_idx.sql"),
         compat: Compat::Additive,
     },
+    // A new table: builds without it never read it, and a declared table they meet is
+    // refused by name (its surface, `declared`, is unknown to them), never misread.
+    Migration {
+        version: 24,
+        name: "table_schemas",
+        sql: include_str!("../../../sql/0024_table_schemas.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a

@@ -1,0 +1,678 @@
+//! Declared tables (record schema v3) against PostgreSQL given the same DDL: a table with
+//! every value type, rows across per-bucket JSON archives, segments, per-bucket Parquet and
+//! hot buckets, columns added, renamed, dropped and widened in between, rows updated and
+//! deleted across tiers, read back row for row and cell for cell against a real PostgreSQL
+//! table that went through the same statements. On PostgreSQL and the embedded store, both
+//! with the real S3.
+
+mod archiver_support;
+mod changes_support;
+
+use std::sync::Arc;
+
+use archiver_support::{fresh_archive_url, fresh_database, open};
+use changes_support::{DAY_US, START};
+use chrono::{DateTime, NaiveDate, Utc};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BinaryArray, BooleanArray, Date32Array, Decimal128Array,
+    Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, StringArray,
+    TimestampMicrosecondArray,
+};
+use datafusion::arrow::datatypes::{
+    DataType, Date32Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
+    TimestampMicrosecondType,
+};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use pulpitum::archive::PayloadFormat;
+use pulpitum::archiver::{ArchiverConfig, Runner};
+use pulpitum::model::EventTime;
+use pulpitum::session::{session, SessionOptions};
+use pulpitum::store::HotStore;
+use tokio_util::sync::CancellationToken;
+
+const CREATE: &str = "CREATE EXTERNAL TABLE events (tenant_id BIGINT NOT NULL, \
+    at TIMESTAMPTZ NOT NULL, seq BIGINT NOT NULL, kind TEXT NOT NULL, amount DOUBLE PRECISION, \
+    note TEXT, flag BOOLEAN, small SMALLINT, mid INTEGER, price NUMERIC(12, 2), blob BYTEA, \
+    day DATE, seen TIMESTAMPTZ, payload JSON, ratio REAL) STORED AS PULPITUM LOCATION '' \
+    OPTIONS ('partition_by' 'tenant_id', 'time' 'at', 'order_by' 'seq', \
+    'bucket_strategy' 'calendar_day_utc')";
+
+/// The same table in PostgreSQL.
+const MIRROR: &str = "CREATE TABLE events (tenant_id BIGINT NOT NULL, \
+    at TIMESTAMPTZ NOT NULL, seq BIGINT NOT NULL, kind TEXT NOT NULL, amount DOUBLE PRECISION, \
+    note TEXT, flag BOOLEAN, small SMALLINT, mid INTEGER, price NUMERIC(12, 2), blob BYTEA, \
+    day DATE, seen TIMESTAMPTZ, payload JSON, ratio REAL)";
+
+/// Schema changes, each run on both (one statement each, as PostgreSQL takes them too).
+const CHANGES: [&str; 5] = [
+    "ALTER TABLE events ADD COLUMN region TEXT NOT NULL DEFAULT 'eu'",
+    "ALTER TABLE events RENAME COLUMN note TO memo",
+    "ALTER TABLE events DROP COLUMN flag",
+    "ALTER TABLE events ALTER COLUMN mid TYPE BIGINT",
+    "ALTER TABLE events ALTER COLUMN ratio TYPE DOUBLE PRECISION",
+];
+
+/// One generated row: `(tenant, day, k)` and the values every column takes from them.
+#[derive(Clone, Copy)]
+struct Gen {
+    tenant: i64,
+    day: i64,
+    k: i64,
+}
+
+impl Gen {
+    fn seq(self) -> i64 {
+        self.tenant * 1000 + self.day * 10 + self.k
+    }
+    fn at_us(self) -> i64 {
+        EventTime::parse_rfc3339(START).unwrap().as_micros() + self.day * DAY_US + self.k * 1_000
+    }
+}
+
+/// A cell as both sides can be compared.
+#[derive(Debug, Clone, PartialEq)]
+enum Cell {
+    Null,
+    Int(i64),
+    Float(f64),
+    Text(String),
+    Bool(bool),
+    Bytes(Vec<u8>),
+    Micros(i64),
+    Days(i32),
+}
+
+/// The generated rows as a batch in the table's current schema (columns by name; a column
+/// the generator has no value for is left out of `names`).
+fn batch(schema: &datafusion::arrow::datatypes::Schema, rows: &[Gen]) -> RecordBatch {
+    let cols: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| -> ArrayRef {
+            let s = |g: &Gen| g.seq();
+            match (f.name().as_str(), f.data_type()) {
+                ("tenant_id", _) => {
+                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|g| g.tenant)))
+                }
+                ("at", _) => Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(rows.iter().map(|g| g.at_us()))
+                        .with_timezone("UTC"),
+                ),
+                ("seq", _) => Arc::new(Int64Array::from_iter_values(rows.iter().map(s))),
+                ("kind", _) => Arc::new(StringArray::from_iter_values(
+                    rows.iter().map(|g| format!("k{}", s(g) % 3)),
+                )),
+                ("amount", _) => Arc::new(Float64Array::from_iter(
+                    rows.iter()
+                        .map(|g| (s(g) % 5 != 0).then(|| s(g) as f64 * 0.5)),
+                )),
+                ("note" | "memo", _) => Arc::new(StringArray::from_iter(
+                    rows.iter()
+                        .map(|g| (s(g) % 4 != 0).then(|| format!("n{}", s(g)))),
+                )),
+                ("flag", _) => Arc::new(BooleanArray::from_iter(
+                    rows.iter().map(|g| Some(s(g) % 2 == 0)),
+                )),
+                ("small", _) => Arc::new(Int16Array::from_iter(
+                    rows.iter().map(|g| Some((s(g) % 300) as i16)),
+                )),
+                ("mid", DataType::Int32) => Arc::new(Int32Array::from_iter(
+                    rows.iter().map(|g| Some(s(g) as i32 * 1000)),
+                )),
+                ("mid", _) => Arc::new(Int64Array::from_iter(
+                    rows.iter().map(|g| Some(s(g) * 3_000_000_000)),
+                )),
+                ("price", _) => Arc::new(
+                    Decimal128Array::from_iter(
+                        rows.iter()
+                            .map(|g| (s(g) % 6 != 0).then(|| i128::from(s(g)) * 101)),
+                    )
+                    .with_precision_and_scale(12, 2)
+                    .unwrap(),
+                ),
+                ("blob", _) => Arc::new(BinaryArray::from_iter(
+                    rows.iter().map(|g| Some(vec![(s(g) % 256) as u8, 0xff, 0])),
+                )),
+                ("day", _) => Arc::new(Date32Array::from_iter(
+                    rows.iter().map(|g| Some(18_000 + g.day as i32)),
+                )),
+                ("seen", _) => Arc::new(
+                    TimestampMicrosecondArray::from_iter(
+                        rows.iter().map(|g| (s(g) % 7 != 1).then(|| g.at_us() + 1)),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                ("payload", _) => {
+                    Arc::new(StringArray::from_iter(rows.iter().map(|g| {
+                        Some(format!(r#"{{"s": {}, "t": [1, 2.5, "x"]}}"#, s(g)))
+                    })))
+                }
+                ("ratio", DataType::Float32) => Arc::new(Float32Array::from_iter(
+                    rows.iter().map(|g| Some(s(g) as f32 / 4.0)),
+                )),
+                ("ratio", _) => Arc::new(Float64Array::from_iter(
+                    rows.iter().map(|g| Some(s(g) as f64 / 8.0)),
+                )),
+                ("region", _) => Arc::new(StringArray::from_iter_values(
+                    rows.iter().map(|g| format!("r{}", g.tenant)),
+                )),
+                (other, _) => panic!("no generator for {other}"),
+            }
+        })
+        .collect();
+    RecordBatch::try_new(Arc::new(schema.clone()), cols).unwrap()
+}
+
+/// Inserts the rows into PostgreSQL with parameters, each column converted from the
+/// batch's cell.
+async fn pg_insert(pg: &tokio_postgres::Client, b: &RecordBatch) {
+    let names: Vec<String> = b
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let casts: Vec<String> = b
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match f.name().as_str() {
+            "price" => format!("${}::TEXT::NUMERIC", i + 1),
+            "payload" => format!("${}::TEXT::JSON", i + 1),
+            _ => format!("${}", i + 1),
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO events ({}) VALUES ({})",
+        names.join(", "),
+        casts.join(", ")
+    );
+    let stmt = pg.prepare(&sql).await.unwrap();
+    for row in 0..b.num_rows() {
+        let mut params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = Vec::new();
+        for c in b.columns() {
+            let null = c.is_null(row);
+            params.push(match c.data_type() {
+                DataType::Int64 => {
+                    Box::new((!null).then(|| c.as_primitive::<Int64Type>().value(row)))
+                }
+                DataType::Int32 => {
+                    Box::new((!null).then(|| c.as_primitive::<Int32Type>().value(row)))
+                }
+                DataType::Int16 => {
+                    Box::new((!null).then(|| c.as_primitive::<Int16Type>().value(row)))
+                }
+                DataType::Float64 => {
+                    Box::new((!null).then(|| c.as_primitive::<Float64Type>().value(row)))
+                }
+                DataType::Float32 => {
+                    Box::new((!null).then(|| c.as_primitive::<Float32Type>().value(row)))
+                }
+                DataType::Boolean => Box::new((!null).then(|| c.as_boolean().value(row))),
+                DataType::Utf8 => {
+                    Box::new((!null).then(|| c.as_string::<i32>().value(row).to_string()))
+                }
+                DataType::Binary => {
+                    Box::new((!null).then(|| c.as_binary::<i32>().value(row).to_vec()))
+                }
+                DataType::Date32 => Box::new((!null).then(|| {
+                    NaiveDate::from_ymd_opt(1970, 1, 1).unwrap()
+                        + chrono::Duration::days(c.as_primitive::<Date32Type>().value(row).into())
+                })),
+                DataType::Timestamp(..) => Box::new((!null).then(|| {
+                    DateTime::<Utc>::from_timestamp_micros(
+                        c.as_primitive::<TimestampMicrosecondType>().value(row),
+                    )
+                    .unwrap()
+                })),
+                DataType::Decimal128(_, _) => Box::new((!null).then(|| {
+                    let a = c.as_any().downcast_ref::<Decimal128Array>().unwrap();
+                    a.value_as_string(row)
+                })),
+                other => panic!("no PostgreSQL parameter for {other}"),
+            });
+        }
+        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            params.iter().map(|p| p.as_ref() as _).collect();
+        pg.execute(&stmt, &refs).await.unwrap();
+    }
+}
+
+fn arrow_cells(batches: &[RecordBatch]) -> Vec<Vec<Cell>> {
+    let mut out = Vec::new();
+    for b in batches {
+        for row in 0..b.num_rows() {
+            out.push(
+                b.columns()
+                    .iter()
+                    .map(|c| {
+                        if c.is_null(row) {
+                            return Cell::Null;
+                        }
+                        match c.data_type() {
+                            DataType::Int64 => Cell::Int(c.as_primitive::<Int64Type>().value(row)),
+                            DataType::Int32 => {
+                                Cell::Int(c.as_primitive::<Int32Type>().value(row).into())
+                            }
+                            DataType::Int16 => {
+                                Cell::Int(c.as_primitive::<Int16Type>().value(row).into())
+                            }
+                            DataType::Float64 => {
+                                Cell::Float(c.as_primitive::<Float64Type>().value(row))
+                            }
+                            DataType::Float32 => {
+                                Cell::Float(c.as_primitive::<Float32Type>().value(row).into())
+                            }
+                            DataType::Boolean => Cell::Bool(c.as_boolean().value(row)),
+                            DataType::Utf8 => {
+                                Cell::Text(c.as_string::<i32>().value(row).to_string())
+                            }
+                            DataType::Utf8View => {
+                                Cell::Text(c.as_string_view().value(row).to_string())
+                            }
+                            DataType::Binary => {
+                                Cell::Bytes(c.as_binary::<i32>().value(row).to_vec())
+                            }
+                            DataType::Date32 => {
+                                Cell::Days(c.as_primitive::<Date32Type>().value(row))
+                            }
+                            DataType::Timestamp(..) => Cell::Micros(
+                                c.as_primitive::<TimestampMicrosecondType>().value(row),
+                            ),
+                            other => panic!("no cell for {other}"),
+                        }
+                    })
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+fn pg_cells(rows: &[tokio_postgres::Row]) -> Vec<Vec<Cell>> {
+    use tokio_postgres::types::Type;
+    rows.iter()
+        .map(|r| {
+            r.columns()
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let t = c.type_();
+                    macro_rules! get {
+                        ($ty:ty, $f:expr) => {
+                            r.get::<_, Option<$ty>>(i).map_or(Cell::Null, $f)
+                        };
+                    }
+                    match *t {
+                        Type::INT8 => get!(i64, Cell::Int),
+                        Type::INT4 => get!(i32, |v| Cell::Int(v.into())),
+                        Type::INT2 => get!(i16, |v| Cell::Int(v.into())),
+                        Type::FLOAT8 => get!(f64, Cell::Float),
+                        Type::FLOAT4 => get!(f32, |v| Cell::Float(v.into())),
+                        Type::BOOL => get!(bool, Cell::Bool),
+                        Type::TEXT => get!(String, Cell::Text),
+                        Type::BYTEA => get!(Vec<u8>, Cell::Bytes),
+                        Type::DATE => get!(NaiveDate, |d| Cell::Days(
+                            (d - NaiveDate::from_ymd_opt(1970, 1, 1).unwrap()).num_days() as i32
+                        )),
+                        Type::TIMESTAMPTZ => {
+                            get!(DateTime<Utc>, |d| Cell::Micros(d.timestamp_micros()))
+                        }
+                        ref other => panic!("no cell for PostgreSQL type {other}"),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+struct Both {
+    ctx: SessionContext,
+    store: Arc<dyn HotStore>,
+    archive: Arc<pulpitum::archive::ArchiveStore>,
+    pg: tokio_postgres::Client,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Both {
+    async fn new(label: &str, embedded: bool) -> Self {
+        let archive_url = fresh_archive_url(label);
+        // The mirror always lives in PostgreSQL, in a schema of its own.
+        let mirror_url = fresh_database(&format!("{label}_m")).await;
+        let (db, dir) = if embedded {
+            let dir = tempfile::tempdir().unwrap();
+            (
+                format!("sqlite://{}", dir.path().join("hot.db").display()),
+                Some(dir),
+            )
+        } else {
+            (fresh_database(label).await, None)
+        };
+        let (store, archive) = open(&db, &archive_url).await;
+        let ctx = session(
+            store.clone(),
+            archive.clone(),
+            SessionOptions {
+                page_rows: 5,
+                ..SessionOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let (pg, conn) = tokio_postgres::connect(&mirror_url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        Self {
+            ctx,
+            store,
+            archive,
+            pg,
+            _dir: dir,
+        }
+    }
+
+    async fn ours(&self, sql: &str) -> Result<Vec<RecordBatch>, String> {
+        let df = pulpitum::control::sql(&self.ctx, sql)
+            .await
+            .map_err(|e| e.to_string())?;
+        df.collect().await.map_err(|e| e.to_string())
+    }
+
+    /// Runs a statement on both sides.
+    async fn both(&self, sql: &str) {
+        self.ours(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        self.pg
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL: {sql}: {e}"));
+    }
+
+    /// Inserts generated rows on both sides (ours through SQL from a registered batch).
+    async fn insert(&self, rows: &[Gen], columns: Option<&[&str]>) {
+        let provider = self.ctx.table_provider("events").await.unwrap();
+        let full = provider.schema();
+        let schema = match columns {
+            Some(names) => full
+                .project(
+                    &names
+                        .iter()
+                        .map(|n| full.index_of(n).unwrap())
+                        .collect::<Vec<_>>(),
+                )
+                .unwrap(),
+            None => full.as_ref().clone(),
+        };
+        let b = batch(&schema, rows);
+        let mem = MemTable::try_new(b.schema(), vec![vec![b.clone()]]).unwrap();
+        let _ = self.ctx.deregister_table("src");
+        self.ctx.register_table("src", Arc::new(mem)).unwrap();
+        let list: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        self.ours(&format!(
+            "INSERT INTO events ({}) SELECT * FROM src",
+            list.join(", ")
+        ))
+        .await
+        .unwrap();
+        pg_insert(&self.pg, &b).await;
+    }
+
+    /// The same query on both sides, compared cell for cell.
+    async fn same(&self, sql: &str, what: &str) -> usize {
+        let ours = arrow_cells(
+            &self
+                .ours(sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+        );
+        let theirs = pg_cells(
+            &self
+                .pg
+                .query(sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("PostgreSQL: {sql}: {e}")),
+        );
+        assert_eq!(ours.len(), theirs.len(), "{what}: row counts of {sql}");
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            assert_eq!(a, b, "{what}: row {i} of {sql}");
+        }
+        ours.len()
+    }
+
+    async fn archive(&self, before: &str, format: PayloadFormat, segments: bool) {
+        let mut c = ArchiverConfig::with_defaults();
+        c.eligible_before = Some(EventTime::parse_rfc3339(before).unwrap());
+        c.cleanup_delay = std::time::Duration::ZERO;
+        c.format = format;
+        c.compaction = segments;
+        c.compact_after = std::time::Duration::ZERO;
+        let runner = Runner::new(self.store.clone(), self.archive.clone(), c).unwrap();
+        runner
+            .drain(&CancellationToken::new(), &|_, _| {})
+            .await
+            .unwrap();
+        if segments {
+            let r = runner.compact_pass().await.unwrap();
+            assert_eq!(r.failed, 0, "{r:?}");
+        }
+    }
+}
+
+const ALL_V1: &str = "SELECT tenant_id, at, seq, kind, amount, note, flag, small, mid, \
+    CAST(price AS TEXT), blob, day, seen, CAST(payload AS TEXT), ratio FROM events ORDER BY tenant_id, seq";
+const ALL_V2: &str = "SELECT tenant_id, at, seq, kind, amount, memo, small, mid, \
+    CAST(price AS TEXT), blob, day, seen, CAST(payload AS TEXT), ratio, region FROM events \
+    ORDER BY tenant_id, seq";
+const AGG: &str = "SELECT kind, count(*), sum(amount), CAST(max(price) AS TEXT), max(day), \
+    count(memo), CAST(sum(mid) AS BIGINT) FROM events GROUP BY kind ORDER BY kind";
+
+fn rows(tenants: std::ops::RangeInclusive<i64>, days: &[i64]) -> Vec<Gen> {
+    let mut out = Vec::new();
+    for tenant in tenants {
+        for &day in days {
+            for k in 0..4 {
+                out.push(Gen { tenant, day, k });
+            }
+        }
+    }
+    out
+}
+
+async fn declared(embedded: bool) {
+    let t = Both::new(if embedded { "decl_sq" } else { "decl_pg" }, embedded).await;
+    t.ours(CREATE).await.unwrap();
+    // The identical CREATE again is a no-op, as for every Pulpitum table.
+    t.ours(CREATE).await.unwrap();
+    t.pg.batch_execute(MIRROR).await.unwrap();
+
+    // Schema version 1: March 1 to 3.
+    t.insert(&rows(1..=3, &[0, 1, 2]), None).await;
+    assert_eq!(t.same(ALL_V1, "hot, v1").await, 36);
+    // March 1 to per-bucket JSON, March 2 to Parquet compacted into segments.
+    t.archive("2021-03-02T00:00:00Z", PayloadFormat::Json, false)
+        .await;
+    t.archive("2021-03-03T00:00:00Z", PayloadFormat::Parquet, true)
+        .await;
+    t.same(ALL_V1, "archived, v1").await;
+
+    for c in CHANGES {
+        t.both(c).await;
+    }
+    // Rows of the new shape in March 4 and 5; older rows read the added column's DEFAULT.
+    t.insert(&rows(1..=3, &[3, 4]), None).await;
+    t.same(ALL_V2, "after the changes").await;
+    // A default changed later applies to new rows only, as in PostgreSQL.
+    t.both("ALTER TABLE events ALTER COLUMN region SET DEFAULT 'us'")
+        .await;
+    t.insert(
+        &rows(4..=4, &[4]),
+        Some(&["tenant_id", "at", "seq", "kind"]),
+    )
+    .await;
+    t.same(ALL_V2, "omitted columns").await;
+
+    // Changes across tiers: archived rows (masks) and hot rows.
+    t.both("UPDATE events SET amount = 7.5, memo = 'edited' WHERE tenant_id = 2 AND seq % 3 = 0")
+        .await;
+    t.both("DELETE FROM events WHERE seq % 7 = 0").await;
+    t.same(ALL_V2, "after UPDATE and DELETE").await;
+
+    // March 3 (rows of v1) and March 4 (rows of v2) archived under the newest schema.
+    t.archive("2021-03-05T00:00:00Z", PayloadFormat::Parquet, false)
+        .await;
+    let n = t.same(ALL_V2, "every tier").await;
+    assert!(n > 50, "{n} rows");
+    t.same(AGG, "aggregate").await;
+    t.same(
+        "SELECT tenant_id, seq, memo FROM events WHERE tenant_id = 2 AND seq > 2010 AND seq <= 2032 ORDER BY seq DESC",
+        "pushed key filters",
+    )
+    .await;
+    t.same(
+        "SELECT seq, region, CAST(payload AS TEXT) FROM events WHERE at >= '2021-03-02T00:00:00Z' AND at < '2021-03-04T00:00:00Z' AND region = 'eu' ORDER BY seq",
+        "time range and a value filter",
+    )
+    .await;
+
+    // Refusals, each naming what was wrong; nothing is stored.
+    for (sql, needle) in [
+        (
+            "ALTER TABLE events ALTER COLUMN mid TYPE INTEGER",
+            "does not widen",
+        ),
+        (
+            "ALTER TABLE events ADD COLUMN strict TEXT NOT NULL",
+            "DEFAULT",
+        ),
+        ("ALTER TABLE events DROP COLUMN seq", "key column"),
+        ("ALTER TABLE events ADD COLUMN kind TEXT", "named twice"),
+        (
+            "ALTER TABLE events ADD COLUMN w INTERVAL",
+            "unsupported type",
+        ),
+        (
+            "ALTER TABLE events ADD COLUMN n INT DEFAULT now()",
+            "constant",
+        ),
+        ("ALTER TABLE chat_nope ADD COLUMN x INT", "not registered"),
+    ] {
+        let e = t.ours(sql).await.unwrap_err();
+        assert!(e.contains(needle), "{sql}: {e}");
+    }
+    for (sql, needle) in [
+        ("INSERT INTO events (tenant_id, at, seq, kind, payload) VALUES (9, TIMESTAMPTZ '2021-03-05T00:00:00Z', 1, 'k', '{oops')", "column payload"),
+        ("INSERT INTO events (tenant_id, at, seq) VALUES (9, TIMESTAMPTZ '2021-03-05T00:00:00Z', 1)", "non-nullable"),
+        ("UPDATE events SET tenant_id = 5 WHERE seq = 1001", "may not set tenant_id"),
+    ] {
+        let e = t.ours(sql).await.unwrap_err();
+        assert!(e.contains(needle), "{sql}: {e}");
+    }
+    t.same(ALL_V2, "after the refusals").await;
+
+    // Another session sees the newest schema (built afresh, and a running one within the
+    // recheck interval).
+    let other = session(
+        t.store.clone(),
+        t.archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
+    t.both("ALTER TABLE events ADD COLUMN score INTEGER").await;
+    tokio::time::sleep(pulpitum::provider::factory::SCHEMA_RECHECK).await;
+    let df = other
+        .sql("SELECT count(score), count(*) FROM events")
+        .await
+        .unwrap();
+    let b = df.collect().await.unwrap();
+    assert_eq!(b[0].column(0).as_primitive::<Int64Type>().value(0), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_table_matches_postgresql_across_tiers_and_schema_changes() {
+    declared(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_table_matches_postgresql_on_the_embedded_store() {
+    declared(true).await;
+}
+
+/// Changes made from the same version: the registry keeps one and refuses the other
+/// with nothing stored; under racing sessions no change is lost or applied twice (every
+/// change that succeeded is in the newest schema, every refused one is not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_schema_changes_are_serialized_by_version() {
+    let t = Both::new("decl_race", false).await;
+    t.ours(CREATE).await.unwrap();
+    let id = pulpitum::model::TableId::new("events").unwrap();
+    let v1 = t.store.table_schema(&id).await.unwrap().unwrap();
+    let schema = pulpitum::model::schema::TableSchema::from_json(&v1.definition).unwrap();
+    let add = |name: &str| {
+        let s = schema
+            .apply(&pulpitum::model::schema::SchemaChange::AddColumn {
+                name: name.into(),
+                ty: pulpitum::model::schema::ColumnType::Text,
+                nullable: true,
+                default: None,
+            })
+            .unwrap();
+        pulpitum::store::StoredSchema {
+            version: s.version,
+            definition: s.to_json(),
+        }
+    };
+    t.store.put_table_schema(&id, &add("a")).await.unwrap();
+    // The same version again is a no-op; another definition of it is refused.
+    t.store.put_table_schema(&id, &add("a")).await.unwrap();
+    let e = t.store.put_table_schema(&id, &add("b")).await.unwrap_err();
+    assert!(e.to_string().contains("schema changed"), "{e}");
+    // Version 4 does not follow version 2.
+    let mut skip = add("c");
+    skip.version = 4;
+    assert!(t.store.put_table_schema(&id, &skip).await.is_err());
+
+    // Racing sessions, each adding its own column.
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let ctx = session(
+            t.store.clone(),
+            t.archive.clone(),
+            SessionOptions::default(),
+        )
+        .await
+        .unwrap();
+        tasks.push(tokio::spawn(async move {
+            let sql = format!("ALTER TABLE events ADD COLUMN c{i} TEXT");
+            match pulpitum::control::sql(&ctx, &sql).await {
+                Ok(df) => df.collect().await.map(|_| i).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        }));
+    }
+    let mut won = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(i) => won.push(format!("c{i}")),
+            Err(e) => assert!(e.contains("schema changed"), "{e}"),
+        }
+    }
+    assert!(!won.is_empty());
+    let newest = t.store.table_schema(&id).await.unwrap().unwrap();
+    let newest = pulpitum::model::schema::TableSchema::from_json(&newest.definition).unwrap();
+    assert_eq!(newest.version as usize, 2 + won.len());
+    let mut added: Vec<String> = newest
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .filter(|n| n.starts_with('c') && n.len() == 2)
+        .collect();
+    added.sort();
+    won.sort();
+    assert_eq!(added, won);
+}
