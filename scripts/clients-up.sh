@@ -13,6 +13,11 @@ if ! python3 -c "import psycopg" 2>/dev/null; then
   echo "clients-up.sh: installing psycopg"
   python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]>=3.2,<3.4'
 fi
+if ! python3 -c "import duckdb" 2>/dev/null; then
+  # tests/declared.rs reads an archived payload of a declared table by column name with it.
+  echo "clients-up.sh: installing duckdb"
+  python3 -m pip install --quiet --disable-pip-version-check 'duckdb==2.0.1'
+fi
 if [ ! -d tests/clients/node_modules/pg ]; then
   echo "clients-up.sh: installing node-postgres"
   (cd tests/clients && npm install --no-audit --no-fund --silent)

@@ -539,6 +539,10 @@ async fn declared(embedded: bool) {
     )
     .await;
 
+    // DuckDB reads an archived payload of the newest schema by column name, with the
+    // values SQL gives (March 4's buckets: written after the changes, no masks since).
+    duckdb_reads_by_name(&t).await;
+
     // Refusals, each naming what was wrong; nothing is stored.
     for (sql, needle) in [
         (
@@ -591,6 +595,78 @@ async fn declared(embedded: bool) {
         .unwrap();
     let b = df.collect().await.unwrap();
     assert_eq!(b[0].column(0).as_primitive::<Int64Type>().value(0), 0);
+}
+
+/// Every per-bucket Parquet payload of March 4 read by DuckDB (`read_parquet`, columns by
+/// name, the sort key decoded from its 8-byte form) against the same rows through SQL.
+async fn duckdb_reads_by_name(t: &Both) {
+    let keys: Vec<String> = t
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .filter(|k| {
+            k.contains("/v4/events/")
+                && k.contains("day:2021-03-04")
+                && k.ends_with("payload.parquet")
+        })
+        .collect();
+    assert!(!keys.is_empty(), "March 4 was archived in Parquet");
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let bytes = t.archive.operator().read(k).await.unwrap().to_bytes();
+        let f = dir.path().join(format!("p{i}.parquet"));
+        std::fs::write(&f, &bytes).unwrap();
+        files.push(f.display().to_string());
+    }
+    let script = r#"
+import duckdb, json, sys
+con = duckdb.connect()
+out = []
+for f in sys.argv[1:]:
+    for sk, kind, memo, region, mid in con.execute(
+        "SELECT sort_key, kind, memo, region, mid FROM read_parquet(?) ORDER BY event_time, sort_key", [f]
+    ).fetchall():
+        seq = int.from_bytes(sk, 'big') ^ (1 << 63)
+        seq = seq - (1 << 64) if seq >= (1 << 63) else seq
+        out.append([seq, kind, memo, region, mid])
+print(json.dumps(sorted(out)))
+"#;
+    let run = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(&files)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        run.status.success(),
+        "duckdb (scripts/clients-up.sh installs it): {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    type Row = (i64, String, Option<String>, String, Option<i64>);
+    let duck: Vec<Row> = serde_json::from_slice(&run.stdout).unwrap();
+    let ours = arrow_cells(
+        &t.ours("SELECT seq, kind, memo, region, mid FROM events WHERE at >= '2021-03-04T00:00:00Z' AND at < '2021-03-05T00:00:00Z' ORDER BY seq")
+            .await
+            .unwrap(),
+    );
+    let duck: Vec<Vec<Cell>> = duck
+        .into_iter()
+        .map(|(seq, kind, memo, region, mid)| {
+            vec![
+                Cell::Int(seq),
+                Cell::Text(kind),
+                memo.map_or(Cell::Null, Cell::Text),
+                Cell::Text(region),
+                mid.map_or(Cell::Null, Cell::Int),
+            ]
+        })
+        .collect();
+    assert!(!duck.is_empty());
+    assert_eq!(duck, ours, "DuckDB's columns by name against SQL's");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

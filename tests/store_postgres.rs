@@ -122,6 +122,7 @@ async fn migrations_run_twice_and_concurrently() {
             "pulpitum_v4_row_masks",
             "pulpitum_v4_schema_migrations",
             "pulpitum_v4_store_control",
+            "pulpitum_v4_table_schemas",
             "pulpitum_v4_tables"
         ]
     );

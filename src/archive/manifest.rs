@@ -13,6 +13,9 @@ use crate::model::{BucketId, BucketKey, BucketStrategy, EventTime, PartitionKey,
 /// The only manifest version this code reads and writes.
 pub const MANIFEST_VERSION: u32 = 4;
 pub use crate::model::RECORD_SCHEMA_VERSION;
+/// The record schema of a columnar payload (a declared table's values as typed columns;
+/// `parquet::ValueColumns`); its manifest also names the table schema version.
+pub const COLUMNAR_SCHEMA_VERSION: u32 = 3;
 /// The clustering key every v4 archive is ordered by.
 pub const CLUSTERING_KEY: [&str; 2] = ["event_time", "sort_key"];
 
@@ -38,8 +41,11 @@ pub struct Manifest {
     pub generation: i64,
     /// The payload encoding.
     pub format: PayloadFormat,
-    /// Always [`RECORD_SCHEMA_VERSION`].
+    /// [`RECORD_SCHEMA_VERSION`], or [`COLUMNAR_SCHEMA_VERSION`] for a columnar payload.
     pub schema_version: u32,
+    /// The table schema version a columnar payload was written with (exactly when
+    /// `schema_version` is [`COLUMNAR_SCHEMA_VERSION`]).
+    pub table_schema_version: Option<u32>,
     /// Full key of the payload (a sibling of the manifest).
     pub payload_key: String,
     /// Records in the payload.
@@ -78,6 +84,8 @@ struct ManifestWire {
     generation: i64,
     format: String,
     schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    table_schema_version: Option<u32>,
     payload_key: String,
     row_count: u64,
     byte_length: u64,
@@ -103,6 +111,7 @@ impl From<Manifest> for ManifestWire {
             generation: m.generation,
             format: m.format.as_str().to_string(),
             schema_version: m.schema_version,
+            table_schema_version: m.table_schema_version,
             payload_key: m.payload_key,
             row_count: m.row_count,
             byte_length: m.byte_length,
@@ -128,8 +137,15 @@ impl TryFrom<ManifestWire> for Manifest {
         if w.manifest_version != MANIFEST_VERSION {
             return Err(format!("manifest_version {}", w.manifest_version));
         }
-        if w.schema_version != RECORD_SCHEMA_VERSION {
+        let columnar = w.schema_version == COLUMNAR_SCHEMA_VERSION;
+        if w.schema_version != RECORD_SCHEMA_VERSION && !columnar {
             return Err(format!("schema_version {}", w.schema_version));
+        }
+        if columnar != w.table_schema_version.is_some() || (columnar && w.format != "parquet") {
+            return Err(format!(
+                "schema_version {} with table_schema_version {:?} in format {}",
+                w.schema_version, w.table_schema_version, w.format
+            ));
         }
         let time =
             |name: &str, s: &str| EventTime::parse_rfc3339(s).map_err(|e| format!("{name}: {e}"));
@@ -223,6 +239,7 @@ impl TryFrom<ManifestWire> for Manifest {
             generation: w.generation,
             format,
             schema_version: w.schema_version,
+            table_schema_version: w.table_schema_version,
             payload_key: w.payload_key,
             row_count: w.row_count,
             byte_length: w.byte_length,
@@ -304,7 +321,7 @@ impl Manifest {
             return Err(ArchiveError::UnsupportedManifestVersion(mv));
         }
         let sv = version("schema_version")?;
-        if sv != RECORD_SCHEMA_VERSION {
+        if sv != RECORD_SCHEMA_VERSION && sv != COLUMNAR_SCHEMA_VERSION {
             return Err(ArchiveError::UnsupportedSchemaVersion(sv));
         }
         let wire: ManifestWire =
@@ -394,6 +411,7 @@ mod tests {
             generation: 7,
             format: PayloadFormat::Parquet,
             schema_version: 2,
+            table_schema_version: None,
             payload_key: "p/v4/chat/ab/day:2024-03-10/g7/payload.parquet".into(),
             row_count: 3,
             byte_length: 10,

@@ -42,7 +42,10 @@ mod write;
 
 pub use faults::{FaultLayer, FaultOp, FaultPlan, FaultStats, WriteFault};
 pub use integrity::BLOCK_SIZE;
-pub use manifest::{Manifest, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION};
+pub use manifest::{
+    Manifest, CLUSTERING_KEY, COLUMNAR_SCHEMA_VERSION, MANIFEST_VERSION, RECORD_SCHEMA_VERSION,
+};
+pub use parquet::ValueColumns;
 pub use parquet::{envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS};
 pub(crate) use route::retry_transient;
 pub use route::RouteManifest;
@@ -570,7 +573,25 @@ impl ArchiveStore {
     where
         S: Stream<Item = Result<Vec<Record>, E>> + Send,
     {
-        write::write_bucket(self, bucket, generation, format, pages).await
+        write::write_bucket(self, bucket, generation, format, None, pages).await
+    }
+
+    /// [`Self::write_bucket`] for a declared table: a Parquet payload in the columnar
+    /// layout of `layout` (each value column typed and named; see
+    /// [`ValueColumns`]), record schema 3 in the manifest. A JSON payload is
+    /// written as by [`Self::write_bucket`].
+    pub async fn write_bucket_with<S, E>(
+        &self,
+        bucket: &BucketId,
+        generation: i64,
+        format: PayloadFormat,
+        layout: Option<&ValueColumns>,
+        pages: S,
+    ) -> Result<WrittenArchive, WriteError<E>>
+    where
+        S: Stream<Item = Result<Vec<Record>, E>> + Send,
+    {
+        write::write_bucket(self, bucket, generation, format, layout, pages).await
     }
 
     /// Reads a manifest and validates it strictly against the bucket the route names.
@@ -635,7 +656,7 @@ impl ArchiveStore {
             .to_bytes();
         integrity::verify_whole(key, &bytes, manifest)?;
         let records = match manifest.format {
-            PayloadFormat::Parquet => parquet::decode_all(key, bytes)?,
+            PayloadFormat::Parquet => parquet::decode_all(key, bytes, manifest.schema_version)?,
             PayloadFormat::Json => json::decode_all(key, &bytes)?,
         };
         integrity::check_records(key, manifest, &records)?;

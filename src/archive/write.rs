@@ -16,12 +16,13 @@ use futures::{Stream, StreamExt};
 
 use super::integrity::{digest_stored, sha256_hex, Digests};
 use super::parquet::{
-    envelope_schema, from_parquet, records_to_batch, writer_properties, PayloadSink,
+    envelope_schema, from_parquet, records_to_batch, writer_properties, PayloadSink, ValueColumns,
     ENCODE_BATCH_ROWS,
 };
 use super::{
     json, parquet, ArchiveError, ArchiveScan, ArchiveScanMetrics, ArchiveStore, Manifest,
-    PayloadFormat, WrittenArchive, CLUSTERING_KEY, MANIFEST_VERSION, RECORD_SCHEMA_VERSION,
+    PayloadFormat, WrittenArchive, CLUSTERING_KEY, COLUMNAR_SCHEMA_VERSION, MANIFEST_VERSION,
+    RECORD_SCHEMA_VERSION,
 };
 use crate::model::{BucketId, EventTime, Record};
 
@@ -153,25 +154,31 @@ async fn encode_parquet<S, E>(
     key: &str,
     bucket: &BucketId,
     lossy: bool,
+    layout: Option<&ValueColumns>,
     pages: S,
 ) -> (PayloadSink, Result<RowStats, WriteError<E>>)
 where
     S: Stream<Item = Result<Vec<Record>, E>> + Send,
 {
-    let mut writer = match AsyncArrowWriter::try_new(
-        sink,
-        envelope_schema(true),
-        Some(writer_properties(row_group_rows)),
-    ) {
-        Ok(w) => w,
-        Err(e) => unreachable_writer(e),
+    let schema = layout.map_or_else(|| envelope_schema(true), ValueColumns::payload_schema);
+    let encode = |chunk: &[Record]| -> Result<_, ArchiveError> {
+        let batch = records_to_batch(chunk, true);
+        match layout {
+            Some(l) => l.to_payload(&batch),
+            None => Ok(batch),
+        }
     };
+    let mut writer =
+        match AsyncArrowWriter::try_new(sink, schema, Some(writer_properties(row_group_rows))) {
+            Ok(w) => w,
+            Err(e) => unreachable_writer(e),
+        };
     let mut chunker = Rechunker::new(bucket, lossy);
     let result: Result<(), WriteError<E>> = async {
         futures::pin_mut!(pages);
         while let Some(page) = pages.next().await {
             for chunk in chunker.push(page.map_err(WriteError::Source)?)? {
-                let batch = records_to_batch(&chunk, true);
+                let batch = encode(&chunk)?;
                 writer
                     .write(&batch)
                     .await
@@ -180,7 +187,7 @@ where
         }
         let rest = chunker.rest();
         if !rest.is_empty() {
-            let batch = records_to_batch(&rest, true);
+            let batch = encode(&rest)?;
             writer
                 .write(&batch)
                 .await
@@ -249,13 +256,16 @@ pub(crate) async fn write_bucket<S, E>(
     bucket: &BucketId,
     generation: i64,
     format: PayloadFormat,
+    layout: Option<&ValueColumns>,
     pages: S,
 ) -> Result<WrittenArchive, WriteError<E>>
 where
     S: Stream<Item = Result<Vec<Record>, E>> + Send,
 {
-    let uploaded = upload_payload(store, bucket, generation, format, pages).await?;
-    Ok(verify_and_commit(store, bucket, generation, format, uploaded).await?)
+    // The columnar layout is a Parquet layout; a JSON payload keeps each row's encoding.
+    let layout = layout.filter(|_| format == PayloadFormat::Parquet);
+    let uploaded = upload_payload(store, bucket, generation, format, layout, pages).await?;
+    Ok(verify_and_commit(store, bucket, generation, format, layout, uploaded).await?)
 }
 
 /// A payload uploaded (or found from an earlier attempt) and the digests its encoding had.
@@ -276,6 +286,7 @@ async fn upload_payload<S, E>(
     bucket: &BucketId,
     generation: i64,
     format: PayloadFormat,
+    layout: Option<&ValueColumns>,
     pages: S,
 ) -> Result<Uploaded, WriteError<E>>
 where
@@ -322,7 +333,7 @@ where
     let (mut sink, encoded) = match format {
         PayloadFormat::Parquet => {
             let rows = store.row_group_rows();
-            encode_parquet(sink, rows, &payload_key, bucket, lossy, pages).await
+            encode_parquet(sink, rows, &payload_key, bucket, lossy, layout, pages).await
         }
         PayloadFormat::Json => encode_json(sink, &payload_key, bucket, lossy, pages).await,
     };
@@ -356,6 +367,7 @@ async fn verify_and_commit(
     bucket: &BucketId,
     generation: i64,
     format: PayloadFormat,
+    layout: Option<&ValueColumns>,
     uploaded: Uploaded,
 ) -> Result<WrittenArchive, ArchiveError> {
     let Uploaded {
@@ -408,7 +420,11 @@ async fn verify_and_commit(
         bucket_end: bucket.bucket_key.end(),
         generation,
         format,
-        schema_version: RECORD_SCHEMA_VERSION,
+        schema_version: match layout {
+            Some(_) => COLUMNAR_SCHEMA_VERSION,
+            None => RECORD_SCHEMA_VERSION,
+        },
+        table_schema_version: layout.map(ValueColumns::table_schema_version),
         payload_key: payload_key.clone(),
         row_count: stats.rows,
         byte_length: written.len,

@@ -87,6 +87,37 @@ impl Runner {
         })
     }
 
+    /// The columnar layout of a declared table's Parquet payloads, at its newest schema
+    /// version (read for every bucket, so a schema change reaches the next payload).
+    /// `None` for the fixed surfaces, and (with a warning) when the schema cannot be read:
+    /// the binary envelope holds every table's rows exactly, only not as named columns.
+    pub(super) async fn layout_for(&self, table: &TableId) -> Option<crate::archive::ValueColumns> {
+        let def = match self.store.table(table).await {
+            Ok(Some(d)) => d,
+            Ok(None) => return None,
+            Err(e) => {
+                warn!(table = %table, error = %e, "cannot read the table's definition; writing the binary layout");
+                return None;
+            }
+        };
+        if def.surface != crate::control::schema::DECLARED {
+            return None;
+        }
+        let schema = match self.store.table_schema(table).await {
+            Ok(Some(s)) => crate::model::schema::TableSchema::from_json(&s.definition)
+                .map_err(|e| e.to_string()),
+            Ok(None) => Err("no stored schema".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match schema {
+            Ok(s) => Some(crate::archive::ValueColumns::new(s)),
+            Err(e) => {
+                warn!(table = %table, error = %e, "cannot read the table's schema; writing the binary layout");
+                None
+            }
+        }
+    }
+
     /// The cleanup delay of `table`: the larger of its policy's and the configured one.
     pub(super) fn cleanup_delay_for(&self, table: &TableId) -> Duration {
         let policy = self.policies.get(table).and_then(|p| p.cleanup_delay);

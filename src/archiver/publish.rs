@@ -62,9 +62,14 @@ impl Runner {
             self.config.op_deadline,
         );
         let format = self.format_for(&claim.bucket.table_id);
-        let upload = self
-            .archive
-            .write_bucket(&claim.bucket, claim.generation, format, pages);
+        let layout = self.layout_for(&claim.bucket.table_id).await;
+        let upload = self.archive.write_bucket_with(
+            &claim.bucket,
+            claim.generation,
+            format,
+            layout.as_ref(),
+            pages,
+        );
         let written = tokio::select! {
             biased;
             _ = keeper.lost.cancelled() => return Ok(BucketOutcome::LeaseLost),

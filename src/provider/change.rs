@@ -94,12 +94,18 @@ impl PulpitumTable {
                     assigned.insert(column, expr);
                 }
                 _ => {
-                    let [p, t, k] = self.surface.key_names();
-                    return Err(ProviderError::InvalidChange(format!(
-                        "UPDATE may not set {column}: {p}, {t} and {k} are the row's key \
-                         (delete the row and insert it again instead)"
-                    ))
-                    .into());
+                    let message = match &self.surface {
+                        Surface::Declared(_) => format!(
+                            "UPDATE may not set {column}: it is part of the row's key \
+                             (delete the row and insert it again instead)"
+                        ),
+                        other => format!(
+                            "UPDATE may set only {}: {column} is part of the row's key \
+                             (delete the row and insert it again instead)",
+                            other.schema().field(Role::Value.index()).name()
+                        ),
+                    };
+                    return Err(ProviderError::InvalidChange(message).into());
                 }
             }
         }

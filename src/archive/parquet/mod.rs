@@ -17,6 +17,7 @@
 //!   descending reads) and the in-memory decoder;
 //! - `prune.rs`: which row groups, pages and rows a scan's bounds select.
 
+mod columns;
 mod prune;
 mod read;
 mod sink;
@@ -30,6 +31,7 @@ use parquet::schema::types::ColumnPath;
 use super::ArchiveError;
 use crate::model::envelope::{COL_SORT, COL_TIME};
 pub use crate::model::{envelope_schema, records_to_batch};
+pub use columns::ValueColumns;
 pub(crate) use read::{decode_all, scan, scan_with, FooterCache};
 pub(crate) use sink::PayloadSink;
 

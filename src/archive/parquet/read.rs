@@ -33,12 +33,15 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 
+use super::columns::{envelope_batch, is_columnar, to_envelope, value_columns};
 use super::prune::{filter_mask, plan_row_groups, RowGroupPlan};
 use super::{envelope_schema, from_parquet, ENCODE_BATCH_ROWS};
 use crate::archive::integrity::{check_stored_length, RowCheck, VerifiedReader};
+use crate::archive::COLUMNAR_SCHEMA_VERSION;
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics, Manifest};
 use crate::lru::Lru;
 use crate::model::envelope::{COL_SORT, COL_TIME};
+use crate::model::schema::ColumnType;
 use crate::model::{batch_to_records, Record, ScanBounds};
 
 /// The envelope as a scan returns it: without `event_time` and `sort_key` when the scan
@@ -109,7 +112,21 @@ impl AsyncFileReader for VerifiedParquetReader {
     }
 }
 
-fn check_schema(key: &str, schema: &Schema) -> Result<(), ArchiveError> {
+/// The typed value columns of a columnar payload (record schema 3), `None` for the binary
+/// envelope (record schema 2); which one the file is must be what its manifest says.
+type Columnar = Option<Arc<Vec<(u32, ColumnType)>>>;
+
+fn check_schema(key: &str, schema: &Schema, schema_version: u32) -> Result<Columnar, ArchiveError> {
+    let columnar = is_columnar(schema);
+    if columnar != (schema_version == COLUMNAR_SCHEMA_VERSION) {
+        return Err(ArchiveError::decode(
+            key,
+            format!("the manifest says record schema {schema_version}, the file's layout differs"),
+        ));
+    }
+    if columnar {
+        return Ok(Some(Arc::new(value_columns(key, schema)?)));
+    }
     let want = envelope_schema(true);
     let same = schema.fields().len() == want.fields().len()
         && schema
@@ -125,7 +142,21 @@ fn check_schema(key: &str, schema: &Schema) -> Result<(), ArchiveError> {
             format!("file schema is not the record schema v2 envelope: {schema}"),
         ));
     }
-    Ok(())
+    Ok(None)
+}
+
+/// A batch's columns with a columnar payload's value columns (and residual) turned back into
+/// the envelope's `value`; `keys` is how many key columns lead the batch.
+fn envelope_columns(
+    key: &str,
+    batch: &RecordBatch,
+    columnar: &Columnar,
+    keys: usize,
+) -> Result<Vec<datafusion::arrow::array::ArrayRef>, ArchiveError> {
+    match columnar {
+        Some(cols) => to_envelope(key, cols, batch, keys),
+        None => Ok(batch.columns().to_vec()),
+    }
 }
 
 /// Checks that every row of a batch read without `event_time` and `sort_key` belongs to
@@ -135,6 +166,7 @@ fn check_partition_batch(
     batch: RecordBatch,
     include_value: bool,
     manifest: &Manifest,
+    columnar: &Columnar,
 ) -> Result<RecordBatch, ArchiveError> {
     let pk = column::<BinaryArray>(&batch, "partition_key").map_err(|e| relabel(key, e))?;
     let want = manifest.partition_key.as_bytes();
@@ -148,7 +180,8 @@ fn check_partition_batch(
             ),
         ));
     }
-    RecordBatch::try_new(scan_schema(false, include_value), batch.columns().to_vec())
+    let columns = envelope_columns(key, &batch, columnar, 1)?;
+    RecordBatch::try_new(scan_schema(false, include_value), columns)
         .map_err(|e| ArchiveError::decode(key, e))
 }
 
@@ -158,6 +191,7 @@ fn check_batch(
     batch: RecordBatch,
     include_value: bool,
     check: &mut RowCheck<'_>,
+    columnar: &Columnar,
 ) -> Result<RecordBatch, ArchiveError> {
     let pk = column::<BinaryArray>(&batch, "partition_key").map_err(|e| relabel(key, e))?;
     let t =
@@ -173,7 +207,8 @@ fn check_batch(
         }
         check.row(pk.value(i), nanos / 1000, sk.value(i))?;
     }
-    RecordBatch::try_new(envelope_schema(include_value), batch.columns().to_vec())
+    let columns = envelope_columns(key, &batch, columnar, 3)?;
+    RecordBatch::try_new(envelope_schema(include_value), columns)
         .map_err(|e| ArchiveError::decode(key, e))
 }
 
@@ -207,6 +242,7 @@ fn reverse_rows(
 
 struct ScanState {
     key: String,
+    columnar: Columnar,
     manifest: Arc<Manifest>,
     reader: VerifiedParquetReader,
     meta: ArrowReaderMetadata,
@@ -233,7 +269,11 @@ impl ScanState {
             vec![0]
         };
         if self.req.include_value {
-            cols.push(3);
+            match &self.columnar {
+                // Every typed column and the residual: the value is rebuilt from them all.
+                Some(c) => cols.extend(3..3 + c.len() + 1),
+                None => cols.push(3),
+            }
         }
         let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
             self.reader.clone(),
@@ -285,6 +325,7 @@ impl ScanState {
                             batch,
                             self.req.include_value,
                             &self.manifest,
+                            &self.columnar,
                         );
                         match checked {
                             Ok(b) if b.num_rows() == 0 => continue,
@@ -295,8 +336,13 @@ impl ScanState {
                         let manifest = self.manifest.clone();
                         let mut check = RowCheck::new(&self.key, &manifest);
                         check.resume(self.frontier.take());
-                        let checked =
-                            check_batch(&self.key, batch, self.req.include_value, &mut check);
+                        let checked = check_batch(
+                            &self.key,
+                            batch,
+                            self.req.include_value,
+                            &mut check,
+                            &self.columnar,
+                        );
                         self.frontier = check.last();
                         match checked {
                             Ok(b) if b.num_rows() == 0 => continue,
@@ -342,6 +388,7 @@ impl ScanState {
                     b,
                     self.req.include_value,
                     &manifest,
+                    &self.columnar,
                 )?);
             }
             self.pending.extend(reverse_rows(
@@ -357,7 +404,13 @@ impl ScanState {
         let mut first: Option<(i64, Vec<u8>)> = None;
         while let Some(b) = stream.next().await {
             let b = b.map_err(|e| from_parquet(&self.key, "read", e))?;
-            let b = check_batch(&self.key, b, self.req.include_value, &mut check)?;
+            let b = check_batch(
+                &self.key,
+                b,
+                self.req.include_value,
+                &mut check,
+                &self.columnar,
+            )?;
             if first.is_none() && b.num_rows() > 0 {
                 first = Some(first_key(&b));
             }
@@ -485,7 +538,7 @@ async fn scan_inner(
             let meta = ArrowReaderMetadata::load_async(&mut reader, options)
                 .await
                 .map_err(|e| from_parquet(&key, "read", e))?;
-            check_schema(&key, meta.schema())?;
+            check_schema(&key, meta.schema(), manifest.schema_version)?;
             let total: i64 = meta.metadata().file_metadata().num_rows();
             if total as u64 != manifest.row_count {
                 return Err(ArchiveError::RowCountMismatch {
@@ -509,7 +562,9 @@ async fn scan_inner(
     if req.descending {
         plan = plan.into_iter().rev().collect();
     }
+    let columnar = check_schema(&key, meta.schema(), manifest.schema_version)?;
     let state = ScanState {
+        columnar,
         key,
         manifest,
         reader,
@@ -530,10 +585,14 @@ async fn scan_inner(
 }
 
 /// Decodes a whole payload held in memory (after the caller verified its checksum).
-pub(crate) fn decode_all(key: &str, bytes: Bytes) -> Result<Vec<Record>, ArchiveError> {
+pub(crate) fn decode_all(
+    key: &str,
+    bytes: Bytes,
+    schema_version: u32,
+) -> Result<Vec<Record>, ArchiveError> {
     let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
         .map_err(|e| from_parquet(key, "read", e))?;
-    check_schema(key, builder.schema())?;
+    let columnar = check_schema(key, builder.schema(), schema_version)?;
     let reader = builder
         .with_batch_size(ENCODE_BATCH_ROWS)
         .build()
@@ -541,6 +600,10 @@ pub(crate) fn decode_all(key: &str, bytes: Bytes) -> Result<Vec<Record>, Archive
     let mut out = Vec::new();
     for b in reader {
         let b = b.map_err(|e| ArchiveError::decode(key, e))?;
+        let b = match &columnar {
+            Some(cols) => envelope_batch(key, cols, &b)?,
+            None => b,
+        };
         out.extend(batch_to_records(&b).map_err(|e| ArchiveError::decode(key, e))?);
     }
     Ok(out)

@@ -146,6 +146,105 @@ fn encode_value(
     a: &ArrayRef,
     row: usize,
 ) -> Result<(), RowError> {
+    encode_checked(out, c, a, row, true)
+}
+
+/// The tag a value of `t` is written with.
+pub fn natural_tag(t: ColumnType) -> u8 {
+    match t {
+        ColumnType::Boolean => T_BOOL,
+        ColumnType::Int16 => T_I16,
+        ColumnType::Int32 => T_I32,
+        ColumnType::Int64 => T_I64,
+        ColumnType::Float32 => T_F32,
+        ColumnType::Float64 => T_F64,
+        ColumnType::Decimal { .. } => T_DEC,
+        ColumnType::Text => T_TEXT,
+        ColumnType::Bytea => T_BYTES,
+        ColumnType::TimestampTz => T_TS,
+        ColumnType::Date => T_DATE,
+        ColumnType::Json => T_JSON,
+    }
+}
+
+/// The tag of an "absent" marker: a field the row did not have (written before its column
+/// existed). Never in a stored row; only in the residual of a columnar payload
+/// (`crate::archive::parquet`), which must say which fields to leave out when it rebuilds
+/// the row.
+pub const ABSENT_TAG: u8 = 0xff;
+
+/// Writes one entry (field id, tag, value) for row `row` of `a`, a column of type `ty`,
+/// without the checks of an insert (the value was read from a stored row): the exact bytes
+/// [`RowEncoder`] writes for it.
+pub fn encode_entry(out: &mut Vec<u8>, id: u32, ty: ColumnType, a: &ArrayRef, row: usize) {
+    put_varint(out, u64::from(id));
+    if a.is_null(row) {
+        out.push(T_NULL);
+        return;
+    }
+    let c = ColumnDef {
+        id,
+        name: String::new(),
+        ty,
+        nullable: true,
+        missing: None,
+        default: None,
+    };
+    encode_checked(out, &c, a, row, false).expect("unchecked encoding cannot fail");
+}
+
+/// One entry of a stored row: its field id, tag and whole bytes (id, tag and value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// The field id.
+    pub id: u32,
+    /// The type tag ([`ABSENT_TAG`] for a marker).
+    pub tag: u8,
+    /// The entry as stored.
+    pub bytes: &'a [u8],
+}
+
+/// The entries of an encoded row, checked (ascending ids, known tags, lengths); with
+/// `absent_markers`, [`ABSENT_TAG`] entries are accepted too.
+pub fn entries(row: &[u8], absent_markers: bool) -> Result<Vec<Entry<'_>>, RowError> {
+    let mut r = Reader { b: row, at: 0 };
+    let head = r.take(1)?[0];
+    if head != ROW_FORMAT {
+        return Err(RowError::Corrupt(format!(
+            "first byte 0x{head:02x} is not the v3 row format 0x03"
+        )));
+    }
+    let mut out = Vec::new();
+    let mut last = 0u64;
+    while r.at < r.b.len() {
+        let start = r.at;
+        let id = r.varint()?;
+        if id <= last || id > u64::from(u32::MAX) {
+            return Err(RowError::Corrupt(format!("field id {id} after {last}")));
+        }
+        last = id;
+        let tag_at = r.at;
+        if absent_markers && r.b.get(r.at) == Some(&ABSENT_TAG) {
+            r.at += 1;
+        } else {
+            r.raw()?;
+        }
+        out.push(Entry {
+            id: id as u32,
+            tag: r.b[tag_at],
+            bytes: &r.b[start..r.at],
+        });
+    }
+    Ok(out)
+}
+
+fn encode_checked(
+    out: &mut Vec<u8>,
+    c: &ColumnDef,
+    a: &ArrayRef,
+    row: usize,
+    check: bool,
+) -> Result<(), RowError> {
     match c.ty {
         ColumnType::Boolean => {
             out.push(T_BOOL);
@@ -173,7 +272,7 @@ fn encode_value(
         }
         ColumnType::Decimal { precision, .. } => {
             let v = a.as_primitive::<Decimal128Type>().value(row);
-            if v.unsigned_abs() >= 10u128.pow(u32::from(precision)) {
+            if check && v.unsigned_abs() >= 10u128.pow(u32::from(precision)) {
                 return Err(RowError::Invalid {
                     column: c.name.clone(),
                     reason: format!("{v} (unscaled) has more than {precision} digits"),
@@ -188,11 +287,13 @@ fn encode_value(
         }
         ColumnType::Json => {
             let s = a.as_string::<i32>().value(row);
-            if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(s) {
-                return Err(RowError::Invalid {
-                    column: c.name.clone(),
-                    reason: format!("is not valid JSON ({e})"),
-                });
+            if check {
+                if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(s) {
+                    return Err(RowError::Invalid {
+                        column: c.name.clone(),
+                        reason: format!("is not valid JSON ({e})"),
+                    });
+                }
             }
             out.push(T_JSON);
             put_bytes(out, s.as_bytes());
