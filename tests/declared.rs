@@ -490,13 +490,16 @@ async fn declared(embedded: bool) {
     t.ours(CREATE).await.unwrap();
     t.pg.batch_execute(MIRROR).await.unwrap();
 
-    // Schema version 1: March 1 to 3.
-    t.insert(&rows(1..=3, &[0, 1, 2]), None).await;
-    assert_eq!(t.same(ALL_V1, "hot, v1").await, 36);
-    // March 1 to per-bucket JSON, March 2 to Parquet compacted into segments.
+    // Schema version 1: February 9 and 10, March 1 to 3.
+    t.insert(&rows(1..=3, &[-20, -19, 0, 1, 2]), None).await;
+    assert_eq!(t.same(ALL_V1, "hot, v1").await, 60);
+    // February to Parquet, then compacted into a segment (its window is past); March 1 to
+    // per-bucket JSON, March 2 to per-bucket Parquet.
+    t.archive("2021-03-01T00:00:00Z", PayloadFormat::Parquet, true)
+        .await;
     t.archive("2021-03-02T00:00:00Z", PayloadFormat::Json, false)
         .await;
-    t.archive("2021-03-03T00:00:00Z", PayloadFormat::Parquet, true)
+    t.archive("2021-03-03T00:00:00Z", PayloadFormat::Parquet, false)
         .await;
     t.same(ALL_V1, "archived, v1").await;
 
@@ -667,6 +670,41 @@ print(json.dumps(sorted(out)))
         .collect();
     assert!(!duck.is_empty());
     assert_eq!(duck, ours, "DuckDB's columns by name against SQL's");
+
+    // Segments are columnar too: February's, compacted under schema version 1, name its
+    // columns as they were then.
+    let segments: Vec<String> = t
+        .archive
+        .list_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .filter(|k| k.contains("/v4/events/segments/") && k.ends_with(".parquet"))
+        .collect();
+    assert!(!segments.is_empty(), "February was compacted");
+    let f = dir.path().join("segment.parquet");
+    let bytes = t
+        .archive
+        .operator()
+        .read(&segments[0])
+        .await
+        .unwrap()
+        .to_bytes();
+    std::fs::write(&f, &bytes).unwrap();
+    let run = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import duckdb, sys; c = duckdb.connect(); r = c.execute('SELECT * FROM read_parquet(?) LIMIT 0', [sys.argv[1]]); print(','.join(d[0] for d in r.description))")
+        .arg(f.display().to_string())
+        .output()
+        .unwrap();
+    let names = String::from_utf8_lossy(&run.stdout).trim().to_string();
+    assert_eq!(
+        names,
+        "partition_key,event_time,sort_key,kind,amount,note,flag,small,mid,price,blob,day,seen,payload,ratio,__pulpitum_residual",
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

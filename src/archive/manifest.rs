@@ -470,7 +470,7 @@ mod tests {
                 Err(ArchiveError::UnsupportedManifestVersion(x)) if x == v
             ));
         }
-        for v in [1, 3] {
+        for v in [1, 4] {
             let b = edit(|o| {
                 o.insert("schema_version".into(), v.into());
             });
@@ -479,6 +479,21 @@ mod tests {
                 Err(ArchiveError::UnsupportedSchemaVersion(x)) if x == v
             ));
         }
+        // Record schema 3 (a columnar payload) needs its table schema version, and 2 has none.
+        let b = edit(|o| {
+            o.insert("schema_version".into(), 3.into());
+        });
+        assert!(matches!(
+            Manifest::parse(&b, &key, &bucket()),
+            Err(ArchiveError::InvalidManifest { .. })
+        ));
+        let b = edit(|o| {
+            o.insert("table_schema_version".into(), 2.into());
+        });
+        assert!(matches!(
+            Manifest::parse(&b, &key, &bucket()),
+            Err(ArchiveError::InvalidManifest { .. })
+        ));
     }
 
     #[test]

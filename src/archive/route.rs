@@ -49,7 +49,18 @@ impl ArchiveStore {
         spec: &SegmentSpec,
         upload: &SegmentUpload,
     ) -> Result<SegmentWriter, ArchiveError> {
-        SegmentWriter::new(self, spec, upload)
+        SegmentWriter::new(self, spec, upload, None)
+    }
+
+    /// [`Self::segment_writer`] for a declared table: the segment's payload in the columnar
+    /// layout of `layout` (record schema 3), as per-bucket payloads are written.
+    pub fn segment_writer_with(
+        &self,
+        spec: &SegmentSpec,
+        upload: &SegmentUpload,
+        layout: Option<crate::archive::ValueColumns>,
+    ) -> Result<SegmentWriter, ArchiveError> {
+        SegmentWriter::new(self, spec, upload, layout)
     }
 
     /// A segment manifest, validated (and kept: manifests are immutable).

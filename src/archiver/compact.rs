@@ -356,6 +356,9 @@ impl Runner {
         // Sources are read through a store that caches no decoded rows, so what this holds
         // is bounded by the settings, not by the window.
         let archive = self.archive.with_segment_cache_bytes(0);
+        // A declared table's segments are columnar, at its newest schema (read once per
+        // claim: a window's segments share one layout).
+        let layout = self.layout_for(&table.table_id).await;
         let mut batch: Option<SegmentBatch> = None;
         let mut after: Option<crate::model::PartitionKey> = None;
         loop {
@@ -419,9 +422,11 @@ impl Runner {
                             generation: lease.claim().generation,
                             ordinal: u32::try_from(done.segments).unwrap_or(u32::MAX),
                         };
-                        let writer = self
-                            .archive
-                            .segment_writer(&spec, &self.config.segment_upload())?;
+                        let writer = self.archive.segment_writer_with(
+                            &spec,
+                            &self.config.segment_upload(),
+                            layout.clone(),
+                        )?;
                         batch.insert(SegmentBatch {
                             writer,
                             sources: Vec::new(),

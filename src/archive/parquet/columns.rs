@@ -312,6 +312,32 @@ pub(crate) fn envelope_batch(
     RecordBatch::try_new(envelope_schema(true), cols).map_err(|e| ArchiveError::decode(key, e))
 }
 
+/// A batch decoded from a payload as the envelope: rebuilt from the columnar layout when
+/// `columnar` (the manifest says record schema 3), relabelled otherwise; a file whose layout
+/// is not the one its manifest says is refused.
+pub(crate) fn decoded_envelope(
+    key: &str,
+    file_schema: &Schema,
+    batch: &RecordBatch,
+    columnar: bool,
+) -> Result<RecordBatch, ArchiveError> {
+    // The file's schema, not the batch's: a decoded batch need not keep the metadata.
+    if is_columnar(file_schema) != columnar {
+        return Err(ArchiveError::decode(
+            key,
+            "the file's layout is not the one its manifest's schema_version says",
+        ));
+    }
+    if columnar {
+        let cols = value_columns(key, file_schema)?;
+        return envelope_batch(key, &cols, batch);
+    }
+    // Relabel with the one envelope schema (the decoder may attach Parquet field metadata),
+    // which also checks the column types.
+    RecordBatch::try_new(envelope_schema(true), batch.columns().to_vec())
+        .map_err(|e| ArchiveError::decode(key, format!("not the record schema v2 envelope: {e}")))
+}
+
 /// The value column of a payload in the binary envelope: for tests.
 #[cfg(test)]
 fn values(b: &RecordBatch) -> &datafusion::arrow::array::BinaryArray {

@@ -10,7 +10,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::archive::ArchiveError;
+use crate::archive::{ArchiveError, COLUMNAR_SCHEMA_VERSION};
 use crate::model::{
     BucketId, BucketKey, BucketStrategy, EventTime, PartitionKey, SortKey, TableId,
     RECORD_SCHEMA_VERSION,
@@ -135,6 +135,9 @@ pub struct SegmentManifest {
     pub generation: i64,
     /// The segment's place among the window's segments of this generation.
     pub ordinal: u32,
+    /// The table schema version of a columnar payload (a declared table's; record schema
+    /// 3); `None` for the binary envelope (record schema 2).
+    pub table_schema_version: Option<u32>,
     /// Full key of the payload.
     pub payload_key: String,
     /// Rows in the payload.
@@ -159,6 +162,8 @@ struct SegmentWire {
     manifest_version: u32,
     kind: String,
     schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    table_schema_version: Option<u32>,
     table_id: String,
     bucket_strategy: String,
     window: String,
@@ -204,7 +209,11 @@ impl SegmentManifest {
         let wire = SegmentWire {
             manifest_version: self.version,
             kind: SEGMENT_KIND.into(),
-            schema_version: RECORD_SCHEMA_VERSION,
+            schema_version: match self.table_schema_version {
+                Some(_) => COLUMNAR_SCHEMA_VERSION,
+                None => RECORD_SCHEMA_VERSION,
+            },
+            table_schema_version: self.table_schema_version,
             table_id: self.table_id.to_string(),
             bucket_strategy: self.bucket_strategy.as_str().into(),
             window: self.window.to_string(),
@@ -285,10 +294,18 @@ impl SegmentManifest {
             .get("schema_version")
             .and_then(|v| v.as_u64())
             .ok_or_else(|| invalid("missing or non-integer `schema_version`".into()))?;
-        if schema != u64::from(RECORD_SCHEMA_VERSION) {
+        if schema != u64::from(RECORD_SCHEMA_VERSION)
+            && schema != u64::from(COLUMNAR_SCHEMA_VERSION)
+        {
             return Err(ArchiveError::UnsupportedSchemaVersion(
                 u32::try_from(schema).unwrap_or(u32::MAX),
             ));
+        }
+        let columnar = schema == u64::from(COLUMNAR_SCHEMA_VERSION);
+        if columnar != value.get("table_schema_version").is_some() {
+            return Err(invalid(format!(
+                "schema_version {schema} and table_schema_version disagree"
+            )));
         }
         let w: SegmentWire = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
         let m = Self::from_wire(w).map_err(invalid)?;
@@ -465,6 +482,7 @@ impl SegmentManifest {
             window,
             generation: w.generation,
             ordinal: w.ordinal,
+            table_schema_version: w.table_schema_version,
             payload_key: w.payload_key,
             row_count: w.row_count,
             byte_length: w.byte_length,

@@ -67,6 +67,7 @@ pub(crate) async fn slice_rows(
     let input = VerifiedRanges::new(m.byte_length, vec![(g.range.offset, bytes)]);
     let arrow_meta = ArrowReaderMetadata::try_new(meta, ArrowReaderOptions::new())
         .map_err(|e| ArchiveError::decode(key, e))?;
+    let file_schema = arrow_meta.schema().clone();
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(input, arrow_meta)
         .with_row_groups(vec![slice.row_group])
         .with_batch_size(g.rows.max(1) as usize)
@@ -87,9 +88,12 @@ pub(crate) async fn slice_rows(
                 .map_err(|e| ArchiveError::decode(key, e))?
         }
     };
-    let all = RecordBatch::try_new(envelope_schema(true), all.columns().to_vec()).map_err(|e| {
-        ArchiveError::decode(key, format!("not the record schema v2 envelope: {e}"))
-    })?;
+    let all = crate::archive::parquet::decoded_envelope(
+        key,
+        &file_schema,
+        &all,
+        m.table_schema_version.is_some(),
+    )?;
     if all.num_rows() as u64 != g.rows || slice.skip + slice.rows > g.rows {
         return Err(ArchiveError::RowCountMismatch {
             key: key.to_string(),

@@ -31,7 +31,7 @@ use crate::archive::integrity::sha256_hex;
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics};
 use crate::lru::Lru;
 use crate::model::envelope::{COL_PARTITION, COL_SORT, COL_TIME};
-use crate::model::{envelope_schema, BucketId, EventTime, SortKey};
+use crate::model::{BucketId, EventTime, SortKey};
 
 /// The payload's verified ranges as a Parquet input: reads outside them are refused.
 pub(crate) struct VerifiedRanges {
@@ -187,6 +187,7 @@ pub(crate) fn decode_partition(
     }
     let arrow_meta = ArrowReaderMetadata::try_new(meta, ArrowReaderOptions::new())
         .map_err(|e| ArchiveError::decode(key, e))?;
+    let file_schema = arrow_meta.schema().clone();
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(input, arrow_meta)
         .with_row_groups(groups.collect())
         .with_batch_size(64 * 1024)
@@ -205,11 +206,12 @@ pub(crate) fn decode_partition(
     };
     let all =
         concat_batches(&first.schema(), &batches).map_err(|e| ArchiveError::decode(key, e))?;
-    // Relabel with the one envelope schema (the decoder may attach Parquet field metadata),
-    // which also checks the column types.
-    let all = RecordBatch::try_new(envelope_schema(true), all.columns().to_vec()).map_err(|e| {
-        ArchiveError::decode(key, format!("not the record schema v2 envelope: {e}"))
-    })?;
+    let all = crate::archive::parquet::decoded_envelope(
+        key,
+        &file_schema,
+        &all,
+        m.table_schema_version.is_some(),
+    )?;
     let end = skip + entry.rows;
     if (all.num_rows() as u64) < end {
         return Err(ArchiveError::RowCountMismatch {

@@ -52,6 +52,8 @@ pub(super) struct Encoded {
     pub slices: Vec<SliceDigest>,
     pub groups: Vec<u64>,
     pub rows: u64,
+    /// The table schema version of a columnar payload.
+    pub table_schema_version: Option<u32>,
 }
 
 /// A fresh spill file in `dir`, already unlinked: its space is freed when the writer drops
@@ -229,6 +231,7 @@ pub(super) async fn commit(mut e: Encoded) -> Result<WrittenSegment, ArchiveErro
         window: spec.window,
         generation: spec.generation,
         ordinal: spec.ordinal,
+        table_schema_version: e.table_schema_version,
         payload_key: payload_key.clone(),
         row_count: e.rows,
         byte_length: len,

@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use super::manifest::PartitionEntry;
 use super::upload;
-use crate::archive::parquet::{writer_properties, ENCODE_BATCH_ROWS, ROW_GROUP_ROWS};
+use crate::archive::parquet::{writer_properties, ValueColumns, ENCODE_BATCH_ROWS, ROW_GROUP_ROWS};
 use crate::archive::{ArchiveError, ArchiveStore};
 use crate::model::envelope::{COL_PARTITION, COL_SORT, COL_TIME};
 use crate::model::{
@@ -170,6 +170,8 @@ pub struct SegmentWriter {
     /// Test hook (`ArchiveStore::with_lossy_encoder`): the first row encoded gets a value
     /// other than the one handed in (and hashed).
     lossy: bool,
+    /// A declared table's columnar layout (record schema 3), or the binary envelope.
+    layout: Option<ValueColumns>,
 }
 
 impl SegmentWriter {
@@ -177,6 +179,7 @@ impl SegmentWriter {
         store: &ArchiveStore,
         spec: &SegmentSpec,
         upload: &SegmentUpload,
+        layout: Option<ValueColumns>,
     ) -> Result<Self, ArchiveError> {
         if spec.window.strategy() != spec.strategy.window_strategy() {
             return Err(invalid(
@@ -217,12 +220,12 @@ impl SegmentWriter {
                     .collect(),
             ))
             .build();
-        let writer = ArrowWriter::try_new(
-            BufWriter::with_capacity(1 << 20, file),
-            envelope_schema(true),
-            Some(props),
-        )
-        .map_err(|e| invalid(spec, format!("encoding: {e}")))?;
+        let schema = layout
+            .as_ref()
+            .map_or_else(|| envelope_schema(true), ValueColumns::payload_schema);
+        let writer =
+            ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema, Some(props))
+                .map_err(|e| invalid(spec, format!("encoding: {e}")))?;
         Ok(Self {
             store: store.clone(),
             spec: spec.clone(),
@@ -240,6 +243,7 @@ impl SegmentWriter {
             rows: 0,
             bytes: 0,
             lossy: store.lossy_encoder(),
+            layout,
         })
     }
 
@@ -367,6 +371,10 @@ impl SegmentWriter {
             } else {
                 records_to_batch(piece, true)
             };
+            let batch = match &self.layout {
+                Some(l) => l.to_payload(&batch)?,
+                None => batch,
+            };
             let w = self.writer.as_mut().expect("open until finish");
             w.write(&batch).map_err(|e| self.fail(e))?;
             self.group_rows += piece.len();
@@ -462,6 +470,7 @@ impl SegmentWriter {
             slices: self.slices,
             groups: self.groups,
             rows: self.rows,
+            table_schema_version: self.layout.as_ref().map(ValueColumns::table_schema_version),
         })
         .await
     }
@@ -474,7 +483,7 @@ pub(crate) async fn write_segment(
     spec: &SegmentSpec,
     records: &[Record],
 ) -> Result<WrittenSegment, ArchiveError> {
-    let mut w = SegmentWriter::new(store, spec, &SegmentUpload::default())?;
+    let mut w = SegmentWriter::new(store, spec, &SegmentUpload::default(), None)?;
     for chunk in records.chunks(ENCODE_BATCH_ROWS) {
         w.push(chunk.to_vec())?;
     }
