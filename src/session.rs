@@ -146,8 +146,15 @@ pub async fn session(
     crate::control::system::register(&ctx, store.clone())?;
     for def in store.tables().await? {
         let name = def.table_id.to_string();
-        let provider = factory.provider(def).await?;
-        ctx.register_table(name.as_str(), Arc::new(provider))?;
+        // One table that cannot be shown (a declared table whose schema cannot be read)
+        // does not take the session down: it is left out here, and its first use resolves
+        // it again and fails with the reason.
+        match factory.provider(def).await {
+            Ok(provider) => {
+                ctx.register_table(name.as_str(), Arc::new(provider))?;
+            }
+            Err(e) => tracing::warn!(table = %name, error = %e, "table left out of the session"),
+        }
     }
     Ok(ctx)
 }

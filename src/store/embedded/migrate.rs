@@ -107,11 +107,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0011_retired_segments_idx.sql"),
         compat: Compat::Additive,
     },
+    // Declared tables: see the PostgreSQL migration 24.
     Migration {
         version: 12,
         name: "table_schemas",
         sql: include_str!("../../../sql/sqlite/0012_table_schemas.sql"),
-        compat: Compat::Additive,
+        compat: Compat::Requires(12),
     },
 ];
 

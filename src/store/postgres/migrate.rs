@@ -211,13 +211,14 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0023_retired_segments_idx.sql"),
         compat: Compat::Additive,
     },
-    // A new table: builds without it never read it, and a declared table they meet is
-    // refused by name (its surface, `declared`, is unknown to them), never misread.
+    // Declared tables: an older build would meet a table of the surface `declared`, which it
+    // does not know, and fail to build its sessions; so once this is applied, only builds
+    // that know declared tables start (the rest stop, naming the upgrade).
     Migration {
         version: 24,
         name: "table_schemas",
         sql: include_str!("../../../sql/0024_table_schemas.sql"),
-        compat: Compat::Additive,
+        compat: Compat::Requires(24),
     },
 ];
 
