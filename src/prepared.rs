@@ -102,6 +102,8 @@ pub struct PreparedQuery {
     params: Vec<DataType>,
     task: Arc<TaskContext>,
     plans: Mutex<Lru<Vec<ScalarValue>, Arc<dyn ExecutionPlan>>>,
+    /// The declared tables scanned, with their schema versions at preparation.
+    declared: Vec<(datafusion::common::TableReference, u32)>,
 }
 
 /// Operators that keep no state across executions once [`reset_plan_states`] has rebuilt
@@ -241,6 +243,7 @@ fn finish(state: SessionState, plan: LogicalPlan) -> Result<PreparedQuery, Prepa
     let unstable = calls_unstable_functions(&plan) || matches!(plan, LogicalPlan::Dml(_));
     let plan = state.optimize(&plan)?;
     let task = state.task_ctx();
+    let declared = declared_scans(&parsed);
     Ok(PreparedQuery {
         state,
         parsed,
@@ -249,10 +252,54 @@ fn finish(state: SessionState, plan: LogicalPlan) -> Result<PreparedQuery, Prepa
         params,
         task,
         plans: Mutex::new(Lru::new(PLAN_CACHE_CAPACITY)),
+        declared,
     })
 }
 
+/// The declared tables a plan scans, with the schema version it was planned with.
+fn declared_scans(plan: &LogicalPlan) -> Vec<(datafusion::common::TableReference, u32)> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let mut out = Vec::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            if let Ok(provider) = datafusion::datasource::source_as_provider(&scan.source) {
+                if let Some(t) = provider.downcast_ref::<crate::provider::PulpitumTable>() {
+                    if let crate::provider::Surface::Declared(d) = t.surface() {
+                        out.push((scan.table_name.clone(), d.schema.version));
+                    }
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out
+}
+
 impl PreparedQuery {
+    /// Whether every declared table the query scans still has the schema version it was
+    /// prepared with, as the session sees it (compared with the registry at most once per
+    /// `provider::factory::SCHEMA_RECHECK`, or at once after a statement found a schema
+    /// outdated). A query prepared before a schema change must be prepared again: its plan
+    /// decodes rows with the older columns.
+    pub async fn is_current(&self) -> Result<bool, PreparedError> {
+        for (name, version) in &self.declared {
+            let schema = self.state.schema_for_ref(name.clone())?;
+            let Some(provider) = schema.table(name.table()).await? else {
+                return Ok(false);
+            };
+            let now = provider
+                .downcast_ref::<crate::provider::PulpitumTable>()
+                .and_then(|t| match t.surface() {
+                    crate::provider::Surface::Declared(d) => Some(d.schema.version),
+                    _ => None,
+                });
+            if now != Some(*version) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// The parameters' types, `$1` first.
     pub fn parameter_types(&self) -> &[DataType] {
         &self.params

@@ -790,3 +790,103 @@ async fn concurrent_schema_changes_are_serialized_by_version() {
     won.sort();
     assert_eq!(added, won);
 }
+
+/// What an adversarial review found, each fixed: a non-finite DEFAULT is stored and read
+/// back (it made every session fail to start); an UPDATE from a session planned before a
+/// column was added is refused once and then keeps that column's value (it was erased); a
+/// start-up script's CREATE ... IF NOT EXISTS after changes is a no-op; an integer DEFAULT
+/// follows its column to DOUBLE PRECISION; a DEFAULT cast to another type is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_sessions_and_constants() {
+    let t = Both::new("decl_stale", false).await;
+    t.ours(CREATE).await.unwrap();
+    t.ours("ALTER TABLE events ADD COLUMN x DOUBLE PRECISION DEFAULT 'NaN'")
+        .await
+        .unwrap();
+    t.ours("ALTER TABLE events ADD COLUMN n INTEGER NOT NULL DEFAULT 5")
+        .await
+        .unwrap();
+    t.ours("ALTER TABLE events ALTER COLUMN n TYPE DOUBLE PRECISION")
+        .await
+        .unwrap();
+    let e = t
+        .ours("ALTER TABLE events ADD COLUMN m DOUBLE PRECISION DEFAULT 1.9::integer")
+        .await
+        .unwrap_err();
+    assert!(e.contains("cast to INTEGER"), "{e}");
+    let create_again = CREATE.replace(
+        "CREATE EXTERNAL TABLE events",
+        "CREATE EXTERNAL TABLE IF NOT EXISTS events",
+    );
+    t.ours(&create_again).await.unwrap();
+    assert!(t
+        .ours(CREATE)
+        .await
+        .unwrap_err()
+        .contains("exists with another schema"));
+
+    // A second session, built now, and a row.
+    let other = session(
+        t.store.clone(),
+        t.archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
+    let run_other = |sql: &'static str| {
+        let other = other.clone();
+        async move {
+            match pulpitum::control::sql(&other, sql).await {
+                Ok(df) => df.collect().await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    run_other("INSERT INTO events (tenant_id, at, seq, kind) VALUES (1, TIMESTAMPTZ '2021-03-01T00:00:00Z', 1, 'k')")
+        .await
+        .unwrap();
+    // The first session adds a column and fills it; the second, within its recheck
+    // interval, updates another column of the row.
+    t.ours("ALTER TABLE events ADD COLUMN b TEXT")
+        .await
+        .unwrap();
+    t.ours("UPDATE events SET b = 'important' WHERE seq = 1")
+        .await
+        .unwrap();
+    let e = run_other("UPDATE events SET amount = 6 WHERE seq = 1")
+        .await
+        .unwrap_err();
+    assert!(e.contains("schema changed"), "{e}");
+    run_other("UPDATE events SET amount = 6 WHERE seq = 1")
+        .await
+        .unwrap();
+    let b = t
+        .ours("SELECT b, amount, n, isnan(x) FROM events WHERE seq = 1")
+        .await
+        .unwrap();
+    assert_eq!(
+        arrow_cells(&b),
+        vec![vec![
+            Cell::Text("important".into()),
+            Cell::Float(6.0),
+            Cell::Float(5.0),
+            Cell::Bool(true)
+        ]]
+    );
+    // A new session starts and reads the table (a NaN default made every start fail).
+    let fresh = session(
+        t.store.clone(),
+        t.archive.clone(),
+        SessionOptions::default(),
+    )
+    .await
+    .unwrap();
+    let n = fresh
+        .sql("SELECT count(*) FROM events")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(n[0].column(0).as_primitive::<Int64Type>().value(0), 1);
+}

@@ -45,6 +45,8 @@ pub struct CreateDeclared {
     pub definition: TableDefinition,
     /// Version 1 of its schema.
     pub schema: TableSchema,
+    /// `IF NOT EXISTS`: an existing declared table of that name is kept as it is.
+    pub if_not_exists: bool,
 }
 
 fn syntax(detail: impl Into<String>) -> ControlError {
@@ -249,7 +251,11 @@ pub fn parse_create(sql: &str) -> Result<Option<CreateDeclared>, ControlError> {
     let mut definition = TableDefinition::new(table_id, strategy, DECLARED);
     definition.writable_buckets = writable;
     definition.record_schema_version = DECLARED_RECORD_SCHEMA_VERSION as i32;
-    Ok(Some(CreateDeclared { definition, schema }))
+    Ok(Some(CreateDeclared {
+        definition,
+        schema,
+        if_not_exists: c.if_not_exists,
+    }))
 }
 
 /// A column's `NULL`/`NOT NULL` and `DEFAULT`.
@@ -312,6 +318,26 @@ pub fn constant(column: &str, e: &Expr, ty: ColumnType) -> Result<Value, Control
     if let Expr::Value(v) = e {
         if v.value == SqlValue::Null {
             return Ok(Value::Null);
+        }
+    }
+    // A cast is taken as naming the column's own type; a cast to another type would change
+    // the value (PostgreSQL's `1.9::integer` is 2), which a constant read as text cannot do.
+    let mut inner = e;
+    loop {
+        match inner {
+            Expr::Cast {
+                expr, data_type, ..
+            } => {
+                if data_type.to_string().parse::<ColumnType>().ok() != Some(ty) {
+                    return Err(bad(&format!(
+                        "a cast to {data_type} in a DEFAULT of a {ty} column is not supported; \
+                         write the constant as a {ty}"
+                    )));
+                }
+                inner = expr;
+            }
+            Expr::Nested(x) => inner = x,
+            _ => break,
         }
     }
     let (s, _) = text(e).ok_or_else(|| {
@@ -506,7 +532,7 @@ pub async fn create(store: &dyn HotStore, c: &CreateDeclared) -> Result<u32, Con
                     id,
                     &StoredSchema {
                         version: 1,
-                        definition: c.schema.to_json(),
+                        definition: c.schema.to_checked_json()?,
                     },
                 )
                 .await?;
@@ -514,10 +540,10 @@ pub async fn create(store: &dyn HotStore, c: &CreateDeclared) -> Result<u32, Con
         }
         Some(s) => {
             let current = TableSchema::from_json(&s.definition)?;
-            let mut first = current.clone();
-            first.version = c.schema.version;
-            if current.version == 1 && first == c.schema {
-                return Ok(1);
+            // The identical first version again, or any declared table under IF NOT EXISTS
+            // (a start-up script's CREATE after ALTERs), is a no-op, as in PostgreSQL.
+            if (current.version == 1 && current == c.schema) || c.if_not_exists {
+                return Ok(current.version);
             }
             Err(ControlError::Schema(SchemaError::Refused {
                 change: format!("create table {id}"),
@@ -571,7 +597,7 @@ pub async fn alter(
                 table,
                 &StoredSchema {
                     version: v.version,
-                    definition: v.to_json(),
+                    definition: v.to_checked_json()?,
                 },
             )
             .await?;

@@ -290,6 +290,9 @@ impl ChangeExec {
                 .await
                 .map_err(|e| DataFusionError::from(ProviderError::from(e)))?;
             let changes = self.read_changes(&ctx).await?;
+            if let Surface::Declared(d) = &self.surface {
+                d.check_current(&self.table, self.kind.name()).await?;
+            }
             // An erasure logs the keys before they change (crate::erasure), so a statement
             // that fails from here on is still re-applied by the archiver.
             if let Some(erasure) = ctx

@@ -375,8 +375,9 @@ pub fn change_refused(table: &str, op: &str) -> DataFusionError {
 #[derive(Debug, Default)]
 pub struct PulpitumSchema {
     tables: RwLock<HashMap<String, Arc<dyn TableProvider>>>,
-    /// When each declared table's schema version was last compared with the registry.
-    checked: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+    /// When each declared table's schema version was last compared with the registry, and
+    /// the stale epoch then.
+    checked: std::sync::Mutex<HashMap<String, (std::time::Instant, u64)>>,
     /// Finds tables registered after the session was built (by another process), on their
     /// first use; `None` keeps the schema to what was registered in it.
     resolver: Option<PulpitumTableFactory>,
@@ -426,10 +427,13 @@ impl PulpitumSchema {
         {
             let mut checked = self.checked.lock().unwrap_or_else(|e| e.into_inner());
             let now = std::time::Instant::now();
+            let epoch = STALE_EPOCH.load(std::sync::atomic::Ordering::SeqCst);
             match checked.get(name) {
-                Some(at) if now.duration_since(*at) < SCHEMA_RECHECK => return Ok(cached),
+                Some((at, e)) if *e == epoch && now.duration_since(*at) < SCHEMA_RECHECK => {
+                    return Ok(cached)
+                }
                 _ => {
-                    checked.insert(name.to_string(), now);
+                    checked.insert(name.to_string(), (now, epoch));
                 }
             }
         }
@@ -524,6 +528,15 @@ impl SchemaProvider for PulpitumSchema {
 
 /// How often a session compares a declared table's schema version with the registry.
 pub const SCHEMA_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Bumped whenever a statement found its declared table's schema outdated: every session of
+/// the process then compares its schemas at their next use, whatever [`SCHEMA_RECHECK`] says.
+static STALE_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Marks the process's declared-table schemas as possibly outdated (see [`STALE_EPOCH`]).
+pub fn schema_went_stale() {
+    STALE_EPOCH.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
 
 /// Drops a table's provider from the session's default schema, so that its next use
 /// resolves it from the registry afresh (after a schema change made through this session).

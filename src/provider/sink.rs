@@ -75,6 +75,9 @@ impl PulpitumSink {
         if pending.is_empty() {
             return Ok(0);
         }
+        if let Surface::Declared(d) = &self.surface {
+            d.check_current(&self.table, "INSERT").await?;
+        }
         let out = self
             .table
             .append_batch(&pending)

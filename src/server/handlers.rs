@@ -220,10 +220,53 @@ impl ConnSession {
             .time_zone
             .clone();
         let key = format!("{}\0{sql}", zone.as_deref().unwrap_or(""));
-        if let Some(hit) = self.prepared.lock().expect("prepared lock").get(&key) {
-            return Ok(hit);
+        let hit = self.prepared.lock().expect("prepared lock").get(&key);
+        if let Some(hit) = hit {
+            let current = match &hit {
+                Some(p) => p.query.is_current().await.map_err(api)?,
+                None => true,
+            };
+            if current {
+                return Ok(hit);
+            }
+            // A declared table's schema changed since: prepared again below. If the
+            // answer's columns changed, the client's description of them is wrong, and the
+            // statement is refused as PostgreSQL does, to be prepared again by the client.
+            let fresh = self.prepare_uncached(sql, statement).await?;
+            let changed = match (&hit, &fresh) {
+                (Some(old), Some(new)) => old.schema != new.schema,
+                _ => false,
+            };
+            self.prepared
+                .lock()
+                .expect("prepared lock")
+                .insert(key, fresh.clone());
+            if changed {
+                return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                    "ERROR".into(),
+                    "0A000".into(),
+                    "cached plan must not change result type: a table's columns changed \
+                     since the statement was prepared; prepare it again"
+                        .into(),
+                ))));
+            }
+            return Ok(fresh);
         }
-        let p = match prepare_parsed(&self.ctx, statement).await {
+        let p = self.prepare_uncached(sql, statement).await?;
+        self.prepared
+            .lock()
+            .expect("prepared lock")
+            .insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Prepares a statement, without the cache.
+    async fn prepare_uncached(
+        &self,
+        _sql: &str,
+        statement: &Statement,
+    ) -> PgWireResult<Option<Arc<Prepared>>> {
+        Ok(match prepare_parsed(&self.ctx, statement).await {
             Ok(p) if p.is_query() => {
                 let need = guard::plan_need(p.logical_plan())?;
                 authorize(self.role, need, "this statement")?;
@@ -237,12 +280,7 @@ impl ConnSession {
             // Anything else (a parse error of this planner, say) is left to the general path,
             // which reports it the way every other statement's error is reported.
             Err(_) => None,
-        };
-        self.prepared
-            .lock()
-            .expect("prepared lock")
-            .insert(key, p.clone());
-        Ok(p)
+        })
     }
 }
 

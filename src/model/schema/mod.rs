@@ -289,7 +289,7 @@ pub struct KeyColumn {
 }
 
 /// A constant a column reads as or is filled with: typed like the column.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Value {
     /// SQL `NULL`.
@@ -298,8 +298,10 @@ pub enum Value {
     Boolean(bool),
     /// Any integer width (the column's type says which).
     Int(i64),
-    /// A float (a `REAL` column's value is exactly representable).
-    Float(f64),
+    /// A float (a `REAL` column's value is exactly representable); `NaN` and the
+    /// infinities are stored as the strings PostgreSQL prints for them, since JSON has no
+    /// number for them.
+    Float(#[serde(with = "json_float")] f64),
     /// A `NUMERIC`'s unscaled digits, as a decimal string (i128 does not fit JSON numbers).
     Decimal(String),
     /// Text or JSON text.
@@ -312,7 +314,74 @@ pub enum Value {
     Date(i32),
 }
 
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        use Value as V;
+        match (self, other) {
+            // Bit for bit: a stored NaN default equals itself, so a repeated definition is
+            // recognised as the same one.
+            (V::Float(a), V::Float(b)) => a.to_bits() == b.to_bits(),
+            (V::Null, V::Null) => true,
+            (V::Boolean(a), V::Boolean(b)) => a == b,
+            (V::Int(a), V::Int(b)) => a == b,
+            (V::Decimal(a), V::Decimal(b)) | (V::Text(a), V::Text(b)) => a == b,
+            (V::Bytes(a), V::Bytes(b)) => a == b,
+            (V::TimestampMicros(a), V::TimestampMicros(b)) => a == b,
+            (V::Date(a), V::Date(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 impl Eq for Value {}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Null => f.write_str("NULL"),
+            Self::Boolean(b) => write!(f, "{b}"),
+            Self::Int(v) => write!(f, "{v}"),
+            Self::Float(v) => write!(f, "{v}"),
+            Self::Decimal(d) => write!(f, "{d} (unscaled)"),
+            Self::Text(t) => write!(f, "'{t}'"),
+            Self::Bytes(b) => write!(f, "'\\x{}'", hex::encode(b)),
+            Self::TimestampMicros(t) => write!(f, "{t} µs since the epoch"),
+            Self::Date(d) => write!(f, "{d} days since the epoch"),
+        }
+    }
+}
+
+mod json_float {
+    pub fn serialize<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f64(*v)
+        } else if v.is_nan() {
+            s.serialize_str("NaN")
+        } else if *v > 0.0 {
+            s.serialize_str("Infinity")
+        } else {
+            s.serialize_str("-Infinity")
+        }
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum F {
+            N(f64),
+            S(String),
+        }
+        match F::deserialize(d)? {
+            F::N(v) => Ok(v),
+            F::S(s) => match s.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "Infinity" => Ok(f64::INFINITY),
+                "-Infinity" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!("not a float: {other:?}"))),
+            },
+        }
+    }
+    use serde::Deserialize;
+}
 
 mod hex_bytes {
     pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -335,6 +404,7 @@ impl Value {
             (Self::Int(v), T::Int32) => i32::try_from(*v).is_ok(),
             (Self::Int(_), T::Int64) => true,
             (Self::Float(_), T::Float32 | T::Float64) => true,
+            (Self::Int(v), T::Float64) => (*v as f64) as i64 == *v,
             (Self::Decimal(d), T::Decimal { precision, .. }) => d
                 .parse::<i128>()
                 .is_ok_and(|v| v.unsigned_abs() < 10u128.pow(u32::from(precision))),
@@ -511,6 +581,17 @@ impl TableSchema {
         }
         let mut names = BTreeSet::new();
         let mut ids = BTreeSet::new();
+        for c in &self.columns {
+            // A columnar payload names its key columns so, and its last column the residual.
+            if ["partition_key", "event_time", "sort_key", "value"].contains(&c.name.as_str()) {
+                return Err(SchemaError::Column {
+                    column: c.name.clone(),
+                    reason: "is the name of an archive column (partition_key, event_time, \
+                             sort_key and value are reserved for value columns)"
+                        .into(),
+                });
+            }
+        }
         for name in self.column_names() {
             check_name(name)?;
             if !names.insert(name) {
@@ -538,7 +619,7 @@ impl TableSchema {
                     if !v.fits(c.ty) {
                         return Err(SchemaError::Type {
                             column: c.name.clone(),
-                            reason: format!("{what} {v:?} is not a {} value", c.ty),
+                            reason: format!("{what} {v} is not a {} value", c.ty),
                         });
                     }
                     if !c.nullable && *v == Value::Null {
@@ -670,6 +751,16 @@ impl TableSchema {
                     )));
                 }
                 next.columns[i].ty = *ty;
+                // An integer constant of a column widened to DOUBLE PRECISION becomes that
+                // double (exact: `fits` checks it).
+                let c = &mut next.columns[i];
+                if *ty == ColumnType::Float64 {
+                    for v in [&mut c.missing, &mut c.default].into_iter().flatten() {
+                        if let Value::Int(n) = v {
+                            *v = Value::Float(*n as f64);
+                        }
+                    }
+                }
             }
             SchemaChange::DropNotNull { name } => {
                 let i = find(&mut next, name)?;
@@ -692,6 +783,21 @@ impl TableSchema {
     /// The stored form.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a schema serializes")
+    }
+
+    /// The stored form, checked to read back as this very schema: nothing is stored that a
+    /// reader could not load (a registry row no session can read would hide its table).
+    pub fn to_checked_json(&self) -> Result<String, SchemaError> {
+        let json = self.to_json();
+        match Self::from_json(&json) {
+            Ok(back) if back == *self => Ok(json),
+            Ok(_) => Err(SchemaError::Stored(
+                "the schema would not read back as written; not stored".into(),
+            )),
+            Err(e) => Err(SchemaError::Stored(format!(
+                "the schema would not read back ({e}); not stored"
+            ))),
+        }
     }
 
     /// Reads a stored schema, refusing an unknown format and a schema that breaks a rule.
@@ -842,6 +948,37 @@ mod tests {
             }),
             Err(SchemaError::Column { .. })
         ));
+    }
+
+    #[test]
+    fn non_finite_float_constants_are_stored_and_read_back() {
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0] {
+            let s = events()
+                .apply(&SchemaChange::AddColumn {
+                    name: "x".into(),
+                    ty: ColumnType::Float64,
+                    nullable: true,
+                    default: Some(Value::Float(v)),
+                })
+                .unwrap();
+            let json = s.to_checked_json().unwrap();
+            assert_eq!(TableSchema::from_json(&json).unwrap(), s, "{v}");
+        }
+        // An integer default follows its column to DOUBLE PRECISION.
+        let s = events()
+            .apply(&SchemaChange::AddColumn {
+                name: "n".into(),
+                ty: ColumnType::Int32,
+                nullable: false,
+                default: Some(Value::Int(5)),
+            })
+            .unwrap()
+            .apply(&SchemaChange::SetType {
+                name: "n".into(),
+                ty: ColumnType::Float64,
+            })
+            .unwrap();
+        assert_eq!(s.column("n").unwrap().missing, Some(Value::Float(5.0)));
     }
 
     #[test]

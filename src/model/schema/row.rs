@@ -238,6 +238,35 @@ pub fn entries(row: &[u8], absent_markers: bool) -> Result<Vec<Entry<'_>>, RowEr
     Ok(out)
 }
 
+/// `new` (a row just encoded from a session's schema) with every entry of `stored` (the
+/// row it replaces) whose field is not `known` to that schema carried over, in field id
+/// order: an `UPDATE` planned before a column was added keeps that column's value.
+pub fn carry_unknown(
+    new: &[u8],
+    stored: &[u8],
+    known: &dyn Fn(u32) -> bool,
+) -> Result<Vec<u8>, RowError> {
+    let new_entries = entries(new, false)?;
+    let kept: Vec<Entry<'_>> = entries(stored, false)?
+        .into_iter()
+        .filter(|e| !known(e.id))
+        .collect();
+    if kept.is_empty() {
+        return Ok(new.to_vec());
+    }
+    let mut all: Vec<Entry<'_>> = new_entries.into_iter().chain(kept).collect();
+    all.sort_by_key(|e| e.id);
+    let mut out = Vec::with_capacity(new.len() + stored.len());
+    out.push(ROW_FORMAT);
+    for (i, e) in all.iter().enumerate() {
+        if i > 0 && all[i - 1].id == e.id {
+            return Err(RowError::Corrupt(format!("field {} twice", e.id)));
+        }
+        out.extend_from_slice(e.bytes);
+    }
+    Ok(out)
+}
+
 fn encode_checked(
     out: &mut Vec<u8>,
     c: &ColumnDef,

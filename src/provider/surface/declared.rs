@@ -61,6 +61,34 @@ impl Declared {
         }
     }
 
+    /// Refuses a write planned with an older schema version than the registry's newest (a
+    /// change made by another session since): such a statement could put a value under a
+    /// field id that now means another column. The session then re-reads the schema at once
+    /// ([`crate::provider::factory::schema_went_stale`]), so running it again works.
+    pub(crate) async fn check_current(
+        &self,
+        table: &crate::table::DurableTable,
+        statement: &str,
+    ) -> Result<(), ProviderError> {
+        let id = &table.definition().table_id;
+        let newest = table
+            .store()
+            .table_schema(id)
+            .await
+            .map_err(|e| ProviderError::Table(crate::table::TableError::Store(e)))?
+            .map_or(0, |s| s.version);
+        if newest == self.schema.version {
+            return Ok(());
+        }
+        crate::provider::factory::schema_went_stale();
+        Err(ProviderError::InvalidChange(format!(
+            "{statement} on {id}: the table's schema changed since the statement was planned \
+             (planned with version {}, the newest is {newest}); nothing was written, run the \
+             statement again",
+            self.schema.version
+        )))
+    }
+
     /// The `DEFAULT` of every value column that has one, as the literal an INSERT fills in.
     pub(crate) fn defaults(
         &self,
