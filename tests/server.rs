@@ -794,3 +794,49 @@ async fn accept_errors_back_off() {
     assert!(served.is_ok(), "serves again once descriptors are free");
     let _ = child.start_kill();
 }
+
+/// A declared table through the wire: its columns and types, an admin's `ALTER TABLE`, and
+/// a statement prepared before the change, which is refused once with 0A000 (its columns
+/// changed) and works when prepared again, as PostgreSQL does it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_table_is_served_and_prepared_statements_follow_its_changes() {
+    let dir = seeded().await;
+    let (db, archive) = urls(dir.path());
+    let status = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["--database-url", &db, "--archive-url", &archive, "-c"])
+        .arg(
+            "CREATE EXTERNAL TABLE ev (p BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL, s INTEGER NOT NULL, \
+             kind TEXT NOT NULL, amount DOUBLE PRECISION, payload JSON) STORED AS PULPITUM LOCATION '' \
+             OPTIONS ('partition_by' 'p', 'time' 'at', 'order_by' 's'); \
+             INSERT INTO ev (p, at, s, kind, amount, payload) VALUES \
+             (1, TIMESTAMP '2024-02-01T00:00:00Z', 7, 'sale', 2.5, '{\"a\": 1}')",
+        )
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    let s = serve(
+        dir,
+        &["--user", "alice", "--role", "admin"],
+        &[("PULPITUM_SERVER_PASSWORD", PASSWORD)],
+    )
+    .await;
+    let a = connect(&s).await;
+    let b = connect(&s).await;
+    let stmt = a.prepare("SELECT * FROM ev WHERE p = $1").await.unwrap();
+    let rows = a.query(&stmt, &[&1i64]).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].columns().len(), 6);
+    assert_eq!(rows[0].get::<_, i32>("s"), 7);
+    assert_eq!(rows[0].get::<_, String>("payload"), "{\"a\": 1}");
+    b.simple_query("ALTER TABLE ev ADD COLUMN region TEXT NOT NULL DEFAULT 'eu'")
+        .await
+        .unwrap();
+    tokio::time::sleep(pulpitum::provider::factory::SCHEMA_RECHECK).await;
+    let e = a.query(&stmt, &[&1i64]).await.unwrap_err();
+    assert!(code(&e).starts_with("0A000"), "{}", code(&e));
+    let again = a.prepare("SELECT * FROM ev WHERE p = $1").await.unwrap();
+    let rows = a.query(&again, &[&1i64]).await.unwrap();
+    assert_eq!(rows[0].columns().len(), 7);
+    assert_eq!(rows[0].get::<_, String>("region"), "eu");
+}
