@@ -573,7 +573,8 @@ impl ArchiveStore {
     where
         S: Stream<Item = Result<Vec<Record>, E>> + Send,
     {
-        write::write_bucket(self, bucket, generation, format, None, pages).await
+        self.write_bucket_with(bucket, generation, format, None, pages)
+            .await
     }
 
     /// [`Self::write_bucket`] for a declared table: a Parquet payload in the columnar

@@ -514,8 +514,8 @@ pub fn parse_alter(sql: &str) -> Result<Option<(TableId, Vec<AlterOp>)>, Control
 /// is a no-op; a table of that name with another definition is refused, naming it.
 pub async fn create(store: &dyn HotStore, c: &CreateDeclared) -> Result<u32, ControlError> {
     let id = &c.definition.table_id;
-    let stored = match store.register_table(&c.definition).await {
-        Ok(d) => d,
+    match store.register_table(&c.definition).await {
+        Ok(_) => {}
         Err(StoreError::TableConflict { existing, .. }) => {
             return Err(ControlError::Schema(SchemaError::Refused {
                 change: format!("create table {id}"),
@@ -524,7 +524,6 @@ pub async fn create(store: &dyn HotStore, c: &CreateDeclared) -> Result<u32, Con
         }
         Err(e) => return Err(e.into()),
     };
-    let _ = stored;
     match store.table_schema(id).await? {
         None => {
             store

@@ -232,7 +232,7 @@ impl ConnSession {
             // A declared table's schema changed since: prepared again below. If the
             // answer's columns changed, the client's description of them is wrong, and the
             // statement is refused as PostgreSQL does, to be prepared again by the client.
-            let fresh = self.prepare_uncached(sql, statement).await?;
+            let fresh = self.prepare_uncached(statement).await?;
             let changed = match (&hit, &fresh) {
                 (Some(old), Some(new)) => old.schema != new.schema,
                 _ => false,
@@ -252,7 +252,7 @@ impl ConnSession {
             }
             return Ok(fresh);
         }
-        let p = self.prepare_uncached(sql, statement).await?;
+        let p = self.prepare_uncached(statement).await?;
         self.prepared
             .lock()
             .expect("prepared lock")
@@ -261,11 +261,7 @@ impl ConnSession {
     }
 
     /// Prepares a statement, without the cache.
-    async fn prepare_uncached(
-        &self,
-        _sql: &str,
-        statement: &Statement,
-    ) -> PgWireResult<Option<Arc<Prepared>>> {
+    async fn prepare_uncached(&self, statement: &Statement) -> PgWireResult<Option<Arc<Prepared>>> {
         Ok(match prepare_parsed(&self.ctx, statement).await {
             Ok(p) if p.is_query() => {
                 let need = guard::plan_need(p.logical_plan())?;
