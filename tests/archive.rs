@@ -729,6 +729,7 @@ async fn check_scans(store: &ArchiveStore, m: &Manifest, rs: &[Record], ctx: &st
                     include_value,
                     include_keys: true,
                     batch_rows,
+                    value: Default::default(),
                 };
                 let batches = scan_all(store, m, &req).await.unwrap();
                 assert!(batches
@@ -1322,6 +1323,8 @@ async fn a_payload_larger_than_one_upload_chunk_round_trips() {
     }
 }
 
+#[path = "archive/columnar.rs"]
+mod columnar;
 #[path = "archive/segments.rs"]
 mod segments;
 #[path = "archive/streamed.rs"]

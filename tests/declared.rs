@@ -502,6 +502,15 @@ async fn declared(embedded: bool) {
     t.archive("2021-03-03T00:00:00Z", PayloadFormat::Parquet, false)
         .await;
     t.same(ALL_V1, "archived, v1").await;
+    // Value predicates of version 1's columns (see below): booleans and lists.
+    for sql in [
+        "SELECT seq FROM events WHERE flag ORDER BY seq",
+        "SELECT seq FROM events WHERE NOT flag AND kind IN ('k0', 'k2') ORDER BY seq",
+        "SELECT seq FROM events WHERE mid IN (1001000, 2012000, 3021000, 5) ORDER BY seq",
+        "SELECT seq FROM events WHERE note = 'n1001' OR note = 'n3022' ORDER BY seq",
+    ] {
+        t.same(sql, "value predicates, v1").await;
+    }
 
     for c in CHANGES {
         t.both(c).await;
@@ -541,6 +550,39 @@ async fn declared(embedded: bool) {
         "time range and a value filter",
     )
     .await;
+
+    // Predicates on value columns, which columnar archive reads apply early (row groups,
+    // pages, rows) and SQL again above the scan: a widened column (`mid`, INTEGER in the
+    // older payloads), a renamed one (`memo`), one added since (`region`, absent from the
+    // older payloads), NULL tests, floating point, and rows edited in archived buckets
+    // (`memo = 'edited'` holds only through the edit).
+    for sql in [
+        "SELECT seq, amount FROM events WHERE amount > 1000.5 ORDER BY seq",
+        "SELECT seq, mid FROM events WHERE mid >= 3000000 AND mid < 6000000000000 ORDER BY seq",
+        "SELECT seq FROM events WHERE small = 10 ORDER BY seq",
+        "SELECT seq, kind FROM events WHERE kind = 'k1' AND tenant_id = 2 ORDER BY seq",
+        "SELECT seq FROM events WHERE memo IS NULL ORDER BY seq",
+        "SELECT seq, memo, amount FROM events WHERE memo = 'edited' ORDER BY seq",
+        "SELECT seq, region FROM events WHERE region <> 'eu' ORDER BY seq",
+        "SELECT seq FROM events WHERE day > DATE '2019-04-15' AND day <= DATE '2019-04-17' ORDER BY seq",
+        "SELECT seq FROM events WHERE ratio > 400 ORDER BY seq",
+        "SELECT seq, CAST(price AS TEXT) FROM events WHERE price > 2000 ORDER BY seq",
+        "SELECT count(*), sum(amount) FROM events WHERE amount IS NOT NULL AND amount < 1500",
+        "SELECT seq FROM events WHERE 2500 <= seq AND memo IS NOT NULL AND amount <> 1250 ORDER BY seq",
+    ] {
+        t.same(sql, "value predicates").await;
+    }
+    let plan = t
+        .ours("EXPLAIN SELECT seq FROM events WHERE mid >= 3000000")
+        .await
+        .unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains("archive_value_filters=[mid >= 3000000]"),
+        "{text}"
+    );
 
     // DuckDB reads an archived payload of the newest schema by column name, with the
     // values SQL gives (March 4's buckets: written after the changes, no masks since).

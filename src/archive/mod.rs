@@ -26,6 +26,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::BoxStream;
 use futures::{Stream, TryStreamExt};
 
+use crate::model::schema::predicate::ValueRead;
 use crate::model::{BucketId, ModelError, Record, ScanBounds};
 
 pub mod erasure;
@@ -297,7 +298,7 @@ impl ArchiveError {
 }
 
 /// What a scan returns: rows matching `bounds` exactly, in clustering order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ArchiveScan {
     /// Rows to return ([`ScanBounds::matches`] semantics, applied exactly).
     pub bounds: ScanBounds,
@@ -314,6 +315,11 @@ pub struct ArchiveScan {
     pub include_keys: bool,
     /// Maximum rows per returned batch (at least 1).
     pub batch_rows: usize,
+    /// Which value fields are read, and predicates on value columns the scan may apply
+    /// early. Only a declared table's columnar Parquet payloads (record schema 3) use it:
+    /// they read just those columns, and may leave out rows the predicates exclude. Other
+    /// payloads return every row's whole value.
+    pub value: ValueRead,
 }
 
 impl Default for ArchiveScan {
@@ -324,6 +330,7 @@ impl Default for ArchiveScan {
             include_value: true,
             include_keys: true,
             batch_rows: 8192,
+            value: ValueRead::default(),
         }
     }
 }

@@ -297,6 +297,7 @@ pub(crate) async fn readable_rows(
             page_rows: 4096,
             limit: None,
             archive_metrics: None,
+            value: Default::default(),
         },
     );
     let mut out = Vec::new();
@@ -333,6 +334,7 @@ pub(crate) async fn erased_rows_in(
         include_value: true,
         include_keys: true,
         batch_rows: 8192,
+        value: Default::default(),
     };
     let mut batches = archive
         .scan_route(route, bucket, &req, Arc::new(ArchiveScanMetrics::default()))

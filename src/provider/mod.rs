@@ -215,6 +215,7 @@ impl PulpitumTable {
         list_at_execution: bool,
     ) -> Result<ScanSpec, ProviderError> {
         let pushed = PushedFilters::try_from_exprs(&self.surface, filters)?;
+        let value_filters = filters::value_predicates(&self.surface, filters).into();
         let projection: Vec<usize> = projection
             .cloned()
             .unwrap_or_else(|| (0..self.schema.fields().len()).collect());
@@ -235,6 +236,7 @@ impl PulpitumTable {
             surface: self.surface.clone(),
             projection,
             pushed,
+            value_filters,
             keys: plan.keys,
             target_partitions: target_partitions.max(1),
             counts: plan.counts,

@@ -45,6 +45,7 @@ use super::metrics::{batch_bytes, TierMetrics};
 use super::surface::{Role, Surface};
 use super::{ProviderError, QueryLimits};
 use crate::archive::ArchiveScanMetrics;
+use crate::model::schema::predicate::{ValuePredicate, ValueRead};
 use crate::table::{
     plan_groups, scan_units, BucketChunk, BucketCounts, BucketScan, DurableTable, KeyBuckets,
     RowLimit, ScanUnit, TableError,
@@ -61,6 +62,9 @@ pub struct ScanSpec {
     pub projection: Vec<usize>,
     /// Bounds every tier applies, and the filters they came from.
     pub pushed: super::filters::PushedFilters,
+    /// Predicates on value columns that columnar archive reads may apply early (SQL applies
+    /// them above the scan as well).
+    pub value_filters: Arc<[ValuePredicate]>,
     /// Buckets to read, per partition key, in key order.
     pub keys: Vec<KeyBuckets>,
     /// DataFusion's target partitions (the most scan partitions to use).
@@ -231,6 +235,11 @@ impl DisplayAs for PulpitumScanExec {
                     if s.descending { "desc" } else { "asc" },
                     s.limit.map_or("none".to_string(), |l| l.to_string()),
                 )?;
+                if !s.value_filters.is_empty() {
+                    let shown: Vec<String> =
+                        s.value_filters.iter().map(ToString::to_string).collect();
+                    write!(f, ", archive_value_filters=[{}]", shown.join(", "))?;
+                }
                 Ok(())
             }
         }
@@ -355,6 +364,10 @@ impl ExecutionPlan for PulpitumScanExec {
             page_rows: spec.page_rows,
             limit: None,
             archive_metrics: Some(objects.clone()),
+            value: ValueRead {
+                fields: spec.surface.value_fields(&spec.projection),
+                filters: spec.value_filters.clone(),
+            },
         };
         let prefetch = spec.limit.is_none() && units.len() > 1;
         let unit_limit = limit.clone();

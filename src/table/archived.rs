@@ -147,6 +147,15 @@ impl DurableTable {
             // Sized by the rows the read wanted when it started (`req.limit`), not by what
             // is left: the limit slices the last batch.
             batch_rows: req.page_rows.min(req.limit.unwrap_or(usize::MAX)).max(1),
+            value: if masks.has_edits() {
+                // An edit may make a row match whose archived value does not.
+                crate::model::schema::predicate::ValueRead {
+                    filters: Arc::new([]),
+                    ..req.value.clone()
+                }
+            } else {
+                req.value.clone()
+            },
         };
         let batches = self
             .inner

@@ -8,7 +8,9 @@
 //! archived bucket read (never cached), so a statement is visible to every read that starts
 //! after it returns. Masks only ever change values and remove rows; the keys a scan's
 //! bounds and the archive's pruning work on are never changed, so pruning cannot skip a
-//! row an edit made match (a filter on the value is applied above the scan).
+//! row an edit made match (a filter on the value is applied above the scan, and a bucket
+//! with an edit is read without the value predicates an archived read may otherwise apply
+//! early).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +46,12 @@ impl Masks {
 
     pub(super) fn is_empty(&self) -> bool {
         self.rows.is_empty()
+    }
+
+    /// Whether any row's value is replaced (an `UPDATE`): its archived value then decides
+    /// nothing, so no predicate on value columns may be applied below the masks.
+    pub(super) fn has_edits(&self) -> bool {
+        self.rows.values().any(Option::is_some)
     }
 
     /// `batch` (envelope columns, with `event_time` and `sort_key`) with deleted rows

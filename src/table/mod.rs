@@ -144,6 +144,9 @@ pub struct BucketScan {
     /// Where archived reads count their object-store requests, bytes and pruning (the
     /// scan's `EXPLAIN ANALYZE` figures); `None` counts nowhere.
     pub archive_metrics: Option<Arc<ArchiveScanMetrics>>,
+    /// The value fields read and the predicates archived reads may apply early (see
+    /// [`crate::archive::ArchiveScan::value`]); hot reads return whole values.
+    pub value: crate::model::schema::predicate::ValueRead,
 }
 
 impl BucketScan {

@@ -811,6 +811,7 @@ async fn long_histories_read_heads_then_list_the_rest() {
                 page_rows: 50,
                 limit: Some(want),
                 archive_metrics: None,
+                value: Default::default(),
             };
             counting.take();
             let chunks: Vec<_> = table
@@ -906,6 +907,7 @@ async fn drained_scans_count_the_limit_across_tiers() {
             page_rows: 50,
             limit: Some(want.len()),
             archive_metrics: None,
+            value: Default::default(),
         };
         let chunks: Vec<_> = table.scan_key(partition.clone(), req).collect().await;
         let mut got = Vec::new();

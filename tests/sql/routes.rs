@@ -59,6 +59,7 @@ async fn a_read_switches_tiers_between_pages_without_loss_or_duplicates() {
             page_rows: 2,
             limit: None,
             archive_metrics: None,
+            value: Default::default(),
         };
         let mut s = table.scan_bucket(bucket.clone(), None, req);
         let first = s.next().await.unwrap().unwrap();
@@ -132,6 +133,7 @@ async fn the_route_cache_is_bounded() {
             page_rows: 100,
             limit: None,
             archive_metrics: None,
+            value: Default::default(),
         };
         let chunks: Vec<_> = table.scan_bucket(bucket.clone(), None, req).collect().await;
         let n: usize = chunks
@@ -163,6 +165,7 @@ async fn the_route_cache_is_bounded() {
         page_rows: 1,
         limit: Some(1),
         archive_metrics: None,
+        value: Default::default(),
     };
     let chunks: Vec<_> = uncached
         .scan_bucket(bucket.clone(), None, req)
@@ -213,6 +216,7 @@ async fn a_cached_route_ages_from_when_it_was_read_from_the_store() {
         page_rows: 100,
         limit: None,
         archive_metrics: None,
+        value: Default::default(),
     };
     let listed_route = || async {
         let plan = table

@@ -155,7 +155,7 @@ impl ValueColumns {
         // payload is rebuilt here, before it is encoded, and compared.
         let ids: Vec<(u32, ColumnType)> =
             self.schema.columns.iter().map(|c| (c.id, c.ty)).collect();
-        let back = to_envelope("<payload encoder>", &ids, &payload, COL_VALUE)?;
+        let back = to_envelope("<payload encoder>", &ids, &payload, COL_VALUE, None)?;
         if back[COL_VALUE].as_ref() != env.column(COL_VALUE).as_ref() {
             return Err(bad(
                 "the columnar layout does not give back the stored rows; not written".into(),
@@ -234,13 +234,17 @@ pub(crate) fn value_columns(
 }
 
 /// A batch read from a columnar payload as an envelope batch: the key columns as read,
-/// then (when the batch holds the value columns and the residual) every row's value rebuilt
-/// exactly as it was stored.
+/// then (when the batch holds value columns and the residual) every row's value rebuilt.
+/// With `only` `None`, `columns` are all the file's typed columns and each value comes back
+/// exactly as it was stored. With `only`, `columns` are the file's typed columns of those
+/// fields, and each value holds just those fields (what a projection reads; never what a
+/// `DELETE`, an `UPDATE` or compaction compares).
 pub(crate) fn to_envelope(
     key: &str,
     columns: &[(u32, ColumnType)],
     batch: &RecordBatch,
     keys: usize,
+    only: Option<&[u32]>,
 ) -> Result<Vec<ArrayRef>, ArchiveError> {
     let mut out: Vec<ArrayRef> = batch.columns()[..keys].to_vec();
     if batch.num_columns() == keys {
@@ -257,6 +261,13 @@ pub(crate) fn to_envelope(
         .column(batch.num_columns() - 1)
         .as_binary_opt::<i32>()
         .ok_or_else(|| ArchiveError::decode(key, "the residual is not binary"))?;
+    let wanted = |id: u32| only.is_none_or(|o| o.contains(&id));
+    let no_column = |id: u32| {
+        ArchiveError::decode(
+            key,
+            format!("residual marks field {id} absent, which has no column"),
+        )
+    };
     let mut values = BinaryBuilder::with_capacity(batch.num_rows(), batch.num_rows() * 32);
     let mut row_bytes = Vec::new();
     for row in 0..batch.num_rows() {
@@ -274,7 +285,14 @@ pub(crate) fn to_envelope(
                 if e.id >= *id {
                     break;
                 }
-                row_bytes.extend_from_slice(e.bytes);
+                if only.is_none() {
+                    row_bytes.extend_from_slice(e.bytes);
+                } else if wanted(e.id) {
+                    if e.tag == ABSENT_TAG {
+                        return Err(no_column(e.id));
+                    }
+                    row_bytes.extend_from_slice(e.bytes);
+                }
                 r.next();
             }
             match r.peek() {
@@ -288,11 +306,11 @@ pub(crate) fn to_envelope(
             }
         }
         for e in r {
+            if !wanted(e.id) {
+                continue;
+            }
             if e.tag == ABSENT_TAG {
-                return Err(ArchiveError::decode(
-                    key,
-                    format!("residual marks field {} absent, which has no column", e.id),
-                ));
+                return Err(no_column(e.id));
             }
             row_bytes.extend_from_slice(e.bytes);
         }
@@ -308,7 +326,7 @@ pub(crate) fn envelope_batch(
     columns: &[(u32, ColumnType)],
     batch: &RecordBatch,
 ) -> Result<RecordBatch, ArchiveError> {
-    let cols = to_envelope(key, columns, batch, COL_VALUE)?;
+    let cols = to_envelope(key, columns, batch, COL_VALUE, None)?;
     RecordBatch::try_new(envelope_schema(true), cols).map_err(|e| ArchiveError::decode(key, e))
 }
 

@@ -4,15 +4,23 @@
 //! a few pages of a large row group), and the rows read are filtered on their raw column
 //! values.
 //!
+//! A declared table's columnar payloads are pruned the same way by the predicates on value
+//! columns a scan may apply early ([`prune_by_values`]), from each column's own statistics
+//! and page index.
+//!
 //! Pruning only narrows what is read; every row that is read is still checked (see
 //! `read.rs`), and statistics are treated conservatively, so a pruned scan returns what a
 //! full scan filtered by the bounds returns.
 
 use std::ops::Bound;
 
-use datafusion::arrow::array::{BinaryArray, BooleanArray, TimestampNanosecondArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, BinaryArray, BooleanArray, TimestampNanosecondArray, UInt64Array,
+};
+use datafusion::arrow::datatypes::Schema;
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::RecordBatch;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
@@ -20,6 +28,8 @@ use parquet::file::statistics::Statistics;
 
 use crate::archive::ArchiveScanMetrics;
 use crate::model::envelope::{COL_SORT, COL_TIME};
+use crate::model::schema::predicate::ValuePredicate;
+use crate::model::schema::ColumnType;
 use crate::model::ScanBounds;
 
 /// The scan plan of one row group: its index and the pages to read (`None` = all).
@@ -99,8 +109,7 @@ fn page_selection(
     };
     let locs = oi.page_locations();
     let rows = meta.row_group(rg).num_rows() as usize;
-    let mut selectors = Vec::with_capacity(locs.len());
-    let mut skipped = 0u64;
+    let mut pages = Vec::with_capacity(locs.len());
     for (i, loc) in locs.iter().enumerate() {
         let start = loc.first_row_index as usize;
         let end = locs.get(i + 1).map_or(rows, |l| l.first_row_index as usize);
@@ -108,18 +117,163 @@ fn page_selection(
             (Some(mn), Some(mx)) => !(*mx < lo || *mn > hi),
             _ => true,
         };
-        if keep {
-            selectors.push(RowSelector::select(end - start));
-        } else {
-            skipped += 1;
-            selectors.push(RowSelector::skip(end - start));
-        }
+        pages.push((end - start, keep));
     }
+    selection_of(&pages, metrics)
+}
+
+/// The selection of a row group's pages, given as `(rows, keep)`; `None` when every page
+/// is kept. Counts the pages skipped.
+fn selection_of(pages: &[(usize, bool)], metrics: &ArchiveScanMetrics) -> Option<RowSelection> {
+    let skipped = pages.iter().filter(|(_, keep)| !keep).count() as u64;
     if skipped == 0 {
         return None;
     }
     ArchiveScanMetrics::add(&metrics.pages_pruned, skipped);
-    Some(RowSelection::from(selectors))
+    Some(RowSelection::from(
+        pages
+            .iter()
+            .map(|&(n, keep)| {
+                if keep {
+                    RowSelector::select(n)
+                } else {
+                    RowSelector::skip(n)
+                }
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// A value predicate as it applies to one payload: the file column it reads (by index into
+/// the file's columns) and the type that column was written with.
+pub(super) struct FilePredicate {
+    pub(super) predicate: ValuePredicate,
+    pub(super) column: usize,
+    pub(super) stored: ColumnType,
+}
+
+/// Drops from `plan` the row groups whose statistics show that some predicate holds for
+/// none of their rows, and narrows the pages of the rest through the page index of each
+/// predicate's column. Statistics that are missing or cannot be read exclude nothing.
+pub(super) fn prune_by_values(
+    meta: &ParquetMetaData,
+    file_schema: &Schema,
+    plan: Vec<RowGroupPlan>,
+    filters: &[FilePredicate],
+    metrics: &ArchiveScanMetrics,
+) -> Vec<RowGroupPlan> {
+    if filters.is_empty() {
+        return plan;
+    }
+    let descr = meta.file_metadata().schema_descr();
+    let stats: Vec<Option<RowGroupStats>> = filters
+        .iter()
+        .map(|f| {
+            let conv = StatisticsConverter::try_new(
+                file_schema.field(f.column).name(),
+                file_schema,
+                descr,
+            )
+            .ok()?;
+            Some(RowGroupStats {
+                mins: conv.row_group_mins(meta.row_groups().iter()).ok()?,
+                maxes: conv.row_group_maxes(meta.row_groups().iter()).ok()?,
+                nulls: conv.row_group_null_counts(meta.row_groups().iter()).ok()?,
+                conv,
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(plan.len());
+    for mut rg in plan {
+        let rows = meta.row_group(rg.index).num_rows().max(0) as u64;
+        let excluded = filters.iter().zip(&stats).any(|(f, st)| {
+            let Some(st) = st else { return false };
+            let i = rg.index;
+            let nulls = st.nulls.is_valid(i).then(|| st.nulls.value(i));
+            !f.predicate.may_match(
+                f.stored,
+                &st.mins.slice(i, 1),
+                &st.maxes.slice(i, 1),
+                nulls,
+                rows,
+            )
+        });
+        if excluded {
+            ArchiveScanMetrics::add(&metrics.row_groups_pruned, 1);
+            continue;
+        }
+        for (f, st) in filters.iter().zip(&stats) {
+            let Some(st) = st else { continue };
+            let Some(sel) = value_page_selection(meta, rg.index, f, &st.conv, metrics) else {
+                continue;
+            };
+            rg.selection = Some(match rg.selection.take() {
+                None => sel,
+                Some(old) => old.intersection(&sel),
+            });
+        }
+        if rg.selection.as_ref().is_some_and(|s| !s.selects_any()) {
+            // Every page of the row group excluded: nothing to open.
+            ArchiveScanMetrics::add(&metrics.row_groups_pruned, 1);
+            continue;
+        }
+        out.push(rg);
+    }
+    out
+}
+
+struct RowGroupStats<'a> {
+    conv: StatisticsConverter<'a>,
+    mins: ArrayRef,
+    maxes: ArrayRef,
+    nulls: UInt64Array,
+}
+
+/// The pages of row group `rg` whose statistics (in the page index of the predicate's own
+/// column, whose page boundaries are its own) show no row can match are skipped; `None`
+/// when none is, or the page index is missing.
+fn value_page_selection(
+    meta: &ParquetMetaData,
+    rg: usize,
+    f: &FilePredicate,
+    conv: &StatisticsConverter<'_>,
+    metrics: &ArchiveScanMetrics,
+) -> Option<RowSelection> {
+    let col = conv.parquet_column_index()?;
+    let (ci, oi) = (meta.column_index()?, meta.offset_index()?);
+    // The converter indexes without checking; a page index without this column is skipped.
+    ci.get(rg)?.get(col)?;
+    let locs = oi.get(rg)?.get(col)?.page_locations();
+    if locs.is_empty() {
+        return None;
+    }
+    let mins = conv.data_page_mins(ci, oi, [&rg]).ok()?;
+    let maxes = conv.data_page_maxes(ci, oi, [&rg]).ok()?;
+    let nulls = conv.data_page_null_counts(ci, oi, [&rg]).ok()?;
+    if mins.len() != locs.len() || maxes.len() != locs.len() || nulls.len() != locs.len() {
+        return None;
+    }
+    let rows = meta.row_group(rg).num_rows().max(0) as usize;
+    let mut pages = Vec::with_capacity(locs.len());
+    for (i, loc) in locs.iter().enumerate() {
+        let start = loc.first_row_index.max(0) as usize;
+        let end = locs
+            .get(i + 1)
+            .map_or(rows, |l| l.first_row_index.max(0) as usize);
+        if end < start || end > rows {
+            return None;
+        }
+        let n = nulls.is_valid(i).then(|| nulls.value(i));
+        let keep = f.predicate.may_match(
+            f.stored,
+            &mins.slice(i, 1),
+            &maxes.slice(i, 1),
+            n,
+            (end - start) as u64,
+        );
+        pages.push((end - start, keep));
+    }
+    selection_of(&pages, metrics)
 }
 
 /// [`ScanBounds::matches_key`] on raw column values, without allocating a `SortKey` per row.

@@ -18,7 +18,9 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use datafusion::arrow::array::{Array, BinaryArray, TimestampNanosecondArray, UInt32Array};
+use datafusion::arrow::array::{
+    Array, BinaryArray, BooleanArray, TimestampNanosecondArray, UInt32Array,
+};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -34,13 +36,13 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 
 use super::columns::{envelope_batch, is_columnar, to_envelope, value_columns};
-use super::prune::{filter_mask, plan_row_groups, RowGroupPlan};
+use super::prune::{filter_mask, plan_row_groups, prune_by_values, FilePredicate, RowGroupPlan};
 use super::{envelope_schema, from_parquet, ENCODE_BATCH_ROWS};
 use crate::archive::integrity::{check_stored_length, RowCheck, VerifiedReader};
 use crate::archive::COLUMNAR_SCHEMA_VERSION;
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics, Manifest};
 use crate::lru::Lru;
-use crate::model::envelope::{COL_SORT, COL_TIME};
+use crate::model::envelope::{COL_SORT, COL_TIME, COL_VALUE};
 use crate::model::schema::ColumnType;
 use crate::model::{batch_to_records, Record, ScanBounds};
 
@@ -145,18 +147,95 @@ fn check_schema(key: &str, schema: &Schema, schema_version: u32) -> Result<Colum
     Ok(None)
 }
 
+/// What a scan of a columnar payload reads of the value, and the predicates it applies.
+#[derive(Default)]
+struct ValuePlan {
+    /// The typed columns read, in file order: `(file column index, field id, stored type)`.
+    columns: Vec<(usize, u32, ColumnType)>,
+    /// The fields the rebuilt values hold (`None`: all, each value exactly as stored).
+    only: Option<Arc<[u32]>>,
+    /// The predicates that apply to this file's columns.
+    filters: Arc<Vec<FilePredicate>>,
+}
+
+impl ValuePlan {
+    /// The plan of a scan of a payload with these typed columns. A predicate on a column the
+    /// file does not have (added since), or whose stored type does not widen to the
+    /// predicate's, is left to SQL above the scan.
+    fn new(columnar: &Columnar, req: &ArchiveScan) -> Self {
+        let Some(cols) = columnar else {
+            return Self::default();
+        };
+        let at = |id: u32| cols.iter().position(|(c, _)| *c == id);
+        let columns = if req.include_value {
+            cols.iter()
+                .enumerate()
+                .filter(|(_, (id, _))| req.value.wants(*id))
+                .map(|(i, (id, ty))| (COL_VALUE + i, *id, *ty))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let filters = req
+            .value
+            .filters
+            .iter()
+            .filter_map(|p| {
+                let i = at(p.field)?;
+                let stored = cols[i].1;
+                stored.widens_to(p.ty).then(|| FilePredicate {
+                    predicate: p.clone(),
+                    column: COL_VALUE + i,
+                    stored,
+                })
+            })
+            .collect();
+        Self {
+            columns,
+            only: req.value.fields.clone(),
+            filters: Arc::new(filters),
+        }
+    }
+}
+
 /// A batch's columns with a columnar payload's value columns (and residual) turned back into
 /// the envelope's `value`; `keys` is how many key columns lead the batch.
 fn envelope_columns(
     key: &str,
     batch: &RecordBatch,
     columnar: &Columnar,
+    value: &ValuePlan,
     keys: usize,
 ) -> Result<Vec<datafusion::arrow::array::ArrayRef>, ArchiveError> {
     match columnar {
-        Some(cols) => to_envelope(key, cols, batch, keys),
+        Some(_) => {
+            let cols: Vec<(u32, ColumnType)> =
+                value.columns.iter().map(|(_, id, ty)| (*id, *ty)).collect();
+            to_envelope(key, &cols, batch, keys, value.only.as_deref())
+        }
         None => Ok(batch.columns().to_vec()),
     }
+}
+
+/// The rows of a batch of predicate columns (in file order) for which every predicate may
+/// hold.
+fn value_mask(
+    filters: &[FilePredicate],
+    batch: &RecordBatch,
+) -> Result<BooleanArray, datafusion::arrow::error::ArrowError> {
+    let mut order: Vec<usize> = filters.iter().map(|f| f.column).collect();
+    order.sort_unstable();
+    order.dedup();
+    let mut mask: Option<BooleanArray> = None;
+    for f in filters {
+        let at = order.binary_search(&f.column).expect("a projected column");
+        let m = f.predicate.evaluate(batch.column(at), f.stored)?;
+        mask = Some(match mask {
+            None => m,
+            Some(prev) => datafusion::arrow::compute::and(&prev, &m)?,
+        });
+    }
+    Ok(mask.unwrap_or_else(|| BooleanArray::from(vec![true; batch.num_rows()])))
 }
 
 /// Checks that every row of a batch read without `event_time` and `sort_key` belongs to
@@ -167,6 +246,7 @@ fn check_partition_batch(
     include_value: bool,
     manifest: &Manifest,
     columnar: &Columnar,
+    value: &ValuePlan,
 ) -> Result<RecordBatch, ArchiveError> {
     let pk = column::<BinaryArray>(&batch, "partition_key").map_err(|e| relabel(key, e))?;
     let want = manifest.partition_key.as_bytes();
@@ -180,7 +260,7 @@ fn check_partition_batch(
             ),
         ));
     }
-    let columns = envelope_columns(key, &batch, columnar, 1)?;
+    let columns = envelope_columns(key, &batch, columnar, value, 1)?;
     RecordBatch::try_new(scan_schema(false, include_value), columns)
         .map_err(|e| ArchiveError::decode(key, e))
 }
@@ -192,6 +272,7 @@ fn check_batch(
     include_value: bool,
     check: &mut RowCheck<'_>,
     columnar: &Columnar,
+    value: &ValuePlan,
 ) -> Result<RecordBatch, ArchiveError> {
     let pk = column::<BinaryArray>(&batch, "partition_key").map_err(|e| relabel(key, e))?;
     let t =
@@ -207,7 +288,7 @@ fn check_batch(
         }
         check.row(pk.value(i), nanos / 1000, sk.value(i))?;
     }
-    let columns = envelope_columns(key, &batch, columnar, 3)?;
+    let columns = envelope_columns(key, &batch, columnar, value, 3)?;
     RecordBatch::try_new(envelope_schema(include_value), columns)
         .map_err(|e| ArchiveError::decode(key, e))
 }
@@ -243,6 +324,7 @@ fn reverse_rows(
 struct ScanState {
     key: String,
     columnar: Columnar,
+    value: ValuePlan,
     manifest: Arc<Manifest>,
     reader: VerifiedParquetReader,
     meta: ArrowReaderMetadata,
@@ -270,9 +352,12 @@ impl ScanState {
         };
         if self.req.include_value {
             match &self.columnar {
-                // Every typed column and the residual: the value is rebuilt from them all.
-                Some(c) => cols.extend(3..3 + c.len() + 1),
-                None => cols.push(3),
+                // The typed columns read and the residual: the value is rebuilt from them.
+                Some(c) => {
+                    cols.extend(self.value.columns.iter().map(|(i, _, _)| *i));
+                    cols.push(COL_VALUE + c.len());
+                }
+                None => cols.push(COL_VALUE),
             }
         }
         let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
@@ -285,13 +370,26 @@ impl ScanState {
         if let Some(sel) = rg.selection {
             builder = builder.with_row_selection(sel);
         }
+        let mut predicates: Vec<Box<dyn parquet::arrow::arrow_reader::ArrowPredicate>> = Vec::new();
         if self.req.bounds != ScanBounds::all() {
             let bounds = self.req.bounds.clone();
-            let pred = ArrowPredicateFn::new(
+            predicates.push(Box::new(ArrowPredicateFn::new(
                 ProjectionMask::roots(&schema_descr, [COL_TIME, COL_SORT]),
                 move |batch: RecordBatch| filter_mask(&bounds, &batch),
-            );
-            builder = builder.with_row_filter(RowFilter::new(vec![Box::new(pred)]));
+            )));
+        }
+        if !self.value.filters.is_empty() {
+            // Late materialisation: the predicate columns are decoded first, and the other
+            // columns only for the rows they keep.
+            let filters = self.value.filters.clone();
+            let cols: Vec<usize> = filters.iter().map(|f| f.column).collect();
+            predicates.push(Box::new(ArrowPredicateFn::new(
+                ProjectionMask::roots(&schema_descr, cols),
+                move |batch: RecordBatch| value_mask(&filters, &batch),
+            )));
+        }
+        if !predicates.is_empty() {
+            builder = builder.with_row_filter(RowFilter::new(predicates));
         }
         builder
             .build()
@@ -326,6 +424,7 @@ impl ScanState {
                             self.req.include_value,
                             &self.manifest,
                             &self.columnar,
+                            &self.value,
                         );
                         match checked {
                             Ok(b) if b.num_rows() == 0 => continue,
@@ -342,6 +441,7 @@ impl ScanState {
                             self.req.include_value,
                             &mut check,
                             &self.columnar,
+                            &self.value,
                         );
                         self.frontier = check.last();
                         match checked {
@@ -389,6 +489,7 @@ impl ScanState {
                     self.req.include_value,
                     &manifest,
                     &self.columnar,
+                    &self.value,
                 )?);
             }
             self.pending.extend(reverse_rows(
@@ -410,6 +511,7 @@ impl ScanState {
                 self.req.include_value,
                 &mut check,
                 &self.columnar,
+                &self.value,
             )?;
             if first.is_none() && b.num_rows() > 0 {
                 first = Some(first_key(&b));
@@ -557,14 +659,23 @@ async fn scan_inner(
         &metrics.row_groups_total,
         meta.metadata().num_row_groups() as u64,
     );
-    let mut plan: VecDeque<RowGroupPlan> =
-        plan_row_groups(meta.metadata(), &req.bounds, &metrics).into();
+    let columnar = check_schema(&key, meta.schema(), manifest.schema_version)?;
+    let value = ValuePlan::new(&columnar, &req);
+    let plan = plan_row_groups(meta.metadata(), &req.bounds, &metrics);
+    let plan = prune_by_values(
+        meta.metadata(),
+        meta.schema(),
+        plan,
+        &value.filters,
+        &metrics,
+    );
+    let mut plan: VecDeque<RowGroupPlan> = plan.into();
     if req.descending {
         plan = plan.into_iter().rev().collect();
     }
-    let columnar = check_schema(&key, meta.schema(), manifest.schema_version)?;
     let state = ScanState {
         columnar,
+        value,
         key,
         manifest,
         reader,

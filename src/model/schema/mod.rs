@@ -13,6 +13,7 @@
 //! Pure values and validation: the registry persists a schema as the JSON of
 //! [`TableSchema::to_json`], and [`TableSchema::from_json`] refuses an unknown format.
 
+pub mod predicate;
 pub mod row;
 mod types;
 

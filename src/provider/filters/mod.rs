@@ -4,8 +4,10 @@
 //! for shapes the scan applies completely (so DataFusion drops them from the plan and can
 //! still push `LIMIT` into the scan): partition `=` / `IN`, time comparisons and
 //! `BETWEEN`, sort-key comparisons, the keyset cursor `t > a OR (t = a AND k > b)` and its
-//! mirror with `<`, and conjunctions of these. Everything else is `Unsupported`, evaluated
-//! by DataFusion above the scan. [`PushedFilters::from_exprs`] turns the accepted filters
+//! mirror with `<`, and conjunctions of these. Simple predicates on a declared table's value
+//! columns are `Inexact` (`values.rs`): evaluated by DataFusion above the scan, and applied
+//! early by columnar archive reads. Everything else is `Unsupported`, evaluated by
+//! DataFusion above the scan. [`PushedFilters::from_exprs`] turns the accepted filters
 //! into one partition set and one [`ScanBounds`].
 //!
 //! Literals that cannot be represented without loss are refused out loud: a nanosecond
@@ -19,6 +21,10 @@ use std::ops::Bound;
 
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::scalar::ScalarValue;
+
+mod values;
+
+pub use values::value_predicates;
 
 use super::surface::{Role, Surface};
 use crate::model::{ClusteringKey, EventTime, PartitionKey, ScanBounds, SortKey};
@@ -60,6 +66,8 @@ pub fn classify(surface: &Surface, expr: &Expr) -> TableProviderFilterPushDown {
     };
     if accepted {
         TableProviderFilterPushDown::Exact
+    } else if values::is_value_filter(surface, expr) {
+        TableProviderFilterPushDown::Inexact
     } else {
         TableProviderFilterPushDown::Unsupported
     }
@@ -342,15 +350,18 @@ pub struct PushedFilters {
 }
 
 impl PushedFilters {
-    /// Combines filters that were all classified `Exact`, failing on one that cannot be
-    /// applied exactly: a parameter whose bound value the stores cannot represent (an
+    /// Combines filters that were all classified `Exact` (value filters, `Inexact`, are
+    /// skipped: see [`value_predicates`]), failing on one that cannot be applied exactly: a parameter whose bound value the stores cannot represent (an
     /// empty raw key, a sub-microsecond time) or a placeholder left unbound. Dropping such a
     /// filter would return rows it excludes.
     pub fn try_from_exprs(
         surface: &Surface,
         filters: &[Expr],
     ) -> Result<Self, super::ProviderError> {
-        if let Some(bad) = filters.iter().find(|f| piece(surface, f).is_none()) {
+        if let Some(bad) = filters
+            .iter()
+            .find(|f| piece(surface, f).is_none() && !values::is_value_filter(surface, f))
+        {
             return Err(super::ProviderError::UnappliableFilter(bad.to_string()));
         }
         Ok(Self::from_exprs(surface, filters))

@@ -126,6 +126,26 @@ impl Surface {
         }
     }
 
+    /// The value fields a scan projecting these columns reads: `None` (every field, each
+    /// row's stored bytes exactly) unless this is a declared table read without its stored
+    /// value, whose projected value columns are then all a read needs.
+    pub(crate) fn value_fields(&self, projection: &[usize]) -> Option<Arc<[u32]>> {
+        let Self::Declared(d) = self else {
+            return None;
+        };
+        let n = d.schema.columns.len();
+        if projection.iter().any(|&i| i >= 3 + n) {
+            return None;
+        }
+        Some(
+            projection
+                .iter()
+                .filter(|&&i| i >= 3)
+                .map(|&i| d.schema.columns[i - 3].id)
+                .collect(),
+        )
+    }
+
     /// The registered definition of a fixed surface.
     pub(crate) fn kind(&self) -> Option<&'static dyn SurfaceKind> {
         match self {
