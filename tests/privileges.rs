@@ -433,7 +433,81 @@ async fn scenario(names: &Names, archive: &str) {
 
     serve_as_reader(names, archive).await;
     changes_and_retention(names, archive, &owner).await;
+    declared_tables(names, archive).await;
     schema_version_checks(names, archive, &owner).await;
+}
+
+/// A declared table created and changed by the read-write role, archived by the archiver
+/// (which reads its schema for the columnar layout) and read by the read-only role, which
+/// may not change it.
+async fn declared_tables(names: &Names, archive: &str) {
+    let yesterday = (chrono::Utc::now() - chrono::Duration::days(1)).format("%Y-%m-%dT12:00:00Z");
+    let create = "CREATE EXTERNAL TABLE events (tenant BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL, \
+        seq BIGINT NOT NULL, note TEXT) STORED AS PULPITUM LOCATION '' OPTIONS \
+        ('partition_by' 'tenant', 'time' 'at', 'order_by' 'seq', 'bucket_strategy' 'calendar_day_utc')";
+    let insert = format!(
+        "INSERT INTO events VALUES (1, TIMESTAMPTZ '2020-02-01T00:00:00Z', 1, 'a'), \
+         (1, TIMESTAMPTZ '2020-02-01T00:00:01Z', 2, 'b'), (1, TIMESTAMPTZ '{yesterday}', 3, 'c')"
+    );
+    let (code, _, err) = shell(
+        names,
+        "pulpitum_app",
+        archive,
+        &[
+            "-c",
+            create,
+            "-c",
+            &insert,
+            "-c",
+            "ALTER TABLE events ADD COLUMN n INTEGER DEFAULT 7",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let once = [
+        "--once",
+        "--eligible-before",
+        "2021-01-01T00:00:00Z",
+        "--cleanup-delay-seconds",
+        "0",
+    ];
+    let (code, _, err) = archiver(names, "pulpitum_archiver", archive, &once);
+    assert_eq!(code, 0, "{err}");
+    quiet(&err);
+    assert!(
+        err.contains("archived 1") && err.contains("cleaned 1"),
+        "{err}"
+    );
+    let (code, out, err) = shell(
+        names,
+        "pulpitum_reader",
+        archive,
+        &[
+            "--format",
+            "csv",
+            "-c",
+            "SELECT count(*) AS rows, sum(n) AS total FROM events",
+            "-c",
+            "SELECT note FROM events WHERE note > 'a' ORDER BY seq",
+            "-c",
+            "\\d events",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.is_empty() || !err.contains("left out"), "{err}");
+    for want in ["rows,total\n3,21\n", "note\nb\nc\n", "integer"] {
+        assert!(out.contains(want), "{want:?} in {out}");
+    }
+    let (code, _, err) = shell(
+        names,
+        "pulpitum_reader",
+        archive,
+        &["-c", "ALTER TABLE events ADD COLUMN m INTEGER"],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("permission denied during put_table_schema"),
+        "{err}"
+    );
 }
 
 /// `DELETE` and `UPDATE` as the read-write role over both tiers, the archiver's rewrite of
