@@ -69,6 +69,11 @@ pub struct SessionOptions {
     /// checks the schema version ([`crate::store::Catalog::check_schema`]) and refuses a
     /// database that `pulpitum migrate` has not brought to this build's version.
     pub migrate: bool,
+    /// Record this process as a reader of the store under this role while the session
+    /// lives ([`crate::control::readers`]), after checking that this build reads every
+    /// table; the binaries set it (`shell`, `serve`). `None` (the default) records nothing;
+    /// an embedding application that reads the store for long should set it too.
+    pub reader: Option<&'static str>,
 }
 
 impl Default for SessionOptions {
@@ -80,6 +85,7 @@ impl Default for SessionOptions {
             max_insert_rows: crate::provider::sink::DEFAULT_MAX_INSERT_ROWS,
             target_partitions: None,
             migrate: false,
+            reader: None,
         }
     }
 }
@@ -99,6 +105,9 @@ pub enum SessionError {
     /// DataFusion refused a registration.
     #[error(transparent)]
     DataFusion(#[from] datafusion::error::DataFusionError),
+    /// This build cannot read a table in the store, or could not record itself as a reader.
+    #[error(transparent)]
+    Reader(#[from] crate::control::readers::ReaderError),
 }
 
 /// Builds a session over a store and an archive, registering every table in the store's
@@ -130,6 +139,12 @@ pub async fn session(
         }));
     if let Some(n) = opts.target_partitions {
         config = config.with_target_partitions(n.max(1));
+    }
+    if let Some(role) = opts.reader {
+        // Held by the session's configuration: the record is refreshed while the session
+        // lives, and ages out once it is dropped.
+        let lease = crate::control::readers::ReaderLease::start(store.clone(), role).await?;
+        config = config.with_extension(Arc::new(lease));
     }
     let state = SessionStateBuilder::new()
         .with_config(config)

@@ -493,6 +493,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     // checked, and `pulpitum-archiver migrate` migrates it as the schema's owner.
     let migrate = defaults::start_migrates(args.database_url.as_deref());
     let (store, _) = pulpitum::store::open_started(&db_url, migrate).await?;
+    // Recorded as a reader, after checking that this build reads every table: a newer
+    // record schema is not stored while this process runs (docs/tables.md).
+    let reader = pulpitum::control::readers::ReaderLease::start(store.clone(), "archiver").await?;
     // Refuse a store that would let a late writer overwrite an archive (before any fault
     // layer: the probe tests the store itself).
     archive.check_create_once().await?;
@@ -527,6 +530,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     }
     if !args.once {
         runner.run(shutdown).await?;
+        reader.stop().await;
         return Ok(true);
     }
     let bar = std::io::stderr().is_terminal().then(|| {
@@ -597,6 +601,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
             }
         }
     }
+    reader.stop().await;
     Ok(ok)
 }
 

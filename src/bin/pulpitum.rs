@@ -477,6 +477,7 @@ fn session_options(cli: &Cli) -> pulpitum::session::SessionOptions {
         // Only a store this process creates and owns is migrated here (the embedded
         // default, sqlite::memory:); any other is checked, and `pulpitum migrate` migrates it.
         migrate: pulpitum::defaults::start_migrates(cli.database_url.as_deref()),
+        reader: Some("shell"),
         ..Default::default()
     }
 }
@@ -654,7 +655,11 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_seconds),
     };
     let (database_url, archive_url) = urls(cli)?;
-    let ctx = pulpitum::session::connect_with(&database_url, &archive_url, session_options(cli))
+    let opts = pulpitum::session::SessionOptions {
+        reader: Some("serve"),
+        ..session_options(cli)
+    };
+    let ctx = pulpitum::session::connect_with(&database_url, &archive_url, opts)
         .await
         .map_err(|e| e.to_string())?;
     let server = Server::bind(ctx, config).await.map_err(|e| e.to_string())?;

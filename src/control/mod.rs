@@ -18,6 +18,7 @@
 
 pub mod options;
 pub mod queue;
+pub mod readers;
 pub mod schema;
 pub mod statements;
 pub mod system;
@@ -68,6 +69,9 @@ pub enum ControlError {
     /// A declared table's schema, or a change to it, refused.
     #[error(transparent)]
     Schema(crate::model::schema::SchemaError),
+    /// A running process reads less than the statement would store.
+    #[error(transparent)]
+    Readers(#[from] readers::ReaderError),
     /// The session was not built over a Pulpitum store.
     #[error("this session has no Pulpitum store; build it with pulpitum::session")]
     NoStore,

@@ -27,7 +27,7 @@ use datafusion::sql::sqlparser::parser::Parser;
 use super::ControlError;
 use crate::model::schema::{
     ColumnType, KeyColumn, KeyType, SchemaChange, SchemaError, TableSchema, Value,
-    DECLARED_RECORD_SCHEMA_VERSION,
+    DECLARED_RECORD_SCHEMA_VERSION, SCHEMA_FORMAT,
 };
 use crate::model::{BucketStrategy, TableId};
 use crate::store::{HotStore, StoreError, StoredSchema, TableDefinition};
@@ -514,6 +514,13 @@ pub fn parse_alter(sql: &str) -> Result<Option<(TableId, Vec<AlterOp>)>, Control
 /// is a no-op; a table of that name with another definition is refused, naming it.
 pub async fn create(store: &dyn HotStore, c: &CreateDeclared) -> Result<u32, ControlError> {
     let id = &c.definition.table_id;
+    super::readers::require_readers(
+        store,
+        &format!("CREATE EXTERNAL TABLE {id}"),
+        DECLARED_RECORD_SCHEMA_VERSION,
+        SCHEMA_FORMAT,
+    )
+    .await?;
     match store.register_table(&c.definition).await {
         Ok(_) => {}
         Err(StoreError::TableConflict { existing, .. }) => {
@@ -577,6 +584,13 @@ pub async fn alter(
             ),
         }));
     }
+    super::readers::require_readers(
+        store,
+        &format!("ALTER TABLE {table}"),
+        DECLARED_RECORD_SCHEMA_VERSION,
+        SCHEMA_FORMAT,
+    )
+    .await?;
     let stored = store.table_schema(table).await?.ok_or_else(|| {
         ControlError::Schema(SchemaError::Stored(format!(
             "declared table {table} has no stored schema; run its CREATE EXTERNAL TABLE again"

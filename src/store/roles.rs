@@ -26,9 +26,9 @@ use super::migrate::Migrated;
 use super::{
     AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, ChangeOutcome, Claim,
     CompactionClaim, CompactionSource, Eligibility, ExpiredBucket, HeadPage, HotPage, JobEnd,
-    JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, RetiredObject, RouteSwitch,
-    RoutedBucket, RowChange, RowMask, StoreResult, StoredSchema, TableDefinition, TablePolicy,
-    WindowState, WorkItem,
+    JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, ReaderInfo, RetiredObject,
+    RouteSwitch, RoutedBucket, RowChange, RowMask, StoreResult, StoredSchema, TableDefinition,
+    TablePolicy, WindowState, WorkItem,
 };
 use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
@@ -67,6 +67,15 @@ pub trait Catalog: Send + Sync + 'static {
     /// [`StoreError::SchemaChanged`](super::StoreError::SchemaChanged), and an unregistered
     /// table [`StoreError::UnknownTable`](super::StoreError::UnknownTable).
     async fn put_table_schema(&self, table_id: &TableId, schema: &StoredSchema) -> StoreResult<()>;
+
+    /// Records a reader, or refreshes it, with the store's clock as `seen_at`.
+    async fn announce_reader(&self, reader: &ReaderInfo) -> StoreResult<()>;
+
+    /// Forgets a reader (its process is stopping); a reader not recorded is no error.
+    async fn withdraw_reader(&self, reader_id: &str) -> StoreResult<()>;
+
+    /// The readers seen at or after `since`, oldest first.
+    async fn readers_since(&self, since: EventTime) -> StoreResult<Vec<ReaderInfo>>;
 }
 
 /// Fenced appends: a record commits only into a Hot bucket inside the table's guard.

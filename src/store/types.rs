@@ -49,6 +49,24 @@ pub struct StoredSchema {
     pub definition: String,
 }
 
+/// A process that reads the store, and the newest versions it reads
+/// (`pulpitum_v4_readers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderInfo {
+    /// Unique per process run.
+    pub reader_id: String,
+    /// What it is: `shell`, `serve`, `archiver`, or an application's own name.
+    pub role: String,
+    /// Its build (the crate version).
+    pub build: String,
+    /// The newest record schema version it reads.
+    pub record_schema: u32,
+    /// The newest table schema format it reads.
+    pub schema_format: u32,
+    /// When it last said it was running (the store's clock); ignored when announcing.
+    pub seen_at: EventTime,
+}
+
 /// The lifecycle state of a bucket, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BucketState {

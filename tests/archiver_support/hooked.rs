@@ -138,6 +138,21 @@ impl Catalog for Hooked {
         self.inner.table_schema(t).await
     }
 
+    async fn announce_reader(&self, r: &pulpitum::store::ReaderInfo) -> StoreResult<()> {
+        self.inner.announce_reader(r).await
+    }
+
+    async fn withdraw_reader(&self, id: &str) -> StoreResult<()> {
+        self.inner.withdraw_reader(id).await
+    }
+
+    async fn readers_since(
+        &self,
+        since: EventTime,
+    ) -> StoreResult<Vec<pulpitum::store::ReaderInfo>> {
+        self.inner.readers_since(since).await
+    }
+
     async fn put_table_schema(
         &self,
         t: &TableId,

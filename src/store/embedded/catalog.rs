@@ -11,7 +11,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::model::{EventTime, TableId};
 use crate::store::migrate::Migrated;
-use crate::store::{Catalog, StoreError, StoreResult, StoredSchema, TableDefinition};
+use crate::store::{Catalog, ReaderInfo, StoreError, StoreResult, StoredSchema, TableDefinition};
 
 use super::decode::{corrupt, time};
 use super::{backend, clock_micros, migrate, Mode, SqliteStore, TxError, TxResult};
@@ -157,6 +157,79 @@ impl Catalog for SqliteStore {
                 ],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn announce_reader(&self, reader: &ReaderInfo) -> StoreResult<()> {
+        let r = reader.clone();
+        self.run("announce_reader", Mode::Write, move |tx, now| {
+            tx.execute(
+                "INSERT INTO pulpitum_v4_readers \
+                 (reader_id, role, build, record_schema, schema_format, seen_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+                 ON CONFLICT (reader_id) DO UPDATE SET role = excluded.role, \
+                 build = excluded.build, record_schema = excluded.record_schema, \
+                 schema_format = excluded.schema_format, seen_at = excluded.seen_at",
+                params![
+                    r.reader_id,
+                    r.role,
+                    r.build,
+                    i64::from(r.record_schema),
+                    i64::from(r.schema_format),
+                    now
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn withdraw_reader(&self, reader_id: &str) -> StoreResult<()> {
+        let id = reader_id.to_string();
+        self.run("withdraw_reader", Mode::Write, move |tx, _| {
+            tx.execute(
+                "DELETE FROM pulpitum_v4_readers WHERE reader_id = ?1",
+                params![id],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn readers_since(&self, since: EventTime) -> StoreResult<Vec<ReaderInfo>> {
+        let since = since.as_micros();
+        self.run("readers_since", Mode::Read, move |tx, _| {
+            let mut stmt = tx.prepare(
+                "SELECT reader_id, role, build, record_schema, schema_format, seen_at \
+                 FROM pulpitum_v4_readers WHERE seen_at >= ?1 ORDER BY seen_at, reader_id",
+            )?;
+            let rows = stmt.query_map(params![since], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (reader_id, role, build, record, format, seen) = row?;
+                let version = |v: i64| {
+                    u32::try_from(v).map_err(|_| corrupt(format!("reader registry version {v}")))
+                };
+                out.push(ReaderInfo {
+                    reader_id,
+                    role,
+                    build,
+                    record_schema: version(record)?,
+                    schema_format: version(format)?,
+                    seen_at: time(seen, "reader seen_at")?,
+                });
+            }
+            Ok(out)
         })
         .await
     }

@@ -114,6 +114,13 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0012_table_schemas.sql"),
         compat: Compat::Requires(12),
     },
+    // The processes that read this store: see the PostgreSQL migration 25.
+    Migration {
+        version: 13,
+        name: "readers",
+        sql: include_str!("../../../sql/sqlite/0013_readers.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

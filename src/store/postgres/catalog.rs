@@ -13,7 +13,12 @@ use super::decode::{decode_table, event_time};
 use super::{migrate, PgStore, TxError};
 use crate::model::{EventTime, TableId};
 use crate::store::migrate::Migrated;
-use crate::store::{Catalog, StoreError, StoreResult, StoredSchema, TableDefinition};
+use crate::store::{Catalog, ReaderInfo, StoreError, StoreResult, StoredSchema, TableDefinition};
+
+/// A version as the registry's `INT4`.
+fn version_i32(v: u32) -> StoreResult<i32> {
+    i32::try_from(v).map_err(|_| StoreError::Config(format!("version {v} too large")))
+}
 
 #[async_trait]
 impl Catalog for PgStore {
@@ -154,6 +159,85 @@ impl Catalog for PgStore {
                 )
                 .await?;
             row.map(|r| stored_schema(&r)).transpose()
+        })
+        .await
+    }
+
+    async fn announce_reader(&self, reader: &ReaderInfo) -> StoreResult<()> {
+        let (record, format) = (
+            version_i32(reader.record_schema)?,
+            version_i32(reader.schema_format)?,
+        );
+        self.run("announce_reader", || async {
+            let client = self.pooled().await?;
+            client
+                .execute(
+                    "INSERT INTO pulpitum_v4_readers \
+                     (reader_id, role, build, record_schema, schema_format, seen_at) \
+                     VALUES ($1, $2, $3, $4, $5, now()) \
+                     ON CONFLICT (reader_id) DO UPDATE SET role = excluded.role, \
+                     build = excluded.build, record_schema = excluded.record_schema, \
+                     schema_format = excluded.schema_format, seen_at = excluded.seen_at",
+                    &[
+                        &reader.reader_id,
+                        &reader.role,
+                        &reader.build,
+                        &record,
+                        &format,
+                    ],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn withdraw_reader(&self, reader_id: &str) -> StoreResult<()> {
+        self.run("withdraw_reader", || async {
+            let client = self.pooled().await?;
+            client
+                .execute(
+                    "DELETE FROM pulpitum_v4_readers WHERE reader_id = $1",
+                    &[&reader_id],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn readers_since(&self, since: EventTime) -> StoreResult<Vec<ReaderInfo>> {
+        let since = since.to_datetime();
+        self.run("readers_since", || async {
+            let client = self.pooled().await?;
+            let rows = client
+                .query(
+                    "SELECT reader_id, role, build, record_schema, schema_format, seen_at \
+                     FROM pulpitum_v4_readers WHERE seen_at >= $1 ORDER BY seen_at, reader_id",
+                    &[&since],
+                )
+                .await?;
+            rows.iter()
+                .map(|r| {
+                    let get = |e: tokio_postgres::Error| {
+                        StoreError::Corrupt(format!("reader registry row: {e}"))
+                    };
+                    let version = |v: i32| {
+                        u32::try_from(v).map_err(|_| {
+                            StoreError::Corrupt(format!("reader registry row: version {v}"))
+                        })
+                    };
+                    Ok(ReaderInfo {
+                        reader_id: r.try_get(0).map_err(get)?,
+                        role: r.try_get(1).map_err(get)?,
+                        build: r.try_get(2).map_err(get)?,
+                        record_schema: version(r.try_get(3).map_err(get)?)?,
+                        schema_format: version(r.try_get(4).map_err(get)?)?,
+                        seen_at: event_time(r.try_get(5).map_err(get)?, "reader seen_at")?,
+                    })
+                })
+                .collect::<StoreResult<Vec<_>>>()
+                .map_err(Into::into)
         })
         .await
     }

@@ -220,6 +220,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0024_table_schemas.sql"),
         compat: Compat::Requires(24),
     },
+    Migration {
+        version: 25,
+        name: "readers",
+        sql: include_str!("../../../sql/0025_readers.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a
