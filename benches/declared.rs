@@ -16,9 +16,11 @@
 //!    row groups and pages from statistics (authors are written in runs) and rows before
 //!    the body is decoded; chat cannot express it without decoding every body.
 //!
-//! Ratios are declared / chat. Run: `cargo bench --profile dev-bench --bench declared`; env
-//! `PULPITUM_BENCH_ROWS_PER_DAY` (2000), `PULPITUM_BENCH_CHANNELS` (10), `PULPITUM_BENCH_DAYS`
-//! (20).
+//! Both with day buckets (small objects, one verification block each: what a column not
+//! read saves is decoding) and month buckets (objects of several blocks: also bytes not
+//! fetched). Ratios are declared / chat. Run: `cargo bench --profile dev-bench --bench
+//! declared`; env `PULPITUM_BENCH_ROWS_PER_DAY` (2000), `PULPITUM_BENCH_CHANNELS` (10),
+//! `PULPITUM_BENCH_DAYS` (60).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -171,10 +173,19 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let channels = env("PULPITUM_BENCH_CHANNELS", 10);
+    let days = env("PULPITUM_BENCH_DAYS", 60);
+    let per_day = env("PULPITUM_BENCH_ROWS_PER_DAY", 2000);
     rt.block_on(async {
-        let channels = env("PULPITUM_BENCH_CHANNELS", 10);
-        let days = env("PULPITUM_BENCH_DAYS", 20);
-        let per_day = env("PULPITUM_BENCH_ROWS_PER_DAY", 2000);
+        // Small objects (a day of a channel: one verification block each) and large ones (a
+        // month: several blocks, so a column not read is bytes not fetched).
+        case("calendar_day_utc", channels, days, per_day).await;
+        case("calendar_month_utc", channels, days, per_day).await;
+    });
+}
+
+async fn case(strategy: &str, channels: usize, days: usize, per_day: usize) {
+    {
         let dir = tempfile::tempdir().unwrap();
         let db = format!("sqlite://{}", dir.path().join("hot.sqlite3").display());
         let url = format!("file://{}", dir.path().join("archive").display());
@@ -186,14 +197,19 @@ fn main() {
             .await
             .unwrap();
         for ddl in [
-            "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
-             OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_day_utc')",
-            "CREATE EXTERNAL TABLE messages (channel_id BIGINT NOT NULL, ts TIMESTAMPTZ NOT NULL, \
-             id BIGINT NOT NULL, author BIGINT, score DOUBLE PRECISION, content TEXT) \
-             STORED AS PULPITUM LOCATION '' OPTIONS ('partition_by' 'channel_id', 'time' 'ts', \
-             'order_by' 'id', 'bucket_strategy' 'calendar_day_utc')",
+            format!(
+                "CREATE EXTERNAL TABLE chat STORED AS PULPITUM LOCATION '' \
+                 OPTIONS ('surface' 'chat', 'bucket_strategy' '{strategy}')"
+            ),
+            format!(
+                "CREATE EXTERNAL TABLE messages (channel_id BIGINT NOT NULL, \
+                 ts TIMESTAMPTZ NOT NULL, id BIGINT NOT NULL, author BIGINT, \
+                 score DOUBLE PRECISION, content TEXT) STORED AS PULPITUM LOCATION '' \
+                 OPTIONS ('partition_by' 'channel_id', 'time' 'ts', 'order_by' 'id', \
+                 'bucket_strategy' '{strategy}')"
+            ),
         ] {
-            pulpitum::control::sql(&ctx, ddl)
+            pulpitum::control::sql(&ctx, &ddl)
                 .await
                 .unwrap()
                 .collect()
@@ -253,10 +269,14 @@ fn main() {
             .unwrap();
             load(&ctx, "messages", msg).await;
         }
-        eprintln!("loaded {n} messages twice in {:.1} s", t.elapsed().as_secs_f64());
+        eprintln!(
+            "loaded {n} messages twice in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
         let t = Instant::now();
         let mut c = ArchiverConfig::with_defaults();
-        c.eligible_before = Some(EventTime::from_micros(START_US + (days as i64 + 1) * DAY_US).unwrap());
+        c.eligible_before =
+            Some(EventTime::from_micros(START_US + (days as i64 + 1) * DAY_US).unwrap());
         c.cleanup_delay = Duration::ZERO;
         c.format = PayloadFormat::Parquet;
         c.compaction = false;
@@ -265,17 +285,35 @@ fn main() {
             .drain(&CancellationToken::new(), &|_, _| {})
             .await
             .unwrap();
+        let buckets = store
+            .list_buckets(
+                &pulpitum::model::TableId::new("messages").unwrap(),
+                &pulpitum::store::BucketFilter::default(),
+            )
+            .await
+            .unwrap()
+            .len();
         eprintln!(
             "archived {} buckets in {:.1} s",
-            channels * days * 2,
+            buckets * 2,
             t.elapsed().as_secs_f64()
         );
         let ctx = session(store.clone(), archive.clone(), SessionOptions::default())
             .await
             .unwrap();
         let rounds = 5;
-        let chat = measure(&ctx, "SELECT sum(length(content)) FROM chat", rounds).await;
-        let same = measure(&ctx, "SELECT sum(length(content)) FROM messages", rounds).await;
+        let chat = measure(
+            &ctx,
+            "SELECT sum(length(content)) AS total FROM chat",
+            rounds,
+        )
+        .await;
+        let same = measure(
+            &ctx,
+            "SELECT sum(length(content)) AS total FROM messages",
+            rounds,
+        )
+        .await;
         assert_eq!(chat.2, same.2, "the two tables hold the same bodies");
         let one = measure(&ctx, "SELECT sum(score) FROM messages", rounds).await;
         let sel = measure(
@@ -293,8 +331,8 @@ fn main() {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
         println!(
-            "{n} messages, {} archived day buckets per table, per-bucket Parquet, best of {rounds}",
-            channels * days
+            "[{strategy}] {n} messages, {buckets} archived buckets per table, per-bucket \
+             Parquet, best of {rounds}"
         );
         println!(
             "chat     sum(length(content))          {:8.1} ms {:8.2} MiB read (baseline)",
@@ -315,5 +353,5 @@ fn main() {
                 m.1 as f64 / chat.1.max(1) as f64
             );
         }
-    });
+    }
 }
