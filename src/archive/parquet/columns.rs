@@ -330,14 +330,39 @@ pub(crate) fn envelope_batch(
     RecordBatch::try_new(envelope_schema(true), cols).map_err(|e| ArchiveError::decode(key, e))
 }
 
+/// The file columns a decode of a columnar payload reads for `only` (every column when
+/// `None`): the keys, the typed columns of those fields, the residual. `None` for a file in
+/// the binary envelope, which is always read whole.
+pub(crate) fn projected_columns(
+    key: &str,
+    file_schema: &Schema,
+    only: Option<&[u32]>,
+) -> Result<Option<Vec<usize>>, ArchiveError> {
+    let (Some(only), true) = (only, is_columnar(file_schema)) else {
+        return Ok(None);
+    };
+    let cols = value_columns(key, file_schema)?;
+    let mut out: Vec<usize> = (0..COL_VALUE).collect();
+    out.extend(
+        cols.iter()
+            .enumerate()
+            .filter(|(_, (id, _))| only.contains(id))
+            .map(|(i, _)| COL_VALUE + i),
+    );
+    out.push(COL_VALUE + cols.len());
+    Ok(Some(out))
+}
+
 /// A batch decoded from a payload as the envelope: rebuilt from the columnar layout when
 /// `columnar` (the manifest says record schema 3), relabelled otherwise; a file whose layout
-/// is not the one its manifest says is refused.
+/// is not the one its manifest says is refused. With `only`, a columnar batch holds just
+/// the columns [`projected_columns`] chose, and each value just those fields.
 pub(crate) fn decoded_envelope(
     key: &str,
     file_schema: &Schema,
     batch: &RecordBatch,
     columnar: bool,
+    only: Option<&[u32]>,
 ) -> Result<RecordBatch, ArchiveError> {
     // The file's schema, not the batch's: a decoded batch need not keep the metadata.
     if is_columnar(file_schema) != columnar {
@@ -348,7 +373,16 @@ pub(crate) fn decoded_envelope(
     }
     if columnar {
         let cols = value_columns(key, file_schema)?;
-        return envelope_batch(key, &cols, batch);
+        let Some(only) = only else {
+            return envelope_batch(key, &cols, batch);
+        };
+        let chosen: Vec<(u32, ColumnType)> = cols
+            .into_iter()
+            .filter(|(id, _)| only.contains(id))
+            .collect();
+        let out = to_envelope(key, &chosen, batch, COL_VALUE, Some(only))?;
+        return RecordBatch::try_new(envelope_schema(true), out)
+            .map_err(|e| ArchiveError::decode(key, e));
     }
     // Relabel with the one envelope schema (the decoder may attach Parquet field metadata),
     // which also checks the column types.
@@ -449,6 +483,46 @@ mod tests {
         let cols = value_columns("k", &payload.schema()).unwrap();
         let back = envelope_batch("k", &cols, &payload).unwrap();
         assert_eq!(values(&back), values(&env));
+        // A decode of some fields reads only their columns (and the residual), and each
+        // value holds only those fields: here `d` (added with a default, which the v1 rows
+        // predate) and `a` (widened since the v1 rows).
+        let ids = |names: &[&str]| -> Vec<u32> {
+            names
+                .iter()
+                .map(|n| layout.schema.column(n).unwrap().id)
+                .collect()
+        };
+        let only = ids(&["a", "d"]);
+        let file = payload.schema();
+        let picked = projected_columns("k", &file, Some(&only)).unwrap().unwrap();
+        assert_eq!(picked, vec![0, 1, 2, 3, 5, 6], "keys, a, d, residual");
+        let narrow = payload.project(&picked).unwrap();
+        let back = decoded_envelope("k", &file, &narrow, true, Some(&only)).unwrap();
+        let full = decoded_envelope("k", &file, &payload, true, None).unwrap();
+        assert_eq!(values(&full), values(&env));
+        for row in 0..back.num_rows() {
+            let got: Vec<u32> = entries(values(&back).value(row), false)
+                .unwrap()
+                .iter()
+                .map(|e| e.id)
+                .collect();
+            let want: Vec<u32> = entries(values(&env).value(row), false)
+                .unwrap()
+                .iter()
+                .map(|e| e.id)
+                .filter(|id| only.contains(id))
+                .collect();
+            assert_eq!(got, want, "row {row}");
+        }
+        let decode = |b: &RecordBatch| {
+            let schema = layout.schema.clone();
+            RowDecoder::new(&schema, &[0, 2]).decode(values(b)).unwrap()
+        };
+        assert_eq!(decode(&back), decode(&full));
+        // A file in the binary envelope is always read whole.
+        assert!(projected_columns("k", &env.schema(), Some(&only))
+            .unwrap()
+            .is_none());
         // A damaged residual is an error, not a row.
         let mut broken: Vec<ArrayRef> = payload.columns().to_vec();
         let n = broken.len();

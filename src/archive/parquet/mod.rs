@@ -31,8 +31,8 @@ use parquet::schema::types::ColumnPath;
 use super::ArchiveError;
 use crate::model::envelope::{COL_SORT, COL_TIME};
 pub use crate::model::{envelope_schema, records_to_batch};
-pub(crate) use columns::decoded_envelope;
 pub use columns::ValueColumns;
+pub(crate) use columns::{decoded_envelope, projected_columns};
 pub(crate) use read::{decode_all, scan, scan_with, FooterCache};
 pub(crate) use sink::PayloadSink;
 

@@ -19,6 +19,7 @@ use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
+use parquet::arrow::ProjectionMask;
 
 use super::manifest::{GroupSlice, PartitionEntry, SegmentManifest};
 use super::read::{bucket_batches, check_range, footer, ranged, SegmentCache, VerifiedRanges};
@@ -35,11 +36,13 @@ pub(crate) async fn slice_rows(
     entry: &PartitionEntry,
     slice: &GroupSlice,
     metrics: &ArchiveScanMetrics,
+    only: Option<&[u32]>,
 ) -> Result<RecordBatch, ArchiveError> {
     let cache_key = (
         m.payload_key.clone(),
         entry.partition_key.as_bytes().to_vec(),
         slice.row_group,
+        only.map(<[u32]>::to_vec),
     );
     if let Some(b) = cache.cached(&cache_key) {
         return Ok(b);
@@ -68,11 +71,17 @@ pub(crate) async fn slice_rows(
     let arrow_meta = ArrowReaderMetadata::try_new(meta, ArrowReaderOptions::new())
         .map_err(|e| ArchiveError::decode(key, e))?;
     let file_schema = arrow_meta.schema().clone();
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(input, arrow_meta)
+    // A declared table's segment decodes only the value columns the read names (the bytes
+    // of the whole row group are fetched and verified either way).
+    let projection = crate::archive::parquet::projected_columns(key, &file_schema, only)?;
+    let parquet_schema = arrow_meta.metadata().file_metadata().schema_descr_ptr();
+    let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(input, arrow_meta)
         .with_row_groups(vec![slice.row_group])
-        .with_batch_size(g.rows.max(1) as usize)
-        .build()
-        .map_err(|e| ArchiveError::decode(key, e))?;
+        .with_batch_size(g.rows.max(1) as usize);
+    if let Some(cols) = projection {
+        builder = builder.with_projection(ProjectionMask::roots(&parquet_schema, cols));
+    }
+    let reader = builder.build().map_err(|e| ArchiveError::decode(key, e))?;
     let mut batches = Vec::new();
     for b in reader {
         batches.push(b.map_err(|e| ArchiveError::decode(key, e))?);
@@ -93,6 +102,7 @@ pub(crate) async fn slice_rows(
         &file_schema,
         &all,
         m.table_schema_version.is_some(),
+        only,
     )?;
     if all.num_rows() as u64 != g.rows || slice.skip + slice.rows > g.rows {
         return Err(ArchiveError::RowCountMismatch {
@@ -231,7 +241,12 @@ pub(crate) fn bucket_stream(
             let (bucket, req, seen, metrics) =
                 (bucket.clone(), req.clone(), seen.clone(), metrics.clone());
             async move {
-                let rows = slice_rows(&op, &cache, &m, &entry, &slice, &metrics).await?;
+                let only = if req.include_value {
+                    req.value.fields.as_deref()
+                } else {
+                    Some(&[][..])
+                };
+                let rows = slice_rows(&op, &cache, &m, &entry, &slice, &metrics, only).await?;
                 if whole {
                     let t = rows
                         .column(COL_TIME)

@@ -211,6 +211,7 @@ pub(crate) fn decode_partition(
         &file_schema,
         &all,
         m.table_schema_version.is_some(),
+        None,
     )?;
     let end = skip + entry.rows;
     if (all.num_rows() as u64) < end {
@@ -364,7 +365,8 @@ impl SegmentCache {
 
 /// `(payload key, partition key, row group)`: a partition's rows in one row group (v6
 /// reads), or all of them (`WHOLE`, v5 reads).
-pub(super) type CacheKey = (String, Vec<u8>, usize);
+/// The fourth part is the value fields decoded (`None`: every column, each value whole).
+pub(super) type CacheKey = (String, Vec<u8>, usize, Option<Vec<u32>>);
 const WHOLE: usize = usize::MAX;
 
 /// Decoded partition slices, oldest evicted first, bounded by their Arrow memory.
@@ -413,6 +415,7 @@ pub(crate) async fn partition_rows(
         m.payload_key.clone(),
         entry.partition_key.as_bytes().to_vec(),
         WHOLE,
+        None,
     );
     if let Some(b) = cache
         .partitions

@@ -464,7 +464,7 @@ async fn verify_decoded(
             // ranged read should not restart the whole segment).
             let mut attempt = 0;
             let batch = loop {
-                match slice_rows(op, &cache, m, p, g, &metrics).await {
+                match slice_rows(op, &cache, m, p, g, &metrics, None).await {
                     Err(e) if retry_transient(&e, &mut attempt).await => {}
                     other => break other?,
                 }
