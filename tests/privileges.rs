@@ -388,6 +388,8 @@ async fn scenario(names: &Names, archive: &str) {
     ]);
     let (code, out, err) = shell(names, "pulpitum_reader", archive, &args);
     assert_eq!(code, 0, "{err}");
+    // Recorded as a reader of the store (the one table this role writes).
+    assert!(!err.contains("not recorded as a reader"), "{err}");
     for want in [
         "n\n63\n",
         "n\n31\n",

@@ -45,7 +45,37 @@ async fn live(store: &dyn HotStore) -> Vec<ReaderInfo> {
     store.readers_since(since).await.unwrap()
 }
 
-async fn scenario(store: Arc<dyn HotStore>, archive: Arc<pulpitum::archive::ArchiveStore>) {
+/// Direct SQL on the store's own database, for rows no running process would write.
+enum Raw {
+    Pg(String),
+    Sqlite(std::path::PathBuf),
+}
+
+impl Raw {
+    async fn exec(&self, pg: &str, sqlite: &str) {
+        match self {
+            Raw::Pg(url) => {
+                let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                c.batch_execute(pg).await.unwrap();
+            }
+            Raw::Sqlite(path) => {
+                rusqlite::Connection::open(path)
+                    .unwrap()
+                    .execute_batch(sqlite)
+                    .unwrap();
+            }
+        }
+    }
+}
+
+async fn scenario(
+    store: Arc<dyn HotStore>,
+    archive: Arc<pulpitum::archive::ArchiveStore>,
+    raw: Raw,
+) {
     let ctx = session(store.clone(), archive.clone(), SessionOptions::default())
         .await
         .unwrap();
@@ -66,6 +96,17 @@ async fn scenario(store: Arc<dyn HotStore>, archive: Arc<pulpitum::archive::Arch
     // Once it has stopped, the table is created.
     store.withdraw_reader("archiver-old").await.unwrap();
     run(&ctx, CREATE).await.unwrap();
+    // The same CREATE again stores nothing: a start-up script runs it whatever is running.
+    store
+        .announce_reader(&older("archiver", 2, 1))
+        .await
+        .unwrap();
+    run(&ctx, CREATE).await.unwrap();
+    // A column change keeps the rows' record schema: only the schema format counts.
+    run(&ctx, "ALTER TABLE events RENAME COLUMN note TO memo")
+        .await
+        .unwrap();
+    store.withdraw_reader("archiver-old").await.unwrap();
 
     // A server that reads no table schema format newer than 0 holds back column changes.
     store.announce_reader(&older("serve", 3, 0)).await.unwrap();
@@ -73,13 +114,35 @@ async fn scenario(store: Arc<dyn HotStore>, archive: Arc<pulpitum::archive::Arch
         .await
         .unwrap_err();
     assert!(
-        e.contains("ALTER TABLE events needs") && e.contains("serve-old (serve"),
+        e.contains("ALTER TABLE events needs table schema format 1")
+            && e.contains("serve-old (serve"),
         "{e}"
     );
     store.withdraw_reader("serve-old").await.unwrap();
     run(&ctx, "ALTER TABLE events ADD COLUMN n INTEGER")
         .await
         .unwrap();
+
+    // A row dated in the future was written by no running process: it holds nothing back,
+    // and the next start deletes it.
+    raw.exec(
+        "INSERT INTO pulpitum_v4_readers VALUES ('future', 'shell', '0.1.0', 2, 0, now() + interval '10 days')",
+        "INSERT INTO pulpitum_v4_readers VALUES ('future', 'shell', '0.1.0', 2, 0, 9000000000000000)",
+    )
+    .await;
+    run(&ctx, "ALTER TABLE events ADD COLUMN x INTEGER")
+        .await
+        .unwrap();
+    ReaderLease::start(store.clone(), "shell")
+        .await
+        .unwrap()
+        .stop()
+        .await;
+    let all = store
+        .readers_since(EventTime::min_supported())
+        .await
+        .unwrap();
+    assert!(all.is_empty(), "{all:?}");
 
     // A build that reads record schema 2 refuses to start on this store, naming the table
     // and the upgrade, and leaves no record behind.
@@ -104,7 +167,7 @@ async fn scenario(store: Arc<dyn HotStore>, archive: Arc<pulpitum::archive::Arch
     assert!(live(&*store).await.is_empty());
 
     // This build: a session with a reader role is recorded while it lives; a lease stopped
-    // is removed.
+    // and a session released are removed.
     let served = session(
         store.clone(),
         archive.clone(),
@@ -128,27 +191,58 @@ async fn scenario(store: Arc<dyn HotStore>, archive: Arc<pulpitum::archive::Arch
         .all(|r| r.record_schema == 3 && r.build == env!("CARGO_PKG_VERSION")));
     lease.stop().await;
     assert_eq!(live(&*store).await.len(), 1);
-    drop(served);
+    pulpitum::control::readers::release(&served).await;
+    assert!(live(&*store).await.is_empty());
     // Current readers hold nothing back.
     run(&ctx, "ALTER TABLE events ADD COLUMN m TEXT")
         .await
         .unwrap();
+
+    // A damaged schema is not a newer version: this build starts (a session leaves that
+    // table out and says why), and asks for no upgrade.
+    raw.exec(
+        "UPDATE pulpitum_v4_table_schemas SET definition = '{\"format\": 1, \"version\": 1'",
+        "UPDATE pulpitum_v4_table_schemas SET definition = '{\"format\": 1, \"version\": 1'",
+    )
+    .await;
+    ReaderLease::start(store.clone(), "shell")
+        .await
+        .unwrap()
+        .stop()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn older_readers_hold_back_newer_versions_on_postgres() {
-    let (store, archive) = open(
-        &fresh_database("readers").await,
-        &fresh_archive_url("readers"),
-    )
-    .await;
-    scenario(store, archive).await;
+    let db = fresh_database("readers").await;
+    let (store, archive) = open(&db, &fresh_archive_url("readers")).await;
+    scenario(store, archive, Raw::Pg(db)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn older_readers_hold_back_newer_versions_on_the_embedded_store() {
     let dir = tempfile::tempdir().unwrap();
-    let db = format!("sqlite://{}", dir.path().join("hot.db").display());
-    let (store, archive) = open(&db, &fresh_archive_url("readers_sq")).await;
-    scenario(store, archive).await;
+    let path = dir.path().join("hot.db");
+    let db = format!("sqlite://{}", path.display());
+    let archive_url = fresh_archive_url("readers_sq");
+    let (store, archive) = open(&db, &archive_url).await;
+    scenario(store.clone(), archive, Raw::Sqlite(path)).await;
+    // The shell records itself while it runs and removes itself as it stops.
+    for _ in 0..2 {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+            .args(["--database-url", &db, "--archive-url", &archive_url])
+            .args(["--format", "csv", "-c", "SELECT 1 AS one"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let all = store
+        .readers_since(EventTime::min_supported())
+        .await
+        .unwrap();
+    assert!(all.is_empty(), "{all:?}");
 }

@@ -583,10 +583,13 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
         drop(out);
         shell.run_statement(explain).await?;
     }
-    if no_shell {
-        return Ok(());
-    }
-    Ok(shell.interactive_or_stdin().await?)
+    let outcome = if no_shell {
+        Ok(())
+    } else {
+        shell.interactive_or_stdin().await.map_err(Failure::from)
+    };
+    pulpitum::control::readers::release(&shell.ctx).await;
+    outcome
 }
 
 /// `pulpitum serve`: the session of the shell, over the PostgreSQL wire protocol, until
@@ -662,7 +665,9 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
     let ctx = pulpitum::session::connect_with(&database_url, &archive_url, opts)
         .await
         .map_err(|e| e.to_string())?;
-    let server = Server::bind(ctx, config).await.map_err(|e| e.to_string())?;
+    let server = Server::bind(ctx.clone(), config)
+        .await
+        .map_err(|e| e.to_string())?;
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     eprintln!("pulpitum: serving PostgreSQL clients on {addr}");
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -675,6 +680,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
         });
     }
     server.run(shutdown).await;
+    pulpitum::control::readers::release(&ctx).await;
     Ok(())
 }
 
@@ -701,6 +707,13 @@ async fn run(cli: Cli, format: Format) -> Result<(), Failure> {
         format,
         timing: false,
     };
+    let outcome = shell_session(&cli, &mut shell).await;
+    // Stopping: this process no longer holds newer table versions back.
+    pulpitum::control::readers::release(&shell.ctx).await;
+    outcome
+}
+
+async fn shell_session(cli: &Cli, shell: &mut Shell) -> Result<(), Failure> {
     let scripted = !cli.commands.is_empty() || cli.file.is_some();
     for c in &cli.commands {
         shell.run_script(c).await?;
@@ -734,6 +747,8 @@ async fn erasure(cli: &Cli, action: &ErasureAction) -> Result<bool, Failure> {
         ErasureAction::Request { sql, reference } => {
             let mut opts = session_options(cli);
             opts.migrate = false;
+            // One statement and out: nothing to hold back while it runs.
+            opts.reader = None;
             let ctx = pulpitum::session::session(store, archive, opts)
                 .await
                 .map_err(|e| e.to_string())?;

@@ -13,7 +13,8 @@
 //! A statement that would store a version (creating a declared table: record schema 3;
 //! changing its columns: the table schema format) first asks [`require_readers`]; a reader
 //! seen within [`READER_TTL`] that reads less refuses it, by name. A process that died
-//! without removing itself holds such a statement back for at most the TTL.
+//! without removing itself holds such a statement back for at most the TTL; its row is
+//! deleted by a later start after [`READER_FORGET`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,11 +119,16 @@ async fn check_tables(store: &dyn HotStore, me: &ReaderInfo) -> Result<(), Reade
         let Some(stored) = store.table_schema(&t.table_id).await? else {
             continue;
         };
-        // Only the format field: a newer format need not parse as this build's schema.
-        let format = serde_json::from_str::<serde_json::Value>(&stored.definition)
+        // Only the format field: a newer format need not parse as this build's schema. A
+        // definition that is not JSON with a format is damage, not a newer version: the
+        // session leaves that table out and says why, as for any unreadable schema.
+        let Some(format) = serde_json::from_str::<serde_json::Value>(&stored.definition)
             .ok()
             .and_then(|v| v.get("format")?.as_u64())
-            .map_or(u32::MAX, |f| u32::try_from(f).unwrap_or(u32::MAX));
+        else {
+            continue;
+        };
+        let format = u32::try_from(format).unwrap_or(u32::MAX);
         if format > me.schema_format {
             return Err(too_old(t.table_id.as_str(), "table schema format", format));
         }
@@ -130,11 +136,29 @@ async fn check_tables(store: &dyn HotStore, me: &ReaderInfo) -> Result<(), Reade
     Ok(())
 }
 
+/// How long a row may go unrefreshed before any process starting deletes it: its process
+/// is long gone (or the row was never written by one, when it is that far in the future).
+pub const READER_FORGET: Duration = Duration::from_secs(24 * 3600);
+
 /// A process's record in the registry, refreshed while it is held.
 pub struct ReaderLease {
     store: Arc<dyn HotStore>,
     id: String,
     task: tokio::task::JoinHandle<()>,
+}
+
+fn shifted(t: EventTime, by: Duration, forward: bool) -> EventTime {
+    let d = i64::try_from(by.as_micros()).unwrap_or(i64::MAX);
+    let us = if forward {
+        t.as_micros().saturating_add(d)
+    } else {
+        t.as_micros().saturating_sub(d)
+    };
+    EventTime::from_micros(us).unwrap_or(if forward {
+        EventTime::end_of_supported()
+    } else {
+        EventTime::min_supported()
+    })
 }
 
 impl ReaderLease {
@@ -145,24 +169,55 @@ impl ReaderLease {
     }
 
     /// [`Self::start`] with the versions given (tests stand in for older builds with it).
+    ///
+    /// A store that refuses the record (a role without the grant on `pulpitum_v4_readers`,
+    /// a read-only file) does not stop the process: it runs unrecorded, with a warning,
+    /// since what it reads is still checked here and at every refresh.
     pub async fn start_as(store: Arc<dyn HotStore>, me: ReaderInfo) -> Result<Self, ReaderError> {
         // Recorded before the check, so a statement that checks the readers after this sees
         // it; one that checked before and stores after this check is found by the next
         // refresh, which checks again.
-        store.announce_reader(&me).await?;
+        let recorded = match store.announce_reader(&me).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "this process is not recorded as a reader of the store, so a newer table \
+                     version is not held back for it (docs/permissions.md grants the table)"
+                );
+                false
+            }
+        };
         if let Err(e) = check_tables(&*store, &me).await {
-            let _ = store.withdraw_reader(&me.reader_id).await;
+            if recorded {
+                let _ = store.withdraw_reader(&me.reader_id).await;
+            }
             return Err(e);
+        }
+        if recorded {
+            if let Ok(now) = store.now().await {
+                let (before, after) = (
+                    shifted(now, READER_FORGET, false),
+                    shifted(now, READER_FORGET, true),
+                );
+                if let Err(e) = store.forget_readers(before, after).await {
+                    tracing::debug!(error = %e, "old reader rows not deleted");
+                }
+            }
         }
         let id = me.reader_id.clone();
         let bg = store.clone();
         let task = tokio::spawn(async move {
-            let mut warned = false;
+            let (mut warned, mut refresh_failed) = (false, !recorded);
             loop {
                 tokio::time::sleep(HEARTBEAT).await;
-                if let Err(e) = bg.announce_reader(&me).await {
-                    tracing::warn!(error = %e, "could not refresh this process's reader record");
-                    continue;
+                match bg.announce_reader(&me).await {
+                    Ok(()) => refresh_failed = false,
+                    Err(e) if !refresh_failed => {
+                        tracing::warn!(error = %e, "could not refresh this process's reader record");
+                        refresh_failed = true;
+                    }
+                    Err(_) => {}
                 }
                 match check_tables(&*bg, &me).await {
                     Err(e @ ReaderError::TooOld { .. }) if !warned => {
@@ -181,8 +236,9 @@ impl ReaderLease {
         &self.id
     }
 
-    /// Stops refreshing and removes the record.
-    pub async fn stop(self) {
+    /// Stops refreshing and removes the record (a process stopping cleanly: it then holds
+    /// nothing back for [`READER_TTL`]). Safe to call more than once.
+    pub async fn stop(&self) {
         self.task.abort();
         if let Err(e) = self.store.withdraw_reader(&self.id).await {
             tracing::warn!(error = %e, "could not remove this process's reader record");
@@ -192,8 +248,18 @@ impl ReaderLease {
 
 impl Drop for ReaderLease {
     fn drop(&mut self) {
-        // Without `stop`, the record simply ages out after READER_TTL.
+        // Without `stop`, the record ages out after READER_TTL (and is deleted by a later
+        // start after READER_FORGET).
         self.task.abort();
+    }
+}
+
+/// Removes the reader record a session holds ([`crate::session::SessionOptions::reader`]),
+/// if any: what a process does as it stops.
+pub async fn release(ctx: &datafusion::prelude::SessionContext) {
+    let lease = ctx.state().config().get_extension::<ReaderLease>();
+    if let Some(lease) = lease {
+        lease.stop().await;
     }
 }
 
@@ -206,13 +272,14 @@ pub async fn require_readers(
     schema_format: u32,
 ) -> Result<(), ReaderError> {
     let now = store.now().await?;
-    let ttl = i64::try_from(READER_TTL.as_micros()).unwrap_or(i64::MAX);
-    let since = EventTime::from_micros(now.as_micros().saturating_sub(ttl))
-        .unwrap_or_else(|_| EventTime::min_supported());
+    let since = shifted(now, READER_TTL, false);
+    // A row dated after now (beyond clock skew) was not written by a running process.
+    let until = shifted(now, READER_TTL, true);
     let behind: Vec<String> = store
         .readers_since(since)
         .await?
         .into_iter()
+        .filter(|r| r.seen_at <= until)
         .filter(|r| r.record_schema < record_schema || r.schema_format < schema_format)
         .map(|r| {
             format!(
@@ -227,7 +294,11 @@ pub async fn require_readers(
     }
     Err(ReaderError::Readers {
         what: what.to_string(),
-        needs: format!("record schema {record_schema} and table schema format {schema_format}"),
+        needs: if record_schema > 0 {
+            format!("record schema {record_schema} and table schema format {schema_format}")
+        } else {
+            format!("table schema format {schema_format}")
+        },
         readers: behind.join("; "),
         ttl: READER_TTL.as_secs(),
     })

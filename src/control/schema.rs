@@ -514,13 +514,17 @@ pub fn parse_alter(sql: &str) -> Result<Option<(TableId, Vec<AlterOp>)>, Control
 /// is a no-op; a table of that name with another definition is refused, naming it.
 pub async fn create(store: &dyn HotStore, c: &CreateDeclared) -> Result<u32, ControlError> {
     let id = &c.definition.table_id;
-    super::readers::require_readers(
-        store,
-        &format!("CREATE EXTERNAL TABLE {id}"),
-        DECLARED_RECORD_SCHEMA_VERSION,
-        SCHEMA_FORMAT,
-    )
-    .await?;
+    // Only a new table stores anything: the same CREATE again (a start-up script) is
+    // answered below whatever runs.
+    if store.table(id).await?.is_none() {
+        super::readers::require_readers(
+            store,
+            &format!("CREATE EXTERNAL TABLE {id}"),
+            DECLARED_RECORD_SCHEMA_VERSION,
+            SCHEMA_FORMAT,
+        )
+        .await?;
+    }
     match store.register_table(&c.definition).await {
         Ok(_) => {}
         Err(StoreError::TableConflict { existing, .. }) => {
@@ -584,13 +588,10 @@ pub async fn alter(
             ),
         }));
     }
-    super::readers::require_readers(
-        store,
-        &format!("ALTER TABLE {table}"),
-        DECLARED_RECORD_SCHEMA_VERSION,
-        SCHEMA_FORMAT,
-    )
-    .await?;
+    // The table's rows keep their record schema; what is stored is a schema version in
+    // this build's format.
+    super::readers::require_readers(store, &format!("ALTER TABLE {table}"), 0, SCHEMA_FORMAT)
+        .await?;
     let stored = store.table_schema(table).await?.ok_or_else(|| {
         ControlError::Schema(SchemaError::Stored(format!(
             "declared table {table} has no stored schema; run its CREATE EXTERNAL TABLE again"

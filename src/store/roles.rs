@@ -74,8 +74,14 @@ pub trait Catalog: Send + Sync + 'static {
     /// Forgets a reader (its process is stopping); a reader not recorded is no error.
     async fn withdraw_reader(&self, reader_id: &str) -> StoreResult<()>;
 
-    /// The readers seen at or after `since`, oldest first.
+    /// The readers seen at or after `since`, oldest first. A row that cannot be read (a
+    /// time out of range, a negative version) is left out with a warning: it names no
+    /// process this build could check.
     async fn readers_since(&self, since: EventTime) -> StoreResult<Vec<ReaderInfo>>;
+
+    /// Deletes the readers last seen before `before` or after `after` (processes long gone,
+    /// and rows no running process wrote); returns how many.
+    async fn forget_readers(&self, before: EventTime, after: EventTime) -> StoreResult<u64>;
 }
 
 /// Fenced appends: a record commits only into a Hot bucket inside the table's guard.

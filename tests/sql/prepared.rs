@@ -87,6 +87,10 @@ impl Catalog for Counting {
         self.inner.readers_since(since).await
     }
 
+    async fn forget_readers(&self, before: EventTime, after: EventTime) -> StoreResult<u64> {
+        self.inner.forget_readers(before, after).await
+    }
+
     async fn put_table_schema(
         &self,
         t: &TableId,

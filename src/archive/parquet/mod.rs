@@ -33,7 +33,7 @@ use crate::model::envelope::{COL_SORT, COL_TIME};
 pub use crate::model::{envelope_schema, records_to_batch};
 pub use columns::ValueColumns;
 pub(crate) use columns::{decoded_envelope, projected_columns};
-pub(crate) use read::{decode_all, scan, scan_with, FooterCache};
+pub(crate) use read::{decode_all, excluded_by_values, scan, scan_with, FooterCache};
 pub(crate) use sink::PayloadSink;
 
 /// Rows per row group: 64 Ki rows keeps a row group's encoded buffer in the writer to a few

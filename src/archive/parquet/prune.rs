@@ -165,40 +165,10 @@ pub(super) fn prune_by_values(
     if filters.is_empty() {
         return plan;
     }
-    let descr = meta.file_metadata().schema_descr();
-    let stats: Vec<Option<RowGroupStats>> = filters
-        .iter()
-        .map(|f| {
-            let conv = StatisticsConverter::try_new(
-                file_schema.field(f.column).name(),
-                file_schema,
-                descr,
-            )
-            .ok()?;
-            Some(RowGroupStats {
-                mins: conv.row_group_mins(meta.row_groups().iter()).ok()?,
-                maxes: conv.row_group_maxes(meta.row_groups().iter()).ok()?,
-                nulls: conv.row_group_null_counts(meta.row_groups().iter()).ok()?,
-                conv,
-            })
-        })
-        .collect();
+    let stats = row_group_stats(meta, file_schema, filters);
     let mut out = Vec::with_capacity(plan.len());
     for mut rg in plan {
-        let rows = meta.row_group(rg.index).num_rows().max(0) as u64;
-        let excluded = filters.iter().zip(&stats).any(|(f, st)| {
-            let Some(st) = st else { return false };
-            let i = rg.index;
-            let nulls = st.nulls.is_valid(i).then(|| st.nulls.value(i));
-            !f.predicate.may_match(
-                f.stored,
-                &st.mins.slice(i, 1),
-                &st.maxes.slice(i, 1),
-                nulls,
-                rows,
-            )
-        });
-        if excluded {
+        if excluded(meta, rg.index, filters, &stats) {
             ArchiveScanMetrics::add(&metrics.row_groups_pruned, 1);
             continue;
         }
@@ -220,6 +190,66 @@ pub(super) fn prune_by_values(
         out.push(rg);
     }
     out
+}
+
+/// Each predicate's statistics over every row group (`None` where they cannot be read).
+fn row_group_stats<'a>(
+    meta: &'a ParquetMetaData,
+    file_schema: &'a Schema,
+    filters: &[FilePredicate],
+) -> Vec<Option<RowGroupStats<'a>>> {
+    let descr = meta.file_metadata().schema_descr();
+    filters
+        .iter()
+        .map(|f| {
+            let conv = StatisticsConverter::try_new(
+                file_schema.field(f.column).name(),
+                file_schema,
+                descr,
+            )
+            .ok()?;
+            Some(RowGroupStats {
+                mins: conv.row_group_mins(meta.row_groups().iter()).ok()?,
+                maxes: conv.row_group_maxes(meta.row_groups().iter()).ok()?,
+                nulls: conv.row_group_null_counts(meta.row_groups().iter()).ok()?,
+                conv,
+            })
+        })
+        .collect()
+}
+
+/// Whether row group `i`'s statistics show that some predicate holds for none of its rows.
+fn excluded(
+    meta: &ParquetMetaData,
+    i: usize,
+    filters: &[FilePredicate],
+    stats: &[Option<RowGroupStats<'_>>],
+) -> bool {
+    let rows = meta.row_group(i).num_rows().max(0) as u64;
+    filters.iter().zip(stats).any(|(f, st)| {
+        let Some(st) = st else { return false };
+        let nulls = st.nulls.is_valid(i).then(|| st.nulls.value(i));
+        !f.predicate.may_match(
+            f.stored,
+            &st.mins.slice(i, 1),
+            &st.maxes.slice(i, 1),
+            nulls,
+            rows,
+        )
+    })
+}
+
+/// Which row groups of a file the predicates exclude from their statistics (a segment's
+/// reads skip those slices without fetching them).
+pub(super) fn excluded_row_groups(
+    meta: &ParquetMetaData,
+    file_schema: &Schema,
+    filters: &[FilePredicate],
+) -> Vec<bool> {
+    let stats = row_group_stats(meta, file_schema, filters);
+    (0..meta.num_row_groups())
+        .map(|i| !filters.is_empty() && excluded(meta, i, filters, &stats))
+        .collect()
 }
 
 struct RowGroupStats<'a> {

@@ -36,13 +36,16 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 
 use super::columns::{envelope_batch, is_columnar, to_envelope, value_columns};
-use super::prune::{filter_mask, plan_row_groups, prune_by_values, FilePredicate, RowGroupPlan};
+use super::prune::{
+    excluded_row_groups, filter_mask, plan_row_groups, prune_by_values, FilePredicate, RowGroupPlan,
+};
 use super::{envelope_schema, from_parquet, ENCODE_BATCH_ROWS};
 use crate::archive::integrity::{check_stored_length, RowCheck, VerifiedReader};
 use crate::archive::COLUMNAR_SCHEMA_VERSION;
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics, Manifest};
 use crate::lru::Lru;
 use crate::model::envelope::{COL_SORT, COL_TIME, COL_VALUE};
+use crate::model::schema::predicate::ValuePredicate;
 use crate::model::schema::ColumnType;
 use crate::model::{batch_to_records, Record, ScanBounds};
 
@@ -166,7 +169,6 @@ impl ValuePlan {
         let Some(cols) = columnar else {
             return Self::default();
         };
-        let at = |id: u32| cols.iter().position(|(c, _)| *c == id);
         let columns = if req.include_value {
             cols.iter()
                 .enumerate()
@@ -176,26 +178,47 @@ impl ValuePlan {
         } else {
             Vec::new()
         };
-        let filters = req
-            .value
-            .filters
-            .iter()
-            .filter_map(|p| {
-                let i = at(p.field)?;
-                let stored = cols[i].1;
-                stored.widens_to(p.ty).then(|| FilePredicate {
-                    predicate: p.clone(),
-                    column: COL_VALUE + i,
-                    stored,
-                })
-            })
-            .collect();
+        let filters = file_predicates(cols, &req.value.filters);
         Self {
             columns,
             only: req.value.fields.clone(),
             filters: Arc::new(filters),
         }
     }
+}
+
+/// The predicates that apply to a columnar file with these typed columns. A predicate on a
+/// column the file does not have (added since), or whose stored type does not widen to the
+/// predicate's, is left to SQL above the scan.
+fn file_predicates(cols: &[(u32, ColumnType)], preds: &[ValuePredicate]) -> Vec<FilePredicate> {
+    preds
+        .iter()
+        .filter_map(|p| {
+            let i = cols.iter().position(|(c, _)| *c == p.field)?;
+            let stored = cols[i].1;
+            stored.widens_to(p.ty).then(|| FilePredicate {
+                predicate: p.clone(),
+                column: COL_VALUE + i,
+                stored,
+            })
+        })
+        .collect()
+}
+
+/// Which row groups of a payload the predicates exclude from their statistics; all `false`
+/// for a file in the binary envelope.
+pub(crate) fn excluded_by_values(
+    key: &str,
+    meta: &ParquetMetaData,
+    file_schema: &Schema,
+    preds: &[ValuePredicate],
+) -> Result<Vec<bool>, ArchiveError> {
+    if preds.is_empty() || !is_columnar(file_schema) {
+        return Ok(vec![false; meta.num_row_groups()]);
+    }
+    let cols = value_columns(key, file_schema)?;
+    let filters = file_predicates(&cols, preds);
+    Ok(excluded_row_groups(meta, file_schema, &filters))
 }
 
 /// A batch's columns with a columnar payload's value columns (and residual) turned back into

@@ -230,6 +230,56 @@ pub(crate) fn bucket_stream(
         &metrics.row_groups_pruned,
         (entry.slices.len() - picked.len()) as u64,
     );
+    if req.value.filters.is_empty() || m.table_schema_version.is_none() || picked.is_empty() {
+        return Ok(slices_stream(
+            op, cache, m, entry, bucket, req, metrics, picked, whole, want,
+        ));
+    }
+    // Predicates on value columns: the row groups whose statistics (over every partition
+    // in them, so a superset of this one's rows) exclude a match are not fetched. The
+    // bucket's rows are then not all seen, so they are not counted.
+    Ok(stream::once(async move {
+        let key = m.payload_key.clone();
+        let meta = footer(&op, &cache, &m, &metrics).await?;
+        let arrow = ArrowReaderMetadata::try_new(meta.clone(), ArrowReaderOptions::new())
+            .map_err(|e| ArchiveError::decode(&key, e))?;
+        let out = crate::archive::parquet::excluded_by_values(
+            &key,
+            &meta,
+            arrow.schema(),
+            &req.value.filters,
+        )?;
+        let before = picked.len();
+        let picked: Vec<GroupSlice> = picked
+            .into_iter()
+            .filter(|s| !out.get(s.row_group).copied().unwrap_or(false))
+            .collect();
+        let skipped = before - picked.len();
+        ArchiveScanMetrics::add(&metrics.row_groups_pruned, skipped as u64);
+        let whole = whole && skipped == 0;
+        Ok::<_, ArchiveError>(slices_stream(
+            op, cache, m, entry, bucket, req, metrics, picked, whole, want,
+        ))
+    })
+    .try_flatten()
+    .boxed())
+}
+
+/// The rows of the picked slices, streamed in order; with `whole`, counted against `want`
+/// at the end.
+#[allow(clippy::too_many_arguments)]
+fn slices_stream(
+    op: opendal::Operator,
+    cache: Arc<SegmentCache>,
+    m: Arc<SegmentManifest>,
+    entry: Arc<PartitionEntry>,
+    bucket: BucketId,
+    req: ArchiveScan,
+    metrics: Arc<ArchiveScanMetrics>,
+    picked: Vec<GroupSlice>,
+    whole: bool,
+    want: u64,
+) -> BoxStream<'static, Result<RecordBatch, ArchiveError>> {
     let seen = Arc::new(AtomicU64::new(0));
     let (bs, be) = bucket.bucket_key.bounds();
     let (bs, be) = (bs.as_nanos(), be.as_nanos());
@@ -275,9 +325,8 @@ pub(crate) fn bucket_stream(
         }
         Ok(Vec::new())
     });
-    Ok(rows
-        .chain(check)
+    rows.chain(check)
         .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
         .try_flatten()
-        .boxed())
+        .boxed()
 }

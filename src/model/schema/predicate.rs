@@ -158,14 +158,11 @@ impl ValuePredicate {
         let out = match &self.test {
             Test::IsNull => return is_null(&col),
             Test::IsNotNull => return is_not_null(&col),
-            Test::Compare(op, lit) => {
-                let lit = Scalar::new(lit.clone());
-                compare(*op, &col, &lit)?
-            }
+            Test::Compare(op, lit) => compare(*op, &col, lit)?,
             Test::AnyOf(list) => {
                 let mut any: Option<BooleanArray> = None;
                 for i in 0..list.len() {
-                    let m = compare(CmpOp::Eq, &col, &Scalar::new(list.slice(i, 1)))?;
+                    let m = compare(CmpOp::Eq, &col, &list.slice(i, 1))?;
                     any = Some(match any {
                         None => m,
                         Some(prev) => datafusion::arrow::compute::or_kleene(&prev, &m)?,
@@ -216,9 +213,8 @@ impl ValuePredicate {
                 if min.is_null(0) || max.is_null(0) {
                     return true;
                 }
-                let lit = Scalar::new(lit.clone());
                 let holds = |op: CmpOp, a: &ArrayRef| {
-                    compare(op, a, &lit).is_ok_and(|r| r.is_valid(0) && r.value(0))
+                    compare(op, a, lit).is_ok_and(|r| r.is_valid(0) && r.value(0))
                 };
                 match op {
                     CmpOp::Eq => !(holds(CmpOp::Gt, &min) || holds(CmpOp::Lt, &max)),
@@ -254,7 +250,15 @@ impl ValueRead {
     }
 }
 
-fn compare(op: CmpOp, a: &dyn Datum, b: &dyn Datum) -> Result<BooleanArray, ArrowError> {
+/// Compares as SQL does: Arrow's kernels order floating point totally, so `-0.0` and `0.0`
+/// differ there; DataFusion (and PostgreSQL) take them as equal, so both sides are
+/// normalised first, as DataFusion's own comparison does.
+fn compare(op: CmpOp, a: &ArrayRef, literal: &ArrayRef) -> Result<BooleanArray, ArrowError> {
+    let zero = datafusion::common::utils::normalize_float_zero;
+    compare_raw(op, &zero(a), &Scalar::new(zero(literal)))
+}
+
+fn compare_raw(op: CmpOp, a: &dyn Datum, b: &dyn Datum) -> Result<BooleanArray, ArrowError> {
     match op {
         CmpOp::Eq => cmp::eq(a, b),
         CmpOp::NotEq => cmp::neq(a, b),
@@ -370,6 +374,49 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![Some(false), Some(true), Some(true)]
         );
+    }
+
+    #[test]
+    fn signed_zeros_are_equal_as_in_sql() {
+        // Arrow's kernels order -0.0 below 0.0; SQL takes them as equal.
+        let rows: ArrayRef = Arc::new(Float64Array::from(vec![-0.0, 0.0, 1.0]));
+        for (op, lit, want) in [
+            (CmpOp::Eq, 0.0, vec![true, true, false]),
+            (CmpOp::Eq, -0.0, vec![true, true, false]),
+            (CmpOp::GtEq, 0.0, vec![true, true, true]),
+            (CmpOp::Lt, 0.0, vec![false, false, false]),
+            (CmpOp::NotEq, -0.0, vec![false, false, true]),
+        ] {
+            let p = ValuePredicate::compare(
+                2,
+                "x",
+                ColumnType::Float64,
+                op,
+                Arc::new(Float64Array::from(vec![lit])),
+            )
+            .unwrap();
+            let got: Vec<bool> = p
+                .evaluate(&rows, ColumnType::Float64)
+                .unwrap()
+                .iter()
+                .map(|b| b == Some(true))
+                .collect();
+            assert_eq!(got, want, "{p}");
+        }
+        let any = ValuePredicate::any_of(
+            2,
+            "x",
+            ColumnType::Float64,
+            Arc::new(Float64Array::from(vec![0.0, 3.0])),
+        )
+        .unwrap();
+        let got: Vec<bool> = any
+            .evaluate(&rows, ColumnType::Float64)
+            .unwrap()
+            .iter()
+            .map(|b| b == Some(true))
+            .collect();
+        assert_eq!(got, vec![true, true, false]);
     }
 
     #[test]

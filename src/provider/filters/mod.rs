@@ -105,6 +105,15 @@ fn with_probe_values(expr: &Expr) -> Option<Expr> {
     (!unknown).then_some(out)
 }
 
+/// Whether a filter names columns, and only key columns of the surface.
+fn names_key_columns_only(surface: &Surface, e: &Expr) -> bool {
+    let cols = e.column_refs();
+    !cols.is_empty()
+        && cols
+            .iter()
+            .all(|c| matches!(surface.role_of(&c.name), Some(r) if r != Role::Value))
+}
+
 fn column_role(surface: &Surface, e: &Expr) -> Option<Role> {
     match e {
         Expr::Column(c) => surface.role_of(&c.name),
@@ -358,13 +367,28 @@ impl PushedFilters {
         surface: &Surface,
         filters: &[Expr],
     ) -> Result<Self, super::ProviderError> {
-        if let Some(bad) = filters
-            .iter()
-            .find(|f| piece(surface, f).is_none() && !values::is_value_filter(surface, f))
-        {
+        // Only Exact and Inexact filters reach a scan. The Inexact ones name a value column,
+        // and DataFusion may have rewritten them since (`v IN (1, NULL)` into `v = 1 OR
+        // NULL`, `NOT (v IN (1, NULL))` into `NULL`); SQL applies them above the scan, so
+        // one the scan cannot use is no error. One naming key columns only was classified
+        // Exact: dropping it would return rows it excludes.
+        // A filter simplified to a constant holds for every row or for none.
+        let constant = |f: &Expr| match f {
+            Expr::Literal(v, _) => Some(*v == ScalarValue::Boolean(Some(true))),
+            _ => None,
+        };
+        if let Some(bad) = filters.iter().find(|f| {
+            piece(surface, f).is_none()
+                && constant(f).is_none()
+                && (f.column_refs().is_empty() || names_key_columns_only(surface, f))
+        }) {
             return Err(super::ProviderError::UnappliableFilter(bad.to_string()));
         }
-        Ok(Self::from_exprs(surface, filters))
+        let mut out = Self::from_exprs(surface, filters);
+        if filters.iter().any(|f| constant(f) == Some(false)) {
+            out.empty = true;
+        }
+        Ok(out)
     }
 
     /// Combines the filters that [`classify`] accepted; others are ignored (DataFusion

@@ -158,3 +158,43 @@ fn combination_and_contradiction() {
     );
     assert!(p.empty);
 }
+
+#[test]
+fn filters_rewritten_after_classification_are_applied_or_refused_as_they_came() {
+    use crate::model::schema::{ColumnType, KeyColumn, KeyType, TableSchema};
+    let schema = TableSchema::new(
+        KeyColumn {
+            name: "p".into(),
+            ty: KeyType::Int64,
+        },
+        "at".into(),
+        KeyColumn {
+            name: "s".into(),
+            ty: KeyType::Int64,
+        },
+        vec![("v".into(), ColumnType::Int64, true, None)],
+    )
+    .unwrap();
+    let surface = Surface::declared(schema);
+    let null = Expr::Literal(ScalarValue::Boolean(None), None);
+    // `v IN (1, NULL)` after DataFusion's simplifier: a value filter SQL applies above.
+    let or_null = col("v").eq(lit(1i64)).or(null.clone());
+    assert!(PushedFilters::try_from_exprs(&surface, &[or_null]).is_ok());
+    // `NOT (v IN (1, NULL))` simplified to NULL: no row matches.
+    let pushed = PushedFilters::try_from_exprs(&surface, &[null]).unwrap();
+    assert!(pushed.empty);
+    let pushed = PushedFilters::try_from_exprs(&surface, &[lit(true)]).unwrap();
+    assert!(!pushed.empty);
+    // A key filter the scan cannot apply exactly is refused, never dropped.
+    let bad = col("p").eq(Expr::Literal(ScalarValue::Int64(None), None));
+    assert!(PushedFilters::try_from_exprs(&surface, &[bad]).is_err());
+    // Value filters are Inexact; key filters Exact.
+    assert_eq!(
+        classify(&surface, &col("v").gt(lit(3i64))),
+        TableProviderFilterPushDown::Inexact
+    );
+    assert_eq!(
+        classify(&surface, &col("p").eq(lit(3i64))),
+        TableProviderFilterPushDown::Exact
+    );
+}

@@ -217,19 +217,35 @@ impl Catalog for SqliteStore {
             let mut out = Vec::new();
             for row in rows {
                 let (reader_id, role, build, record, format, seen) = row?;
-                let version = |v: i64| {
-                    u32::try_from(v).map_err(|_| corrupt(format!("reader registry version {v}")))
+                let (Ok(record_schema), Ok(schema_format), Ok(seen_at)) = (
+                    u32::try_from(record),
+                    u32::try_from(format),
+                    time(seen, "reader seen_at"),
+                ) else {
+                    tracing::warn!(reader = %reader_id, "reader registry row left out: out of range");
+                    continue;
                 };
                 out.push(ReaderInfo {
                     reader_id,
                     role,
                     build,
-                    record_schema: version(record)?,
-                    schema_format: version(format)?,
-                    seen_at: time(seen, "reader seen_at")?,
+                    record_schema,
+                    schema_format,
+                    seen_at,
                 });
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn forget_readers(&self, before: EventTime, after: EventTime) -> StoreResult<u64> {
+        let (before, after) = (before.as_micros(), after.as_micros());
+        self.run("forget_readers", Mode::Write, move |tx, _| {
+            Ok(tx.execute(
+                "DELETE FROM pulpitum_v4_readers WHERE seen_at < ?1 OR seen_at > ?2",
+                params![before, after],
+            )? as u64)
         })
         .await
     }

@@ -217,27 +217,46 @@ impl Catalog for PgStore {
                     &[&since],
                 )
                 .await?;
-            rows.iter()
-                .map(|r| {
-                    let get = |e: tokio_postgres::Error| {
-                        StoreError::Corrupt(format!("reader registry row: {e}"))
-                    };
-                    let version = |v: i32| {
-                        u32::try_from(v).map_err(|_| {
-                            StoreError::Corrupt(format!("reader registry row: version {v}"))
-                        })
-                    };
-                    Ok(ReaderInfo {
-                        reader_id: r.try_get(0).map_err(get)?,
-                        role: r.try_get(1).map_err(get)?,
-                        build: r.try_get(2).map_err(get)?,
-                        record_schema: version(r.try_get(3).map_err(get)?)?,
-                        schema_format: version(r.try_get(4).map_err(get)?)?,
-                        seen_at: event_time(r.try_get(5).map_err(get)?, "reader seen_at")?,
-                    })
+            let decode = |r: &tokio_postgres::Row| -> StoreResult<ReaderInfo> {
+                let get =
+                    |e: tokio_postgres::Error| StoreError::Corrupt(format!("reader row: {e}"));
+                let version = |v: i32| {
+                    u32::try_from(v)
+                        .map_err(|_| StoreError::Corrupt(format!("reader row: version {v}")))
+                };
+                Ok(ReaderInfo {
+                    reader_id: r.try_get(0).map_err(get)?,
+                    role: r.try_get(1).map_err(get)?,
+                    build: r.try_get(2).map_err(get)?,
+                    record_schema: version(r.try_get(3).map_err(get)?)?,
+                    schema_format: version(r.try_get(4).map_err(get)?)?,
+                    seen_at: event_time(r.try_get(5).map_err(get)?, "reader seen_at")?,
                 })
-                .collect::<StoreResult<Vec<_>>>()
-                .map_err(Into::into)
+            };
+            Ok(rows
+                .iter()
+                .filter_map(|r| match decode(r) {
+                    Ok(reader) => Some(reader),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reader registry row left out");
+                        None
+                    }
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn forget_readers(&self, before: EventTime, after: EventTime) -> StoreResult<u64> {
+        let (before, after) = (before.to_datetime(), after.to_datetime());
+        self.run("forget_readers", || async {
+            let client = self.pooled().await?;
+            Ok(client
+                .execute(
+                    "DELETE FROM pulpitum_v4_readers WHERE seen_at < $1 OR seen_at > $2",
+                    &[&before, &after],
+                )
+                .await?)
         })
         .await
     }
