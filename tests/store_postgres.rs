@@ -117,6 +117,7 @@ async fn migrations_run_twice_and_concurrently() {
             "pulpitum_v4_compactions",
             "pulpitum_v4_jobs",
             "pulpitum_v4_policies",
+            "pulpitum_v4_readers",
             "pulpitum_v4_records",
             "pulpitum_v4_retired_objects",
             "pulpitum_v4_row_masks",
