@@ -20,6 +20,7 @@ use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 
 use pulpitum::cli::script::{split_script, statement_complete, Item};
+use pulpitum::cli::serve::ServeArgs;
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
 #[cfg(feature = "mimalloc")]
@@ -136,71 +137,6 @@ struct FormatArg {
     /// Output format of query results [default: table].
     #[arg(long, value_enum)]
     format: Option<Format>,
-}
-
-#[derive(Debug, clap::Args)]
-struct ServeArgs {
-    /// Address to listen on (HOST:PORT).
-    #[arg(long, env = "PULPITUM_SERVER_LISTEN", default_value = pulpitum::server::DEFAULT_LISTEN)]
-    listen: String,
-    /// File of users allowed to connect, one name:password:role per line (role: read, write
-    /// or admin; owned by the server's user, mode 0600).
-    #[arg(long, env = "PULPITUM_SERVER_USERS_FILE")]
-    users_file: Option<std::path::PathBuf>,
-    /// One user allowed to connect (with PULPITUM_SERVER_PASSWORD and --role).
-    #[arg(long, env = "PULPITUM_SERVER_USER")]
-    user: Option<String>,
-    /// The --user's role: read (queries), write (and INSERT) or admin (and control
-    /// statements).
-    #[arg(long, env = "PULPITUM_SERVER_ROLE")]
-    role: Option<String>,
-    /// Accept connections without a password; refused unless the address is loopback.
-    #[arg(long)]
-    insecure_no_auth: bool,
-    /// PEM certificate chain; with --tls-key, every client must use TLS.
-    #[arg(long, env = "PULPITUM_SERVER_TLS_CERT")]
-    tls_cert: Option<std::path::PathBuf>,
-    /// PEM private key of the certificate.
-    #[arg(long, env = "PULPITUM_SERVER_TLS_KEY")]
-    tls_key: Option<std::path::PathBuf>,
-    /// Connections served at once; more are refused with SQLSTATE 53300.
-    #[arg(long, env = "PULPITUM_SERVER_MAX_CONNECTIONS", default_value = "100")]
-    max_connections: usize,
-    /// Seconds a connection may take from its first byte to a completed login.
-    #[arg(
-        long,
-        env = "PULPITUM_SERVER_STARTUP_TIMEOUT_SECONDS",
-        default_value = "30"
-    )]
-    startup_timeout_seconds: u64,
-    /// Memory all queries together may hold (e.g. 8GiB); default: half the machine's memory.
-    #[arg(long, env = "PULPITUM_SERVER_MEMORY_LIMIT")]
-    memory_limit: Option<String>,
-    /// Memory one query may hold (e.g. 2GiB); default: a quarter of --memory-limit. Past
-    /// it, SQLSTATE 53200.
-    #[arg(long, env = "PULPITUM_SERVER_QUERY_MEMORY_LIMIT")]
-    query_memory_limit: Option<String>,
-    /// Longest Query, Parse, Bind or CopyData message a client may send (e.g. 64MiB).
-    #[arg(
-        long,
-        env = "PULPITUM_SERVER_MAX_MESSAGE_BYTES",
-        default_value = "64MiB"
-    )]
-    max_message_bytes: String,
-    /// Longest a statement may run, in milliseconds (0: no limit); past it, SQLSTATE 57014.
-    #[arg(
-        long,
-        env = "PULPITUM_SERVER_STATEMENT_TIMEOUT_MS",
-        default_value = "300000"
-    )]
-    statement_timeout_ms: u64,
-    /// Seconds running statements get to finish after SIGTERM before connections are closed.
-    #[arg(
-        long,
-        env = "PULPITUM_SERVER_SHUTDOWN_GRACE_SECONDS",
-        default_value = "10"
-    )]
-    shutdown_grace_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -592,110 +528,10 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
     outcome
 }
 
-/// `pulpitum serve`: the session of the shell, over the PostgreSQL wire protocol, until
-/// SIGTERM or SIGINT.
+/// `pulpitum serve` ([`pulpitum::cli::serve`]) with this command line's URLs and limits.
 async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
-    use pulpitum::server::memory::{default_server_limit, parse_size};
-    use pulpitum::server::{Role, Server, ServerConfig, Users};
-    let mut users: Option<Users> = None;
-    if let Some(path) = &args.users_file {
-        users = Some(Users::from_file(path).map_err(|e| e.to_string())?);
-    }
-    if let Some(name) = &args.user {
-        // The password only from the environment: a flag would show in `ps`.
-        let password = std::env::var("PULPITUM_SERVER_PASSWORD").map_err(|_| {
-            "--user (PULPITUM_SERVER_USER) needs PULPITUM_SERVER_PASSWORD in the environment"
-                .to_string()
-        })?;
-        let role = match args.role.as_deref() {
-            Some(r) => Role::parse(r).ok_or_else(|| {
-                format!("--role (PULPITUM_SERVER_ROLE) {r:?}: the roles are read, write and admin")
-            })?,
-            None => {
-                return Err(
-                    "--user (PULPITUM_SERVER_USER) needs a role: add --role read, write \
-                            or admin (or PULPITUM_SERVER_ROLE)"
-                        .into(),
-                )
-            }
-        };
-        let set = users.get_or_insert_with(Users::default);
-        set.add(name, &password, role, "PULPITUM_SERVER_USER")
-            .map_err(|e| e.to_string())?;
-    } else if args.role.is_some() {
-        return Err(
-            "--role (PULPITUM_SERVER_ROLE) is the role of --user; give --user too \
-                    (a users file names each user's role on its line)"
-                .into(),
-        );
-    }
-    let size = |flag: &str, text: &str| parse_size(text).map_err(|e| format!("{flag}: {e}"));
-    let memory_limit = match &args.memory_limit {
-        Some(t) => size("--memory-limit", t)?,
-        None => default_server_limit(),
-    };
-    let query_memory_limit = match &args.query_memory_limit {
-        Some(t) => size("--query-memory-limit", t)?,
-        None => memory_limit / 4,
-    };
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(c), Some(k)) => Some((c.clone(), k.clone())),
-        (None, None) => None,
-        _ => return Err("--tls-cert and --tls-key go together".into()),
-    };
-    let config = ServerConfig {
-        listen: args.listen.clone(),
-        users,
-        insecure_no_auth: args.insecure_no_auth,
-        tls,
-        max_connections: args.max_connections,
-        startup_timeout: std::time::Duration::from_secs(args.startup_timeout_seconds.max(1)),
-        memory_limit,
-        query_memory_limit,
-        max_message_bytes: size("--max-message-bytes", &args.max_message_bytes)?,
-        statement_timeout: (args.statement_timeout_ms > 0)
-            .then(|| std::time::Duration::from_millis(args.statement_timeout_ms)),
-        shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_seconds),
-    };
     let (database_url, archive_url) = urls(cli)?;
-    let opts = pulpitum::session::SessionOptions {
-        reader: Some("serve"),
-        ..session_options(cli)
-    };
-    let ctx = pulpitum::session::connect_with(&database_url, &archive_url, opts)
-        .await
-        .map_err(|e| e.to_string())?;
-    let server = Server::bind(ctx.clone(), config)
-        .await
-        .map_err(|e| e.to_string())?;
-    let addr = server.local_addr().map_err(|e| e.to_string())?;
-    eprintln!("pulpitum: serving PostgreSQL clients on {addr}");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            wait_for_stop_signal().await;
-            eprintln!("pulpitum: stopping (running statements get the grace period)");
-            shutdown.cancel();
-        });
-    }
-    server.run(shutdown).await;
-    pulpitum::control::readers::release(&ctx).await;
-    Ok(())
-}
-
-async fn wait_for_stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+    pulpitum::cli::serve::run(args, &database_url, &archive_url, session_options(cli)).await
 }
 
 async fn run(cli: Cli, format: Format) -> Result<(), Failure> {

@@ -13,6 +13,7 @@ use std::io::Write;
 
 pub mod erasure;
 pub mod script;
+pub mod serve;
 
 use crate::store::migrate::Migrated;
 use crate::store::StoreError;
