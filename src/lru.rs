@@ -57,6 +57,11 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
     pub fn len(&self) -> usize {
         self.entries.len()
     }
+
+    /// Forgets every entry.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
 }
 
 #[cfg(test)]

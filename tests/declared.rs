@@ -531,6 +531,22 @@ async fn declared(embedded: bool) {
     )
     .await;
     t.same(ALL_V2, "omitted columns").await;
+    // Values a JSON payload must carry exactly (March 3, archived in JSON below): texts and
+    // a JSON document with a line break, the JSON text `null` (not SQL NULL), an empty
+    // text, negative zero, and unquoted decimal literals, which are NUMERIC as in
+    // PostgreSQL (1.005 rounds to 1.01 in a NUMERIC(12, 2), not to the double's 1.00).
+    t.both(
+        "INSERT INTO events (tenant_id, at, seq, kind, amount, memo, price, payload, ratio, region) VALUES \
+         (1, '2021-03-03T05:00:00Z', 1995, 'odd', 1.005, 'line\nbreak', 1.005, '{\"a\":\n 1}', 0.1, 'eu'), \
+         (1, '2021-03-03T06:00:00Z', 1996, 'odd', -0.0, '', -1.005, 'null', 1e30, 'x')",
+    )
+    .await;
+    t.same(
+        "SELECT seq, amount, memo, CAST(price AS TEXT), CAST(payload AS TEXT), ratio, \
+         0.1 + 0.2 = 0.3, CAST(CAST(1.005 AS NUMERIC(12, 2)) * 3 AS TEXT) FROM events WHERE kind = 'odd' ORDER BY seq",
+        "literals",
+    )
+    .await;
 
     // Changes across tiers: archived rows (masks) and hot rows.
     t.both("UPDATE events SET amount = 7.5, memo = 'edited' WHERE tenant_id = 2 AND seq % 3 = 0")
@@ -538,7 +554,13 @@ async fn declared(embedded: bool) {
     t.both("DELETE FROM events WHERE seq % 7 = 0").await;
     t.same(ALL_V2, "after UPDATE and DELETE").await;
 
-    // March 3 (rows of v1) and March 4 (rows of v2) archived under the newest schema.
+    // March 3 (rows of v1, and the odd ones) in JSON and March 4 (rows of v2) in Parquet,
+    // archived under the newest schema: the v1 rows carry a dropped column, widened values
+    // and an added column in their residual.
+    t.archive("2021-03-04T00:00:00Z", PayloadFormat::Json, false)
+        .await;
+    t.same(ALL_V2, "March 3 in JSON").await;
+    json_reads_by_name(&t).await;
     t.archive("2021-03-05T00:00:00Z", PayloadFormat::Parquet, false)
         .await;
     let n = t.same(ALL_V2, "every tier").await;
@@ -638,7 +660,9 @@ async fn declared(embedded: bool) {
     }
     for (sql, needle) in [
         ("INSERT INTO events (tenant_id, at, seq, kind, payload) VALUES (9, TIMESTAMPTZ '2021-03-05T00:00:00Z', 1, 'k', '{oops')", "column payload"),
-        ("INSERT INTO events (tenant_id, at, seq) VALUES (9, TIMESTAMPTZ '2021-03-05T00:00:00Z', 1)", "non-nullable"),
+        // A NOT NULL column left out is named.
+        ("INSERT INTO events (tenant_id, at, seq) VALUES (9, TIMESTAMPTZ '2021-03-05T00:00:00Z', 1)", "column kind: must not be NULL"),
+        ("INSERT INTO events (tenant_id, at, seq, kind) VALUES (9, TIMESTAMPTZ '2021-03-05T00:00:00Z', 1, NULL)", "column kind: must not be NULL"),
         ("UPDATE events SET tenant_id = 5 WHERE seq = 1001", "may not set tenant_id"),
     ] {
         let e = t.ours(sql).await.unwrap_err();
@@ -665,22 +689,66 @@ async fn declared(embedded: bool) {
     assert_eq!(b[0].column(0).as_primitive::<Int64Type>().value(0), 0);
 }
 
-/// Every per-bucket Parquet payload of March 4 read by DuckDB (`read_parquet`, columns by
-/// name, the sort key decoded from its 8-byte form) against the same rows through SQL.
-async fn duckdb_reads_by_name(t: &Both) {
-    let keys: Vec<String> = t
-        .archive
+/// The keys of the `events` table's archived objects whose key holds `part` and ends with
+/// `suffix`.
+async fn archived(t: &Both, part: &str, suffix: &str) -> Vec<String> {
+    t.archive
         .list_objects()
         .await
         .unwrap()
         .into_iter()
         .map(|o| o.key)
-        .filter(|k| {
-            k.contains("/v4/events/")
-                && k.contains("day:2021-03-04")
-                && k.ends_with("payload.parquet")
-        })
-        .collect();
+        .filter(|k| k.contains("/v4/events/") && k.contains(part) && k.ends_with(suffix))
+        .collect()
+}
+
+/// March 3's JSON payloads (record schema 3) read as plain JSON: each line's `value` names
+/// the columns of the newest schema, typed; a JSON column is embedded as a document.
+async fn json_reads_by_name(t: &Both) {
+    let keys = archived(t, "day:2021-03-03", "payload.json").await;
+    assert!(!keys.is_empty(), "March 3 was archived in JSON");
+    let (mut lines, mut residual) = (0, 0);
+    for k in &keys {
+        let bytes = t.archive.operator().read(k).await.unwrap().to_bytes();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        let mut it = text.lines();
+        let header: serde_json::Value = serde_json::from_str(it.next().unwrap()).unwrap();
+        assert_eq!(header["schema_version"], 3, "{header}");
+        let names: Vec<&str> = header["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            names.contains(&"memo") && !names.contains(&"flag"),
+            "{names:?}"
+        );
+        for line in it {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let value = v["value"].as_object().unwrap();
+            assert_eq!(value.len(), names.len(), "{line}");
+            assert!(value["kind"].is_string(), "{line}");
+            assert!(value["mid"].is_i64() || value["mid"].is_null(), "{line}");
+            if value["kind"] != "odd" {
+                assert!(value["payload"].is_object(), "{line}");
+            }
+            // Rows written under v1 and not updated since keep `flag` (dropped) and an
+            // absent `region` in their residual.
+            residual += usize::from(v["residual"].is_string());
+            lines += 1;
+        }
+    }
+    assert!(
+        lines > 10 && residual > 0,
+        "{lines} lines, {residual} with a residual"
+    );
+}
+
+/// Every per-bucket Parquet payload of March 4 read by DuckDB (`read_parquet`, columns by
+/// name, the sort key decoded from its 8-byte form) against the same rows through SQL.
+async fn duckdb_reads_by_name(t: &Both) {
+    let keys = archived(t, "day:2021-03-04", "payload.parquet").await;
     assert!(!keys.is_empty(), "March 4 was archived in Parquet");
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
@@ -738,15 +806,7 @@ print(json.dumps(sorted(out)))
 
     // Segments are columnar too: February's, compacted under schema version 1, name its
     // columns as they were then.
-    let segments: Vec<String> = t
-        .archive
-        .list_objects()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .filter(|k| k.contains("/v4/events/segments/") && k.ends_with(".parquet"))
-        .collect();
+    let segments = archived(t, "/segments/", ".parquet").await;
     assert!(!segments.is_empty(), "February was compacted");
     let f = dir.path().join("segment.parquet");
     let bytes = t
@@ -767,6 +827,19 @@ print(json.dumps(sorted(out)))
     assert_eq!(
         names,
         "partition_key,event_time,sort_key,kind,amount,note,flag,small,mid,price,blob,day,seen,payload,ratio,__pulpitum_residual",
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // A JSON column carries Parquet's JSON logical type: DuckDB reads it as JSON documents.
+    let run = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import duckdb, sys; c = duckdb.connect(); print(c.execute(\"SELECT column_type FROM (DESCRIBE SELECT payload FROM read_parquet(?))\", [sys.argv[1]]).fetchone()[0])")
+        .arg(f.display().to_string())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout).trim(),
+        "JSON",
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );

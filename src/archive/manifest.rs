@@ -141,7 +141,7 @@ impl TryFrom<ManifestWire> for Manifest {
         if w.schema_version != RECORD_SCHEMA_VERSION && !columnar {
             return Err(format!("schema_version {}", w.schema_version));
         }
-        if columnar != w.table_schema_version.is_some() || (columnar && w.format != "parquet") {
+        if columnar != w.table_schema_version.is_some() {
             return Err(format!(
                 "schema_version {} with table_schema_version {:?} in format {}",
                 w.schema_version, w.table_schema_version, w.format

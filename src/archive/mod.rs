@@ -665,7 +665,7 @@ impl ArchiveStore {
         integrity::verify_whole(key, &bytes, manifest)?;
         let records = match manifest.format {
             PayloadFormat::Parquet => parquet::decode_all(key, bytes, manifest.schema_version)?,
-            PayloadFormat::Json => json::decode_all(key, &bytes)?,
+            PayloadFormat::Json => json::decode_all(key, &bytes, manifest.schema_version)?,
         };
         integrity::check_records(key, manifest, &records)?;
         Ok(records)

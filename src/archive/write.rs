@@ -213,6 +213,7 @@ async fn encode_json<S, E>(
     key: &str,
     bucket: &BucketId,
     lossy: bool,
+    layout: Option<&ValueColumns>,
     pages: S,
 ) -> (PayloadSink, Result<RowStats, WriteError<E>>)
 where
@@ -221,7 +222,7 @@ where
     let mut chunker = Rechunker::new(bucket, lossy);
     let result: Result<(), WriteError<E>> = async {
         let put_err = |e| ArchiveError::storage("write", key, e);
-        sink.put(json::header_line().into())
+        sink.put(json::header_line(layout).into())
             .await
             .map_err(put_err)?;
         futures::pin_mut!(pages);
@@ -229,12 +230,12 @@ where
         while let Some(page) = pages.next().await {
             for chunk in chunker.push(page.map_err(WriteError::Source)?)? {
                 buf.clear();
-                json::encode_lines(&chunk, &mut buf);
+                json::encode_lines(key, layout, &chunk, &mut buf)?;
                 sink.put(buf.clone().into()).await.map_err(put_err)?;
             }
         }
         buf.clear();
-        json::encode_lines(&chunker.rest(), &mut buf);
+        json::encode_lines(key, layout, &chunker.rest(), &mut buf)?;
         if !buf.is_empty() {
             sink.put(buf.into()).await.map_err(put_err)?;
         }
@@ -262,8 +263,6 @@ pub(crate) async fn write_bucket<S, E>(
 where
     S: Stream<Item = Result<Vec<Record>, E>> + Send,
 {
-    // The columnar layout is a Parquet layout; a JSON payload keeps each row's encoding.
-    let layout = layout.filter(|_| format == PayloadFormat::Parquet);
     let uploaded = upload_payload(store, bucket, generation, format, layout, pages).await?;
     Ok(verify_and_commit(store, bucket, generation, format, layout, uploaded).await?)
 }
@@ -335,7 +334,7 @@ where
             let rows = store.row_group_rows();
             encode_parquet(sink, rows, &payload_key, bucket, lossy, layout, pages).await
         }
-        PayloadFormat::Json => encode_json(sink, &payload_key, bucket, lossy, pages).await,
+        PayloadFormat::Json => encode_json(sink, &payload_key, bucket, lossy, layout, pages).await,
     };
     let stats = match encoded {
         Ok(s) => s,

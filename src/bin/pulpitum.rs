@@ -21,6 +21,7 @@ use rustyline::DefaultEditor;
 
 use pulpitum::cli::script::{split_script, statement_complete, Item};
 use pulpitum::cli::serve::ServeArgs;
+use pulpitum::prepared::shapes::ShapeCache;
 
 /// mimalloc for this binary (the `mimalloc` feature, on by default; see Cargo.toml).
 #[cfg(feature = "mimalloc")]
@@ -150,7 +151,12 @@ struct Shell {
     ctx: SessionContext,
     format: Format,
     timing: bool,
+    /// Prepared shapes of the queries typed so far.
+    shapes: ShapeCache,
 }
+
+/// Query shapes the shell keeps prepared.
+const SHAPES: usize = 64;
 
 /// Most queued buckets `\buckets` prints.
 const BUCKETS_SHOWN: usize = 100;
@@ -164,11 +170,33 @@ enum Meta {
 impl Shell {
     async fn run_statement(&mut self, sql: &str) -> Result<(), String> {
         let start = Instant::now();
+        // A query asked again with other values runs its prepared shape.
+        if let Some((schema, stream)) = self.shapes.query(&self.ctx, sql).await {
+            let batches = datafusion::physical_plan::common::collect(stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.print(&schema, &batches)?;
+            if self.timing {
+                eprintln!("Time: {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
+            }
+            return Ok(());
+        }
         // Control statements, then what `ctx.sql` does with the check of statements
         // DataFusion would let through silently (`DROP TABLE IF EXISTS` on a Pulpitum table).
         let df = pulpitum::control::sql(&self.ctx, sql)
             .await
             .map_err(|e| e.to_string())?;
+        // Anything but a query may change tables: shapes are prepared afresh after it.
+        if !matches!(
+            df.logical_plan(),
+            datafusion::logical_expr::LogicalPlan::Projection(_)
+                | datafusion::logical_expr::LogicalPlan::Sort(_)
+                | datafusion::logical_expr::LogicalPlan::Limit(_)
+                | datafusion::logical_expr::LogicalPlan::Aggregate(_)
+                | datafusion::logical_expr::LogicalPlan::Filter(_)
+        ) {
+            self.shapes.clear();
+        }
         // The result's columns come from the plan, not from the batches: an empty result may
         // have no batch at all, and it still prints its header.
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
@@ -505,6 +533,7 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
         ctx,
         format,
         timing: false,
+        shapes: ShapeCache::new(SHAPES),
     };
     say(
         &mut out,
@@ -542,6 +571,7 @@ async fn run(cli: Cli, format: Format) -> Result<(), Failure> {
         ctx,
         format,
         timing: false,
+        shapes: ShapeCache::new(SHAPES),
     };
     let outcome = shell_session(&cli, &mut shell).await;
     // Stopping: this process no longer holds newer table versions back.

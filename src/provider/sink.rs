@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -44,9 +44,19 @@ pub struct PulpitumSink {
 impl PulpitumSink {
     /// A sink for the table's surface that refuses statements of more than `max_rows` rows.
     pub fn new(table: DurableTable, surface: Surface, max_rows: usize) -> Self {
+        // Every column nullable to DataFusion: its own NOT NULL check names a column by
+        // position (`column at '3' has null`); each surface's conversion checks every
+        // NOT NULL column and names it.
+        let full = surface.schema();
+        let fields: Vec<_> = full
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let schema = Arc::new(Schema::new_with_metadata(fields, full.metadata().clone()));
         Self {
             table,
-            schema: surface.schema(),
+            schema,
             surface,
             max_rows,
         }
@@ -111,5 +121,60 @@ impl DataSink for PulpitumSink {
         _context: &Arc<TaskContext>,
     ) -> DFResult<u64> {
         self.write(data).await
+    }
+}
+
+/// An analyzer rule for `INSERT`: the `VALUES` rows of an insert are typed by the target's
+/// columns, NOT NULL flags included, so a `NULL` there failed while DataFusion built the
+/// batch, naming a generated column (`Column 'column4' is declared as non-nullable`). This
+/// rule makes the `VALUES` of an insert nullable, so the rows reach the sink, whose
+/// conversion names the column (`column kind: must not be NULL`). Nothing is written
+/// either way: the statement fails before its one append.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InsertNullsByName;
+
+impl datafusion::optimizer::analyzer::AnalyzerRule for InsertNullsByName {
+    fn analyze(
+        &self,
+        plan: datafusion::logical_expr::LogicalPlan,
+        _config: &datafusion::common::config::ConfigOptions,
+    ) -> DFResult<datafusion::logical_expr::LogicalPlan> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        use datafusion::common::DFSchema;
+        use datafusion::logical_expr::{DmlStatement, LogicalPlan, Values, WriteOp};
+        let LogicalPlan::Dml(dml) = plan else {
+            return Ok(plan);
+        };
+        if !matches!(dml.op, WriteOp::Insert(_)) {
+            return Ok(LogicalPlan::Dml(dml));
+        }
+        let input = Arc::unwrap_or_clone(dml.input.clone())
+            .transform_up(|node| match node {
+                LogicalPlan::Values(v) => {
+                    let fields: Vec<_> = v
+                        .schema
+                        .iter()
+                        .map(|(q, f)| {
+                            (q.cloned(), Arc::new(f.as_ref().clone().with_nullable(true)))
+                        })
+                        .collect();
+                    let schema = DFSchema::new_with_metadata(fields, v.schema.metadata().clone())?;
+                    Ok(Transformed::yes(LogicalPlan::Values(Values {
+                        schema: Arc::new(schema),
+                        values: v.values,
+                    })))
+                }
+                // Above a changed VALUES, each node's schema follows its input's.
+                other => Ok(Transformed::yes(other.recompute_schema()?)),
+            })?
+            .data;
+        Ok(LogicalPlan::Dml(DmlStatement {
+            input: Arc::new(input),
+            ..dml
+        }))
+    }
+
+    fn name(&self) -> &str {
+        "pulpitum_insert_nulls_by_name"
     }
 }

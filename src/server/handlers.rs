@@ -202,7 +202,7 @@ impl ConnSession {
     /// The query is planned from the statement the server's PostgreSQL parser produced (and
     /// judged), never from its text again; it is cached under its text and the connection's
     /// time zone, which the plan depends on.
-    async fn prepared(
+    pub(super) async fn prepared(
         &self,
         sql: &str,
         statement: &Statement,
@@ -242,13 +242,7 @@ impl ConnSession {
                 .expect("prepared lock")
                 .insert(key, fresh.clone());
             if changed {
-                return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
-                    "ERROR".into(),
-                    "0A000".into(),
-                    "cached plan must not change result type: a table's columns changed \
-                     since the statement was prepared; prepare it again"
-                        .into(),
-                ))));
+                return Err(result_type_changed());
             }
             return Ok(fresh);
         }
@@ -280,8 +274,34 @@ impl ConnSession {
     }
 }
 
+/// PostgreSQL's refusal of a prepared statement whose result columns changed.
+fn result_type_changed() -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".into(),
+        "0A000".into(),
+        "cached plan must not change result type: a table's columns changed since the \
+         statement was prepared; prepare it again"
+            .into(),
+    )))
+}
+
+/// Whether two results have the same columns (names and types), as a client sees them.
+fn same_columns(
+    a: &datafusion::arrow::datatypes::Schema,
+    b: &datafusion::arrow::datatypes::Schema,
+) -> bool {
+    a.fields().len() == b.fields().len()
+        && a.fields()
+            .iter()
+            .zip(b.fields())
+            .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
+}
+
 /// Rows encoded for the client as the batches arrive.
-fn stream_response(fields: Arc<Vec<FieldInfo>>, batches: SendableRecordBatchStream) -> Response {
+pub(super) fn stream_response(
+    fields: Arc<Vec<FieldInfo>>,
+    batches: SendableRecordBatchStream,
+) -> Response {
     let row_fields = fields.clone();
     let rows = batches.flat_map(move |b| {
         let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match b {
@@ -402,6 +422,10 @@ impl SimpleQueryHandler for Simple {
                     run_control(ctx, login.role, &statement, &Format::UnifiedText).await?,
                 ]);
             }
+            // An ad-hoc query runs as its prepared shape when it has one.
+            if let Some(answer) = super::adhoc::run(&login.session, query).await {
+                return Ok(vec![answer]);
+            }
             SimpleQueryHandler::do_query(&*login.session.service, client, query)
                 .await
                 .map_err(|e| refine_parse_error(e, query))
@@ -495,15 +519,15 @@ where
 
 /// A prepared query with its result columns as PostgreSQL fields, per result format (text
 /// or binary: computed once, not per execution).
-struct Prepared {
-    query: Arc<PreparedQuery>,
+pub(super) struct Prepared {
+    pub(super) query: Arc<PreparedQuery>,
     schema: SchemaRef,
     /// Text (0) and binary (1) results; per-column formats are computed each time.
     fields: Mutex<[Option<Arc<Vec<FieldInfo>>>; 2]>,
 }
 
 impl Prepared {
-    fn fields(&self, format: &Format) -> PgWireResult<Arc<Vec<FieldInfo>>> {
+    pub(super) fn fields(&self, format: &Format) -> PgWireResult<Arc<Vec<FieldInfo>>> {
         let slot = match format {
             Format::UnifiedText => 0,
             Format::UnifiedBinary => 1,
@@ -684,8 +708,16 @@ impl ExtendedQueryHandler for Extended {
             // Only a query takes the prepared path: anything else (SHOW, which DataFusion
             // would also plan as a query) is the hooks' to answer.
             let prepared = match &portal.statement.statement.1 {
-                Some((statement @ Statement::Query(_), _)) => {
-                    login.session.prepared(sql, statement).await?
+                Some((statement @ Statement::Query(_), described)) => {
+                    let p = login.session.prepared(sql, statement).await?;
+                    // The columns the client was told at Parse must be the ones it gets,
+                    // whichever statement (of this text) brought the cache up to date.
+                    if let Some(p) = &p {
+                        if !same_columns(described.schema().as_arrow(), &p.schema) {
+                            return Err(result_type_changed());
+                        }
+                    }
+                    p
                 }
                 _ => None,
             };

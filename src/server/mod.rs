@@ -26,6 +26,7 @@
 //! - **Shutdown**: on the token (SIGTERM in the binary), the listener closes at once and
 //!   connections get a grace period to finish their statements; what remains is closed.
 
+mod adhoc;
 pub mod auth;
 mod cancels;
 mod conn;

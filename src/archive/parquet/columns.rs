@@ -44,6 +44,10 @@ pub const TABLE_SCHEMA_KEY: &str = "pulpitum.table_schema_version";
 pub const TYPE_KEY: &str = "pulpitum.type";
 /// The field metadata key Parquet's field id travels under in Arrow.
 pub const FIELD_ID_KEY: &str = "PARQUET:field_id";
+/// The field metadata keys of an Arrow extension type, and the canonical JSON one's name.
+const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
+const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
+const JSON_EXTENSION: &str = "arrow.json";
 
 /// How a declared table's values are written into a Parquet payload.
 #[derive(Debug, Clone)]
@@ -61,12 +65,17 @@ impl ValueColumns {
             .map(|f| f.as_ref().clone())
             .collect();
         for c in &schema.columns {
-            fields.push(
-                Field::new(&c.name, c.ty.arrow(), true).with_metadata(HashMap::from([
-                    (FIELD_ID_KEY.to_string(), c.id.to_string()),
-                    (TYPE_KEY.to_string(), c.ty.to_string()),
-                ])),
-            );
+            let mut meta = HashMap::from([
+                (FIELD_ID_KEY.to_string(), c.id.to_string()),
+                (TYPE_KEY.to_string(), c.ty.to_string()),
+            ]);
+            if c.ty == ColumnType::Json {
+                // Arrow's canonical JSON extension, which the Parquet writer turns into the
+                // JSON logical type: other engines read the column as JSON documents.
+                meta.insert(EXTENSION_NAME_KEY.to_string(), JSON_EXTENSION.to_string());
+                meta.insert(EXTENSION_METADATA_KEY.to_string(), String::new());
+            }
+            fields.push(Field::new(&c.name, c.ty.arrow(), true).with_metadata(meta));
         }
         fields.push(Field::new(
             RESIDUAL,
@@ -81,6 +90,11 @@ impl ValueColumns {
             ]),
         ));
         Self { schema, payload }
+    }
+
+    /// The table schema the payload is written with.
+    pub(crate) fn schema(&self) -> &TableSchema {
+        &self.schema
     }
 
     /// The table schema version the payload is written with.

@@ -32,7 +32,7 @@ use super::ArchiveError;
 use crate::model::envelope::{COL_SORT, COL_TIME};
 pub use crate::model::{envelope_schema, records_to_batch};
 pub use columns::ValueColumns;
-pub(crate) use columns::{decoded_envelope, projected_columns};
+pub(crate) use columns::{decoded_envelope, projected_columns, to_envelope, RESIDUAL};
 pub(crate) use read::{decode_all, excluded_by_values, scan, scan_with, FooterCache};
 pub(crate) use sink::PayloadSink;
 

@@ -12,7 +12,9 @@
 //! from unverified bytes; a cut-off object is caught by its stored length before the first
 //! row, and the whole-object SHA-256 and the row count are checked when the object ends. The
 //! legacy shape (a JSON array of records, see `docs/archive-format.md`) is parsed whole and is
-//! meant for the small payloads the 0.1 writer produced.
+//! meant for the small payloads the 0.1 writer produced. A declared table's payload (record
+//! schema v3) names its value columns in each line instead of the value's hex: see
+//! [`columns`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,9 +28,16 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::integrity::{check_stored_length, RowCheck, VerifiedReader};
-use super::parquet::records_to_batch;
-use super::{ArchiveError, ArchiveScan, ArchiveScanMetrics, Manifest, RECORD_SCHEMA_VERSION};
+use super::parquet::{records_to_batch, ValueColumns};
+use super::{
+    ArchiveError, ArchiveScan, ArchiveScanMetrics, Manifest, COLUMNAR_SCHEMA_VERSION,
+    RECORD_SCHEMA_VERSION,
+};
 use crate::model::{EventTime, PartitionKey, Record, SortKey};
+
+mod columns;
+
+use columns::{HeaderColumn, JsonColumns};
 
 const MAGIC: &str = "jsonl";
 
@@ -38,6 +47,12 @@ struct Header {
     pulpitum_archive: String,
     schema_version: u32,
     bytes: String,
+    /// The table schema version a declared table's payload was written with (record
+    /// schema v3 only), and its value columns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    table_schema_version: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    columns: Option<Vec<HeaderColumn>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -53,20 +68,41 @@ struct Line<'a> {
     value: std::borrow::Cow<'a, str>,
 }
 
-/// The header line (with its newline).
-pub(crate) fn header_line() -> Vec<u8> {
+/// The header line (with its newline): record schema v2, or v3 with `layout`'s columns.
+pub(crate) fn header_line(layout: Option<&ValueColumns>) -> Vec<u8> {
     let mut v = serde_json::to_vec(&Header {
         pulpitum_archive: MAGIC.into(),
-        schema_version: RECORD_SCHEMA_VERSION,
+        schema_version: match layout {
+            Some(_) => COLUMNAR_SCHEMA_VERSION,
+            None => RECORD_SCHEMA_VERSION,
+        },
         bytes: "hex".into(),
+        table_schema_version: layout.map(ValueColumns::table_schema_version),
+        columns: layout.map(JsonColumns::header),
     })
     .expect("header serializes");
     v.push(b'\n');
     v
 }
 
-/// Appends the lines of `records` to `out`.
-pub(crate) fn encode_lines(records: &[Record], out: &mut Vec<u8>) {
+/// Appends the lines of `records` to `out`, in `layout` when there is one.
+pub(crate) fn encode_lines(
+    key: &str,
+    layout: Option<&ValueColumns>,
+    records: &[Record],
+    out: &mut Vec<u8>,
+) -> Result<(), ArchiveError> {
+    match layout {
+        Some(layout) => columns::encode_lines(key, layout, records, out),
+        None => {
+            encode_envelope_lines(records, out);
+            Ok(())
+        }
+    }
+}
+
+/// Appends the record schema v2 lines of `records` to `out`.
+fn encode_envelope_lines(records: &[Record], out: &mut Vec<u8>) {
     for r in records {
         let line = Line {
             partition_key: r.partition_key.to_hex().into(),
@@ -96,7 +132,9 @@ fn decode_line(key: &str, line: &[u8], n: u64) -> Result<Record, ArchiveError> {
     })
 }
 
-fn check_header(key: &str, line: &[u8]) -> Result<(), ArchiveError> {
+/// The header's layout: `None` for record schema v2 (each value hex), the value columns
+/// for v3.
+fn check_header(key: &str, line: &[u8]) -> Result<Option<JsonColumns>, ArchiveError> {
     let h: Header = serde_json::from_slice(line)
         .map_err(|e| ArchiveError::decode(key, format!("header line: {e}")))?;
     if h.pulpitum_archive != MAGIC || h.bytes != "hex" {
@@ -108,8 +146,37 @@ fn check_header(key: &str, line: &[u8]) -> Result<(), ArchiveError> {
             ),
         ));
     }
-    if h.schema_version != RECORD_SCHEMA_VERSION {
-        return Err(ArchiveError::UnsupportedSchemaVersion(h.schema_version));
+    match (h.schema_version, h.table_schema_version, &h.columns) {
+        (RECORD_SCHEMA_VERSION, None, None) => Ok(None),
+        (COLUMNAR_SCHEMA_VERSION, Some(_), Some(cols)) => {
+            Ok(Some(JsonColumns::from_header(key, cols)?))
+        }
+        (RECORD_SCHEMA_VERSION | COLUMNAR_SCHEMA_VERSION, _, _) => Err(ArchiveError::decode(
+            key,
+            format!(
+                "header: schema_version {} with table_schema_version {:?} and {} columns",
+                h.schema_version,
+                h.table_schema_version,
+                h.columns.as_ref().map_or(0, Vec::len)
+            ),
+        )),
+        (v, _, _) => Err(ArchiveError::UnsupportedSchemaVersion(v)),
+    }
+}
+
+/// The header's layout agrees with the record schema version the manifest names.
+fn check_layout(
+    key: &str,
+    layout: &Option<JsonColumns>,
+    schema_version: u32,
+) -> Result<(), ArchiveError> {
+    if layout.is_some() != (schema_version == COLUMNAR_SCHEMA_VERSION) {
+        return Err(ArchiveError::decode(
+            key,
+            format!(
+                "the header's layout is not the record schema {schema_version} its manifest names"
+            ),
+        ));
     }
     Ok(())
 }
@@ -191,27 +258,40 @@ fn is_legacy(bytes: &[u8]) -> bool {
         .is_some_and(|b| *b == b'[')
 }
 
-/// Decodes a whole payload held in memory (after the caller verified its checksum).
-pub(crate) fn decode_all(key: &str, bytes: &[u8]) -> Result<Vec<Record>, ArchiveError> {
+/// Decodes a whole payload held in memory (after the caller verified its checksum), whose
+/// manifest names record schema `schema_version`.
+pub(crate) fn decode_all(
+    key: &str,
+    bytes: &[u8],
+    schema_version: u32,
+) -> Result<Vec<Record>, ArchiveError> {
     if is_legacy(bytes) {
+        check_layout(key, &None, schema_version)?;
         return decode_legacy(key, bytes);
     }
     let mut lines = bytes.split_inclusive(|b| *b == b'\n');
     let header = lines
         .next()
         .ok_or_else(|| ArchiveError::decode(key, "empty JSON payload (no header line)"))?;
-    check_header(
+    let layout = check_header(
         key,
         header
             .strip_suffix(b"\n")
             .ok_or_else(|| unterminated(key))?,
     )?;
-    let mut out = Vec::new();
-    for (n, line) in lines.enumerate() {
-        let body = line.strip_suffix(b"\n").ok_or_else(|| unterminated(key))?;
-        out.push(decode_line(key, body, n as u64 + 1)?);
+    check_layout(key, &layout, schema_version)?;
+    let mut bodies = Vec::new();
+    for line in lines {
+        bodies.push(line.strip_suffix(b"\n").ok_or_else(|| unterminated(key))?);
     }
-    Ok(out)
+    match &layout {
+        Some(cols) => columns::decode_lines(key, cols, &bodies, 1),
+        None => bodies
+            .iter()
+            .enumerate()
+            .map(|(n, body)| decode_line(key, body, n as u64 + 1))
+            .collect(),
+    }
 }
 
 fn unterminated(key: &str) -> ArchiveError {
@@ -230,6 +310,8 @@ struct JsonScan {
     next_block: u64,
     carry: Vec<u8>,
     header_seen: bool,
+    /// A v3 payload's value columns (known once the header is read).
+    layout: Option<JsonColumns>,
     legacy: Option<bool>,
     rows: u64,
     whole: Sha256,
@@ -289,6 +371,8 @@ impl JsonScan {
 
     fn lines(&mut self, data: &[u8]) -> Result<(), ArchiveError> {
         let mut rest = data;
+        // A v3 block's lines are decoded together (into typed columns, then rows).
+        let mut pending: Vec<Vec<u8>> = Vec::new();
         while let Some(pos) = rest.iter().position(|b| *b == b'\n') {
             let (line, tail) = rest.split_at(pos);
             rest = &tail[1..];
@@ -301,14 +385,25 @@ impl JsonScan {
                 &full
             };
             if !self.header_seen {
-                check_header(&self.key, line)?;
+                self.layout = check_header(&self.key, line)?;
+                check_layout(&self.key, &self.layout, self.manifest.schema_version)?;
                 self.header_seen = true;
+                continue;
+            }
+            if self.layout.is_some() {
+                pending.push(line.to_vec());
                 continue;
             }
             let r = decode_line(&self.key, line, self.rows + 1)?;
             self.take_record(r)?;
         }
         self.carry.extend_from_slice(rest);
+        if let (Some(cols), false) = (&self.layout, pending.is_empty()) {
+            let bodies: Vec<&[u8]> = pending.iter().map(Vec::as_slice).collect();
+            for r in columns::decode_lines(&self.key, cols, &bodies, self.rows + 1)? {
+                self.take_record(r)?;
+            }
+        }
         Ok(())
     }
 
@@ -323,6 +418,7 @@ impl JsonScan {
             self.legacy = Some(is_legacy(&block));
         }
         if self.legacy == Some(true) {
+            check_layout(&self.key, &None, self.manifest.schema_version)?;
             // The legacy array is parsed whole: gather every (verified) block first.
             let mut all = block.to_vec();
             while self.next_block < self.blocks() {
@@ -415,6 +511,7 @@ pub(crate) async fn scan(
         next_block: 0,
         carry: Vec::new(),
         header_seen: false,
+        layout: None,
         legacy: None,
         rows: 0,
         whole: Sha256::new(),
@@ -443,23 +540,49 @@ mod tests {
             sort_key: SortKey::new(Vec::new()).unwrap(),
             value: b"hi\n\"".to_vec(),
         };
-        let mut buf = header_line();
-        encode_lines(std::slice::from_ref(&r), &mut buf);
-        assert_eq!(decode_all("k", &buf).unwrap(), vec![r.clone()]);
+        let mut buf = header_line(None);
+        encode_lines("k", None, std::slice::from_ref(&r), &mut buf).unwrap();
+        assert_eq!(decode_all("k", &buf, 2).unwrap(), vec![r.clone()]);
         let legacy = br#"[{"partition_key":"ab01","event_time":"2024-03-10T01:02:03.000004Z","sort_key":"","value":"68690a22"}]"#;
-        assert_eq!(decode_all("k", legacy).unwrap(), vec![r.clone()]);
+        assert_eq!(decode_all("k", legacy, 2).unwrap(), vec![r.clone()]);
         let legacy2 = format!(
             r#" [{{"partition_key":[171,1],"event_time":{},"sort_key":[],"value":[104,105,10,34]}}]"#,
             r.event_time.as_micros()
         );
-        assert_eq!(decode_all("k", legacy2.as_bytes()).unwrap(), vec![r]);
+        assert_eq!(decode_all("k", legacy2.as_bytes(), 2).unwrap(), vec![r]);
         for bad in [
             &br#"[{"partition_key":"zz","event_time":"2024-03-10T01:02:03Z","sort_key":"","value":""}]"#[..],
             br#"[{"partition_key":"ab","event_time":"2024-03-10T01:02:03Z","sort_key":"","value":"","x":1}]"#,
             br#"[{"partition_key":"ab","event_time":"yesterday","sort_key":"","value":""}]"#,
             br#"{"pulpitum_archive":"jsonl","schema_version":3,"bytes":"hex"}"#,
         ] {
-            assert!(decode_all("k", bad).is_err());
+            assert!(decode_all("k", bad, 2).is_err());
+        }
+    }
+
+    #[test]
+    fn a_header_must_be_the_layout_its_manifest_names() {
+        let r = Record {
+            partition_key: PartitionKey::new(vec![1]).unwrap(),
+            event_time: EventTime::from_micros(5).unwrap(),
+            sort_key: SortKey::new(Vec::new()).unwrap(),
+            value: b"x".to_vec(),
+        };
+        let mut v2 = header_line(None);
+        encode_lines("k", None, std::slice::from_ref(&r), &mut v2).unwrap();
+        assert!(decode_all("k", &v2, 2).is_ok());
+        let e = decode_all("k", &v2, 3).unwrap_err();
+        assert!(e.to_string().contains("not the record schema 3"), "{e}");
+        // A v3 header without its columns, or columns under v2, is refused.
+        for header in [
+            r#"{"pulpitum_archive":"jsonl","schema_version":3,"bytes":"hex"}"#,
+            r#"{"pulpitum_archive":"jsonl","schema_version":2,"bytes":"hex","table_schema_version":1,"columns":[]}"#,
+            r#"{"pulpitum_archive":"jsonl","schema_version":3,"bytes":"hex","table_schema_version":1,"columns":[{"id":2,"name":"a","type":"text"},{"id":1,"name":"b","type":"text"}]}"#,
+            r#"{"pulpitum_archive":"jsonl","schema_version":3,"bytes":"hex","table_schema_version":1,"columns":[{"id":1,"name":"a","type":"money"}]}"#,
+        ] {
+            let bytes = format!("{header}\n");
+            assert!(decode_all("k", bytes.as_bytes(), 3).is_err(), "{header}");
+            assert!(decode_all("k", bytes.as_bytes(), 2).is_err(), "{header}");
         }
     }
 }

@@ -37,6 +37,8 @@ use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::scalar::ScalarValue;
 
+pub mod shapes;
+
 use crate::lru::Lru;
 use crate::provider::{PulpitumScanExec, ScanPlanning};
 
