@@ -137,10 +137,6 @@ pub async fn session(
         .with_extension(Arc::new(ControlHandle {
             store: store.clone(),
         }));
-    // A literal with a decimal point is a NUMERIC, as in PostgreSQL: `1.005` stays exact
-    // into a `NUMERIC` column and in arithmetic (`0.1 + 0.2 = 0.3`), and is cast to a
-    // float only where it meets one.
-    config.options_mut().sql_parser.parse_float_as_decimal = true;
     if let Some(n) = opts.target_partitions {
         config = config.with_target_partitions(n.max(1));
     }
@@ -161,8 +157,9 @@ pub async fn session(
     ctx.add_analyzer_rule(Arc::new(ExactTimeLiterals));
     // An INSERT's NULL into a NOT NULL column reaches the sink, which names the column.
     ctx.add_analyzer_rule(Arc::new(crate::provider::sink::InsertNullsByName));
-    // After type coercion too: a NUMERIC literal cast to a float is the nearest float.
-    ctx.add_analyzer_rule(Arc::new(crate::provider::ExactFloatLiterals));
+    // After type coercion too: a literal with a decimal point cast to a NUMERIC or an
+    // integer takes the value as written (`1.005`), not its double's.
+    ctx.add_analyzer_rule(Arc::new(crate::provider::ExactDecimalLiterals));
     // Before the optimizer turns a DELETE's subquery into a join it would lose.
     ctx.add_analyzer_rule(Arc::new(crate::provider::ChangeShape));
     PulpitumSchema::install(&ctx, Some(factory.clone()))?;

@@ -533,17 +533,19 @@ async fn declared(embedded: bool) {
     t.same(ALL_V2, "omitted columns").await;
     // Values a JSON payload must carry exactly (March 3, archived in JSON below): texts and
     // a JSON document with a line break, the JSON text `null` (not SQL NULL), an empty
-    // text, negative zero, and unquoted decimal literals, which are NUMERIC as in
-    // PostgreSQL (1.005 rounds to 1.01 in a NUMERIC(12, 2), not to the double's 1.00).
+    // text, negative zero, and decimal literals into NUMERIC and SMALLINT columns, which
+    // take the value as written as in PostgreSQL (1.005 rounds to 1.01 in a NUMERIC(12,
+    // 2), not to the double's 1.00; 2.5 to 3, not 2).
     t.both(
-        "INSERT INTO events (tenant_id, at, seq, kind, amount, memo, price, payload, ratio, region) VALUES \
-         (1, '2021-03-03T05:00:00Z', 1995, 'odd', 1.005, 'line\nbreak', 1.005, '{\"a\":\n 1}', 0.1, 'eu'), \
-         (1, '2021-03-03T06:00:00Z', 1996, 'odd', -0.0, '', -1.005, 'null', 1e30, 'x')",
+        "INSERT INTO events (tenant_id, at, seq, kind, amount, memo, price, payload, ratio, region, small) VALUES \
+         (1, '2021-03-03T05:00:00Z', 1995, 'odd', 1.005, 'line\nbreak', 1.005, '{\"a\":\n 1}', 0.1, 'eu', 2.5), \
+         (1, '2021-03-03T06:00:00Z', 1996, 'odd', -0.0, '', -1.005, 'null', 1e30, 'x', -2.5)",
     )
     .await;
     t.same(
-        "SELECT seq, amount, memo, CAST(price AS TEXT), CAST(payload AS TEXT), ratio, \
-         0.1 + 0.2 = 0.3, CAST(CAST(1.005 AS NUMERIC(12, 2)) * 3 AS TEXT) FROM events WHERE kind = 'odd' ORDER BY seq",
+        "SELECT seq, amount, memo, CAST(price AS TEXT), CAST(payload AS TEXT), ratio, small, \
+         CAST(CAST(1.005 AS NUMERIC(12, 2)) * 3 AS TEXT), price > 1.005, price = 1.01 FROM events \
+         WHERE kind = 'odd' AND amount > -0.5 AND amount < 1.0051 ORDER BY seq",
         "literals",
     )
     .await;
@@ -664,6 +666,7 @@ async fn declared(embedded: bool) {
         ("INSERT INTO events (tenant_id, at, seq) VALUES (9, TIMESTAMPTZ '2021-03-05T00:00:00Z', 1)", "column kind: must not be NULL"),
         ("INSERT INTO events (tenant_id, at, seq, kind) VALUES (9, TIMESTAMPTZ '2021-03-05T00:00:00Z', 1, NULL)", "column kind: must not be NULL"),
         ("UPDATE events SET tenant_id = 5 WHERE seq = 1001", "may not set tenant_id"),
+        ("UPDATE events SET kind = NULL WHERE tenant_id = 2", "column kind: must not be NULL"),
     ] {
         let e = t.ours(sql).await.unwrap_err();
         assert!(e.contains(needle), "{sql}: {e}");

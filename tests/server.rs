@@ -906,6 +906,7 @@ async fn ad_hoc_queries_answer_as_written_through_their_shape() {
                 "2024-01-20T12:00:00.1234565Z",
                 "2024-01-31T23:59:59.999999Z",
                 "not a time",
+                "1500-01-01T00:00:00.0000001Z",
             ],
         ),
         (
@@ -945,4 +946,12 @@ async fn ad_hoc_queries_answer_as_written_through_their_shape() {
         }
     }
     assert!(answered >= 15, "{answered} answered with rows");
+    // A NULL into a NOT NULL column is PostgreSQL's not_null_violation, naming the column.
+    let e = simple_rows(
+        &c,
+        "INSERT INTO chat VALUES (NULL, TIMESTAMP '2024-01-01T00:00:00Z', 1, 'x')",
+    )
+    .await
+    .unwrap_err();
+    assert!(e.starts_with("23502") && e.contains("channel_id"), "{e}");
 }

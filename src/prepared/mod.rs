@@ -137,8 +137,9 @@ fn reusable(plan: &Arc<dyn ExecutionPlan>) -> bool {
 
 /// Whether binding `given` as `converted` (its value in the parameter's type) lost
 /// something that decides a comparison: the conversion back does not give the value again.
-/// Only numbers and times are checked (and strings naming a time, at nanosecond precision);
-/// other conversions are exact or fail outright.
+/// Only numbers and times are checked (and strings naming a time, at nanosecond precision;
+/// one outside nanoseconds' range counts as narrowed); other conversions are exact or fail
+/// outright.
 fn narrows(given: &ScalarValue, converted: &ScalarValue) -> bool {
     use datafusion::arrow::datatypes::TimeUnit;
     let given_type = given.data_type();
@@ -146,7 +147,10 @@ fn narrows(given: &ScalarValue, converted: &ScalarValue) -> bool {
         (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, DataType::Timestamp(_, tz)) => {
             match given.cast_to(&DataType::Timestamp(TimeUnit::Nanosecond, tz)) {
                 Ok(p) => p,
-                Err(_) => return false,
+                // An instant nanoseconds cannot hold (before 1677, after 2262): planned with
+                // the value itself, which answers as the statement written with it does
+                // (break-it finding: bound truncated, it matched a finer instant).
+                Err(_) => return true,
             }
         }
         (t, _) if t.is_numeric() || t.is_temporal() => given.clone(),

@@ -241,7 +241,9 @@ impl ChangeExec {
     fn new_values(&self, batch: &RecordBatch) -> DFResult<Vec<Vec<u8>>> {
         let schema = self.surface.schema();
         let as_rows = if let Surface::Declared(_) = &self.surface {
-            // The assigned row, without the stored value: encoded afresh.
+            // The assigned row, without the stored value: encoded afresh (a NULL set into a
+            // NOT NULL column is named by the encoding).
+            let schema = self.surface.incoming_schema();
             let columns: Vec<ArrayRef> = schema
                 .fields()
                 .iter()

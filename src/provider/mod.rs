@@ -37,7 +37,7 @@ pub use change::{ChangeExec, ChangeKind, ChangeShape};
 pub use factory::PulpitumTableFactory;
 pub use filters::{classify, PushedFilters};
 pub use literals::ExactTimeLiterals;
-pub use numbers::ExactFloatLiterals;
+pub use numbers::ExactDecimalLiterals;
 pub use scan::{PulpitumScanExec, ScanSpec};
 pub use sink::PulpitumSink;
 pub use surface::Surface;

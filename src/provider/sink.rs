@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -47,13 +47,7 @@ impl PulpitumSink {
         // Every column nullable to DataFusion: its own NOT NULL check names a column by
         // position (`column at '3' has null`); each surface's conversion checks every
         // NOT NULL column and names it.
-        let full = surface.schema();
-        let fields: Vec<_> = full
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect();
-        let schema = Arc::new(Schema::new_with_metadata(fields, full.metadata().clone()));
+        let schema = surface.incoming_schema();
         Self {
             table,
             schema,

@@ -118,6 +118,9 @@ fn sqlstate(e: &(dyn std::error::Error + 'static)) -> &'static str {
         "40001"
     } else if text.contains("table '") && text.contains("' not found") {
         "42P01"
+    } else if text.contains("must not be NULL") {
+        // not_null_violation
+        "23502"
     } else if text.contains("Resources exhausted") {
         "53200"
     } else if text.contains("SQL error") || text.contains("ParserError") {

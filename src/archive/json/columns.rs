@@ -290,9 +290,12 @@ fn write_value(out: &mut String, ty: ColumnType, a: &ArrayRef, row: usize) -> bo
         }
         ColumnType::Json => {
             let text = a.as_string::<i32>().value(row);
-            // `null` would read as SQL NULL; a line break cannot be carried raw.
+            // `null` would read as SQL NULL; a line break cannot be carried raw; other
+            // readers refuse deep nesting and lone surrogate escapes (break-it finding:
+            // one such value made DuckDB and jq refuse the whole payload).
             let embeddable = text != "null"
                 && !text.contains(['\n', '\r'])
+                && other_readers_take(text)
                 && serde_json::from_str::<&RawValue>(text).is_ok_and(|v| v.get() == text);
             if embeddable {
                 out.push_str(text);
@@ -301,6 +304,41 @@ fn write_value(out: &mut String, ty: ColumnType, a: &ArrayRef, row: usize) -> bo
                 return false;
             }
         }
+    }
+    true
+}
+
+/// Nesting at most this deep is embedded (DuckDB's limit is 128, Python's and jq's more).
+const EMBED_DEPTH: usize = 64;
+
+/// Whether common JSON readers take `text` (valid JSON) embedded: nesting at most
+/// [`EMBED_DEPTH`] deep, and no `\uD800`-`\uDFFF` escape (a surrogate, paired or not; DuckDB
+/// and jq refuse lone ones).
+fn other_readers_take(text: &str) -> bool {
+    let b = text.as_bytes();
+    let (mut depth, mut in_string, mut i) = (0usize, false, 0);
+    while i < b.len() {
+        match (in_string, b[i]) {
+            (true, b'\\') => {
+                if b.get(i + 1) == Some(&b'u')
+                    && matches!(b.get(i + 2), Some(b'd' | b'D'))
+                    && matches!(b.get(i + 3), Some(b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F'))
+                {
+                    return false;
+                }
+                i += 1;
+            }
+            (_, b'"') => in_string = !in_string,
+            (false, b'[' | b'{') => {
+                depth += 1;
+                if depth > EMBED_DEPTH {
+                    return false;
+                }
+            }
+            (false, b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
     }
     true
 }
@@ -723,6 +761,22 @@ mod tests {
             "the JSON text null is a string here"
         );
         assert_eq!(fourth["value"]["t"], "null");
+        assert!(other_readers_take(
+            r#"{"a": "\\ud800 is text", "b": [[1]]}"#
+        ));
+        assert!(!other_readers_take(r#""\ud800""#));
+        assert!(!other_readers_take(r#"["\uDFFF"]"#));
+        assert!(!other_readers_take(&format!(
+            "{}{}",
+            "[".repeat(65),
+            "]".repeat(65)
+        )));
+        assert!(other_readers_take(&format!(
+            "{}{}",
+            "[".repeat(64),
+            "]".repeat(64)
+        )));
+        assert!(other_readers_take(r#""[[[[ not nesting""#));
         let cols = JsonColumns {
             columns: schema
                 .columns

@@ -212,6 +212,23 @@ impl Surface {
         Arc::new(Schema::new(fields))
     }
 
+    /// [`Surface::schema`] with every column nullable: what rows on their way in (an
+    /// `INSERT`'s, an `UPDATE`'s assignments) are held in, so that a NULL in a NOT NULL
+    /// column reaches [`Surface::batch_to_records`], which names the column, instead of
+    /// failing in Arrow by position.
+    pub fn incoming_schema(&self) -> SchemaRef {
+        let full = self.schema();
+        let fields: Vec<_> = full
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        Arc::new(datafusion::arrow::datatypes::Schema::new_with_metadata(
+            fields,
+            full.metadata().clone(),
+        ))
+    }
+
     /// The partition key a filter literal names exactly, if any.
     pub(crate) fn partition_of(&self, v: &ScalarValue) -> Option<PartitionKey> {
         match self {
