@@ -941,7 +941,15 @@ async fn ad_hoc_queries_answer_as_written_through_their_shape() {
             let shaped = format!("{head}{cond}{tail}");
             let twin = format!("{head}({cond}) IS TRUE{tail}");
             let (got, want) = (simple_rows(&c, &shaped).await, simple_rows(&c, &twin).await);
-            assert_eq!(got, want, "{shaped}");
+            match (&got, &want) {
+                // The same error; the row it names first depends on the scan's order.
+                (Err(a), Err(b)) => assert_eq!(
+                    a.split('\'').next(),
+                    b.split('\'').next(),
+                    "{shaped}: {a} / {b}"
+                ),
+                _ => assert_eq!(got, want, "{shaped}"),
+            }
             answered += usize::from(got.as_ref().is_ok_and(|r| !r.is_empty()));
         }
     }
