@@ -643,7 +643,8 @@ async fn a_session_weaker_than_serializable_is_refused() {
 }
 
 /// `plan_cache_mode` is no longer a startup option (an older CockroachDB refuses the whole
-/// connection for it): it is set after connecting, by version, and only when asked for.
+/// connection for it): it is set after connecting, by version, and only when asked for; so
+/// is `jit = off` (PostgreSQL only).
 #[tokio::test]
 async fn generic_plans_are_set_after_connecting_by_version() {
     for (generic, want) in [(true, "force_generic_plan"), (false, "auto")] {
@@ -659,6 +660,10 @@ async fn generic_plans_are_set_after_connecting_by_version() {
             .unwrap()
             .get(0);
         assert_eq!(mode, want, "generic_plans {generic}");
+        // JIT off either way: a generic plan of a short statement on a large registry
+        // passes jit_above_cost, and compiling cost several times the statement.
+        let jit: String = client.query_one("SHOW jit", &[]).await.unwrap().get(0);
+        assert_eq!(jit, "off", "generic_plans {generic}");
         drop(client);
         store.drop_schema().await.unwrap();
     }
@@ -743,6 +748,18 @@ async fn hot_path_reads_send_no_correlated_limit() {
 // Compaction: a switch larger than one statement (docs/segments.md, section 6)
 
 /// Buckets in the large switch tests: more than two of the store's 5,000-bucket statements.
+/// A migrated store with one daily table `name` and a raw connection to fill its registry
+/// with SQL (what lets a test afford hundreds of thousands of buckets).
+async fn registry_of(name: &str) -> (Arc<PgStore>, TableId, deadpool_postgres::Object) {
+    let store = fresh_store().await;
+    store.migrate().await.unwrap();
+    let tbl = TableId::new(name).unwrap();
+    let def = TableDefinition::new(tbl.clone(), BucketStrategy::CalendarDayUtc, "raw");
+    store.register_table(&def).await.unwrap();
+    let client = store.raw_client().await.unwrap();
+    (store, tbl, client)
+}
+
 const MANY: usize = 12_000;
 
 /// A switch of thousands of buckets spans several statements in one transaction: a refusal
@@ -755,12 +772,7 @@ async fn a_switch_of_thousands_of_buckets_is_one_transaction() {
     use pulpitum::model::BucketKey;
     use pulpitum::store::{Compaction, RouteSwitch};
 
-    let store = fresh_store().await;
-    store.migrate().await.unwrap();
-    let tbl = TableId::new("big").unwrap();
-    let def = TableDefinition::new(tbl.clone(), BucketStrategy::CalendarDayUtc, "raw");
-    store.register_table(&def).await.unwrap();
-    let client = store.raw_client().await.unwrap();
+    let (store, tbl, client) = registry_of("big").await;
     client
         .execute(
             "INSERT INTO pulpitum_v4_bucket_metadata (table_id, partition_key, bucket_key, \
@@ -865,12 +877,7 @@ async fn the_work_list_reads_the_partial_indexes_in_a_registry_of_many_partition
     use pulpitum::store::postgres::work_list_statements;
     use pulpitum::store::Compaction;
 
-    let store = fresh_store().await;
-    store.migrate().await.unwrap();
-    let tbl = TableId::new("wide").unwrap();
-    let def = TableDefinition::new(tbl.clone(), BucketStrategy::CalendarDayUtc, "raw");
-    store.register_table(&def).await.unwrap();
-    let client = store.raw_client().await.unwrap();
+    let (store, tbl, client) = registry_of("wide").await;
     for (day, key) in [
         ("2024-02-01", "'wide/segments/month:2024-02/s' || lpad((i / 16384)::TEXT, 5, '0') || '-g1/manifest.json'"),
         ("2024-03-01", "'wide/p' || i::TEXT || '/day:2024-03-01/g1/manifest.json'"),
@@ -981,6 +988,131 @@ async fn the_work_list_reads_the_partial_indexes_in_a_registry_of_many_partition
         );
         assert!(seq_scans(&plan).is_empty(), "{name} scans a table: {text}");
     }
+    store.drop_schema().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// The archiver's per-cycle registry reads at scale (docs/registry-scale.md)
+
+/// Partitions of the registry-reads test: with 20 days each, 400,000 buckets.
+const REGISTRY_PARTITIONS: i64 = 20_000;
+
+/// In a registry of 400,000 buckets (20,000 partitions x 20 days: 17 archived and cleaned,
+/// one published awaiting cleanup, two hot, a few claims in flight), the reads an idle
+/// archiver cycle makes (discovery, the backlog, retention's expired buckets), orphan GC's
+/// reads (claims, routes among candidates) and a one-day listing across every partition
+/// take their generic plans (as the store's sessions run them) from indexes that hold their
+/// working set, never the archived history: cleanup discovery from the partial index of
+/// migration 26, Hot discovery bounded on `bucket_end`, retention and the listing from the
+/// `(table_id, bucket_end)` index of migration 27, and no plan scans the table. The answers
+/// are checked too.
+/// (Without migrations 26 and 27 and the implied bounds, cleanup discovery reads every archived
+/// bucket's entry and the listing and retention scan the table.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archivers_cycle_reads_indexes_of_its_working_set_in_a_large_registry() {
+    use pulpitum::store::{Changes, Eligibility};
+
+    let (store, tbl, client) = registry_of("wide").await;
+    client
+        .execute(
+            "INSERT INTO pulpitum_v4_bucket_metadata (table_id, partition_key, bucket_key, \
+               bucket_strategy, bucket_start, bucket_end, state, owner_token, generation, \
+               lease_expires_at, object_key, hot_deleted, published_at) \
+             SELECT 'wide', convert_to('p' || lpad(i::TEXT, 7, '0'), 'UTF8'), \
+               'day:' || to_char(d, 'YYYY-MM-DD'), 'calendar_day_utc', d, d + INTERVAL '1 day', \
+               CASE WHEN d >= '2024-03-19' THEN 'hot' \
+                    WHEN d = '2024-03-18' AND i % 2000 = 0 THEN 'archiving' ELSE 'archived' END, \
+               CASE WHEN d = '2024-03-18' AND i % 2000 = 0 THEN 'owner' END, \
+               CASE WHEN d >= '2024-03-19' THEN 0 ELSE 1 END, \
+               CASE WHEN d = '2024-03-18' AND i % 2000 = 0 THEN now() + INTERVAL '1 hour' END, \
+               CASE WHEN d < '2024-03-18' OR (d = '2024-03-18' AND i % 2000 <> 0) \
+                    THEN 'wide/p' || i::TEXT || '/day:' || to_char(d, 'YYYY-MM-DD') || '/g1/manifest.json' END, \
+               d < '2024-03-18', \
+               CASE WHEN d <= '2024-03-18' AND NOT (d = '2024-03-18' AND i % 2000 = 0) THEN now() END \
+             FROM generate_series(1, $1::INT8) AS i \
+             CROSS JOIN generate_series(TIMESTAMPTZ '2024-03-01', TIMESTAMPTZ '2024-03-20', INTERVAL '1 day') AS d",
+            &[&REGISTRY_PARTITIONS],
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute("VACUUM ANALYZE pulpitum_v4_bucket_metadata")
+        .await
+        .unwrap();
+    let t = |s: &str| EventTime::parse_rfc3339(s).unwrap();
+
+    // The answers: an idle cycle (cutoff at the start of the history) finds the published
+    // buckets awaiting cleanup and nothing else; a cutoff after the hot days makes both of
+    // them eligible.
+    let idle = Eligibility::before(t("2024-03-01T00:00:00Z"));
+    let work = store
+        .discover_ready(&idle, 10, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(work.len(), 10);
+    assert!(
+        work.iter()
+            .all(|w| w.kind == pulpitum::store::WorkKind::CleanupPending
+                && w.bucket.bucket_key.to_string() == "day:2024-03-18"),
+        "{work:?}"
+    );
+    let backlog = store.backlog(&idle).await.unwrap();
+    assert_eq!((backlog.eligible, backlog.archiving), (0, 10));
+    let due = Eligibility::before(t("2024-03-21T00:00:00Z"));
+    assert_eq!(
+        store.backlog(&due).await.unwrap().eligible,
+        2 * REGISTRY_PARTITIONS as u64
+    );
+    assert_eq!(store.archiving_claims().await.unwrap().len(), 10);
+    assert!(store
+        .expired_buckets(&tbl, t("2024-03-01T00:00:00Z"), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let keys = vec![
+        "wide/p7/day:2024-03-05/g1/manifest.json".to_string(),
+        "wide/p7/day:2024-03-05/g2/manifest.json".to_string(),
+    ];
+    assert_eq!(
+        store.routed_among(&keys).await.unwrap(),
+        vec![keys[0].clone()]
+    );
+    let one_day = BucketFilter {
+        from: Some(t("2024-03-10T00:00:00Z")),
+        to: Some(t("2024-03-10T23:59:59Z")),
+        ..BucketFilter::default()
+    };
+    let listed = store.list_buckets(&tbl, &one_day).await.unwrap();
+    assert_eq!(listed.len(), REGISTRY_PARTITIONS as usize);
+    assert!(listed
+        .iter()
+        .all(|m| m.id.bucket_key.to_string() == "day:2024-03-10"));
+
+    // The plans.
+    let plans: std::collections::HashMap<&str, String> = store
+        .explain_registry_reads(&tbl, &idle, &one_day)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    for (name, plan) in &plans {
+        // The one-row store switches and the policies are small tables, read whole.
+        assert!(
+            !plan.contains("Seq Scan on pulpitum_v4_bucket_metadata"),
+            "{name} scans the registry:\n{plan}"
+        );
+    }
+    let uses = |name: &str, what: &str| {
+        let plan = &plans[name];
+        assert!(plan.contains(what), "{name} does not read {what}:\n{plan}");
+    };
+    uses("discover", "pulpitum_v4_bucket_metadata_cleanup");
+    uses("discover", "bucket_end <= GREATEST(");
+    uses("backlog", "bucket_end <= GREATEST(");
+    uses("archiving_claims", "pulpitum_v4_bucket_metadata_discovery");
+    uses("routed_among", "pulpitum_v4_bucket_metadata_by_object");
+    uses("expired_buckets", "pulpitum_v4_bucket_metadata_by_end");
+    uses("list_buckets", "pulpitum_v4_bucket_metadata_by_end");
     store.drop_schema().await.unwrap();
 }
 

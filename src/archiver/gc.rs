@@ -32,7 +32,7 @@ use tracing::info;
 
 use crate::archive::erasure::ErasureId;
 use crate::archive::ArchiveStore;
-use crate::store::{BucketFilter, BucketState, HotStore};
+use crate::store::{BucketState, HotStore};
 
 use super::{ArchiverError, ArchiverMetrics};
 
@@ -115,19 +115,15 @@ pub async fn collect_garbage_with(
     let now = Utc::now();
     let objects = archive.list_objects().await?;
     // Claims strictly before routes (see the module comment): never the other way round.
-    let mut protected: HashSet<String> = HashSet::new();
-    for table in store.tables().await? {
-        for meta in store
-            .list_buckets(&table.table_id, &BucketFilter::default())
-            .await?
-        {
-            if meta.state == BucketState::Archiving {
-                protected.insert(
-                    generation_dir(&archive.manifest_key(&meta.id, meta.generation)).to_string(),
-                );
-            }
-        }
-    }
+    // The in-flight claims alone, from the state index: a read that grows with the claims,
+    // not with the registry (a listing of every bucket of every table did, docs/sizing.md).
+    let mut protected: HashSet<String> = store
+        .archiving_claims()
+        .await?
+        .iter()
+        .filter(|meta| meta.state == BucketState::Archiving)
+        .map(|meta| generation_dir(&archive.manifest_key(&meta.id, meta.generation)).to_string())
+        .collect();
     // A window being compacted: everything under its segments directory is kept, while its
     // claim can still lead to a switch. A claim whose lease has expired can never switch
     // (the switch checks the lease on the store's clock, and an expired claim cannot be

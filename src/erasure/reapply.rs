@@ -196,7 +196,9 @@ async fn repair_routes(
 ) -> Result<u64, ErasureError> {
     let store = table.store();
     let archive = table.archive();
-    let routed: HashSet<String> = store.referenced_object_keys().await?.into_iter().collect();
+    // Only the logged keys are asked about (an index probe each), not every route.
+    let asked: Vec<String> = logged.iter().map(|k| k.to_string()).collect();
+    let routed: HashSet<String> = store.routed_among(&asked).await?.into_iter().collect();
     let mut gone = HashSet::new();
     for key in logged {
         if routed.contains(*key) && archive.object_dir_is_empty(key).await? {

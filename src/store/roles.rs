@@ -223,8 +223,19 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// of the `(state, bucket_end)` index, so the archiver can afford it every cycle.
     async fn backlog(&self, rule: &Eligibility) -> StoreResult<Backlog>;
 
-    /// Every object key referenced by a published route (for orphan GC).
+    /// Every object key referenced by a published route. A full read of the registry's
+    /// routes: for checks and tools; orphan GC asks [`routed_among`](Self::routed_among).
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>>;
+
+    /// Every bucket in the Archiving state (an in-flight claim) of every table, read from
+    /// the `(state, bucket_end)` index: what orphan GC must not touch, in a read that grows
+    /// with the claims, not the registry.
+    async fn archiving_claims(&self) -> StoreResult<Vec<BucketMeta>>;
+
+    /// Those of `keys` some bucket routes to (each once, in any order): orphan GC's check of
+    /// its candidates, one index probe per key, so a pass costs what it may delete rather
+    /// than a read of every route.
+    async fn routed_among(&self, keys: &[String]) -> StoreResult<Vec<String>>;
 }
 
 /// The control plane: tiering policies, pauses and job history. Policies and pauses are

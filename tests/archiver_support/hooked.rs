@@ -59,8 +59,9 @@ impl Hooked {
         })
     }
 
-    /// Runs `step` once, right after whichever of GC's two metadata reads (the bucket
-    /// listing for claims, the referenced keys for routes) comes first returns.
+    /// Runs `step` once, right after whichever of GC's two metadata reads (the in-flight
+    /// claims, the routes among its candidates) comes first returns (also after a bucket
+    /// listing or a read of every route, the reads an earlier GC made).
     pub fn in_gc_gap(&self, step: impl Future<Output = ()> + Send + 'static) {
         *self.gap.lock().unwrap() = Some(Box::pin(step));
     }
@@ -278,6 +279,18 @@ impl Lifecycle for Hooked {
 
     async fn backlog(&self, rule: &Eligibility) -> StoreResult<Backlog> {
         self.inner.backlog(rule).await
+    }
+
+    async fn archiving_claims(&self) -> StoreResult<Vec<BucketMeta>> {
+        let r = self.inner.archiving_claims().await;
+        self.gap().await;
+        r
+    }
+
+    async fn routed_among(&self, keys: &[String]) -> StoreResult<Vec<String>> {
+        let r = self.inner.routed_among(keys).await;
+        self.gap().await;
+        r
     }
 
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {

@@ -198,6 +198,14 @@ impl Lifecycle for Counting {
         self.inner.backlog(rule).await
     }
 
+    async fn archiving_claims(&self) -> StoreResult<Vec<BucketMeta>> {
+        self.inner.archiving_claims().await
+    }
+
+    async fn routed_among(&self, keys: &[String]) -> StoreResult<Vec<String>> {
+        self.inner.routed_among(keys).await
+    }
+
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         self.inner.referenced_object_keys().await
     }

@@ -17,12 +17,13 @@ use rusqlite::{params, params_from_iter, Transaction};
 
 use crate::model::{BucketId, ClusteringKey, EventTime, Record, TableId};
 use crate::store::{
-    Backlog, Claim, Eligibility, Lifecycle, StoreError, StoreResult, TableLag, WorkItem, WorkKind,
+    Backlog, BucketMeta, Claim, Eligibility, Lifecycle, StoreError, StoreResult, TableLag,
+    WorkItem, WorkKind,
 };
 
 use super::decode::{
-    bucket_args, bucket_id, corrupt, load_meta, record_from, state_name, time, to_i64, MetaRow,
-    BUCKET_PK,
+    bucket_args, bucket_id, corrupt, load_meta, meta_from_row, record_from, state_name, time,
+    to_i64, MetaRow, BUCKET_PK, META_COLUMNS,
 };
 use super::{Mode, SqliteStore, TxError, TxResult};
 
@@ -131,8 +132,10 @@ fn archiving_paused(tx: &Transaction<'_>, id: &BucketId) -> TxResult<bool> {
 
 /// The time condition of eligibility for a Hot bucket `m` joined to its table's policy `p`:
 /// `?1` is the cutoff for tables without a policy, `?2` the bound for tables with one and
-/// `?3` the store's now (see [`Eligibility`]).
-const ELIGIBLE_BY_TIME: &str = "m.bucket_end <= CASE WHEN p.archive_after_us IS NULL THEN ?1 \
+/// `?3` the store's now (see [`Eligibility`]). The first conjunct is implied by the second
+/// and bounds the `(state, bucket_end)` index range, which a policy-dependent bound cannot.
+const ELIGIBLE_BY_TIME: &str = "m.bucket_end <= max(?1, ?2) \
+     AND m.bucket_end <= CASE WHEN p.archive_after_us IS NULL THEN ?1 \
      ELSE min(?2, ?3 - p.archive_after_us) END";
 
 #[async_trait]
@@ -506,6 +509,42 @@ impl Lifecycle for SqliteStore {
                 .query_row([], |r| r.get(0))?;
             backlog.archiving = u64::try_from(archiving).unwrap_or(0);
             Ok(backlog)
+        })
+        .await
+    }
+
+    async fn archiving_claims(&self) -> StoreResult<Vec<BucketMeta>> {
+        self.run("archiving_claims", Mode::Read, |tx, _| {
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata WHERE state = 'archiving'"
+            ))?;
+            let rows = stmt.query_map([], meta_from_row)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row?.to_meta()?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn routed_among(&self, keys: &[String]) -> StoreResult<Vec<String>> {
+        let keys = keys.to_vec();
+        self.run("routed_among", Mode::Read, move |tx, _| {
+            // One probe of the object-key index per key (SQLite caps bound parameters, so
+            // no array): the statement is prepared once.
+            let mut stmt = tx.prepare_cached(
+                "SELECT 1 FROM pulpitum_v4_bucket_metadata WHERE object_key = ?1 LIMIT 1",
+            )?;
+            let mut out = Vec::new();
+            for key in &keys {
+                if stmt.exists(params![key])? {
+                    out.push(key.clone());
+                }
+            }
+            out.sort();
+            out.dedup();
+            Ok(out)
         })
         .await
     }

@@ -121,6 +121,13 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0013_readers.sql"),
         compat: Compat::Additive,
     },
+    // Cleanup discovery and buckets by end: see the PostgreSQL migration 26.
+    Migration {
+        version: 14,
+        name: "registry_idx",
+        sql: include_str!("../../../sql/sqlite/0014_registry_idx.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

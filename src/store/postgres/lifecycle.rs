@@ -13,17 +13,17 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
-use super::decode::{corrupt, decode_record, event_time};
+use super::decode::{corrupt, decode_meta, decode_record, event_time};
 use super::sql::{
-    eligible_by_time, limit_param, micros, param_refs, push, Params, META, POLICIES, RECORDS,
-    STORE_NOT_PAUSED,
+    eligible_by_time, limit_param, micros, param_refs, push, Params, META, META_COLS, POLICIES,
+    RECORDS, STORE_NOT_PAUSED,
 };
 use super::{PgStore, TxError};
 use crate::model::{
     BucketId, BucketKey, BucketStrategy, ClusteringKey, PartitionKey, Record, TableId,
 };
 use crate::store::{
-    Backlog, Claim, Eligibility, Lifecycle, StoreResult, TableLag, WorkItem, WorkKind,
+    Backlog, BucketMeta, Claim, Eligibility, Lifecycle, StoreResult, TableLag, WorkItem, WorkKind,
 };
 
 #[async_trait]
@@ -322,27 +322,7 @@ impl Lifecycle for PgStore {
         limit: usize,
         cleanup_delay: Duration,
     ) -> StoreResult<Vec<WorkItem>> {
-        let cols = "m.table_id, m.partition_key, m.bucket_key, m.bucket_strategy, m.bucket_start, m.bucket_end";
-        let eligible = eligible_by_time("$1", "$2");
-        // Archive work (kinds 0 and 1) skips paused tables and a paused store; cleanup
-        // (kind 2) never does, so a pause never keeps published buckets' hot rows.
-        let sql = format!(
-            "SELECT * FROM ( \
-               SELECT {cols}, 0::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
-                 WHERE m.state = 'hot' AND {eligible} \
-                   AND (m.retry_at IS NULL OR m.retry_at <= now()) \
-                   AND NOT COALESCE(p.paused, false) AND {STORE_NOT_PAUSED} \
-               UNION ALL \
-               SELECT {cols}, 1::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
-                 WHERE m.state = 'archiving' AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= now()) \
-                   AND NOT COALESCE(p.paused, false) AND {STORE_NOT_PAUSED} \
-               UNION ALL \
-               SELECT {cols}, 2::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
-                 WHERE m.state = 'archived' AND NOT m.hot_deleted \
-                   AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= now()) \
-                   AND m.published_at + GREATEST($3::INT8, COALESCE(p.cleanup_delay_us, 0)) * INTERVAL '1 microsecond' <= now() \
-             ) w ORDER BY bucket_end, table_id, partition_key, bucket_key LIMIT $4"
-        );
+        let sql = discover_sql();
         let cutoff = rule.cutoff.to_datetime();
         let bound = rule.policy_bound().to_datetime();
         let n = limit_param(limit);
@@ -384,17 +364,7 @@ impl Lifecycle for PgStore {
     }
 
     async fn backlog(&self, rule: &Eligibility) -> StoreResult<Backlog> {
-        // One statement: the eligible Hot buckets grouped by table, then one row (table
-        // NULL) counting the Archiving ones; count() is INT8 on both dialects (sum() would
-        // be DECIMAL on CockroachDB).
-        let eligible = eligible_by_time("$1", "$2");
-        let sql = format!(
-            "SELECT m.table_id, count(*), min(m.bucket_end) FROM {META} m \
-               LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
-               WHERE m.state = 'hot' AND {eligible} GROUP BY m.table_id \
-             UNION ALL \
-             SELECT NULL::TEXT, count(*), NULL::TIMESTAMPTZ FROM {META} WHERE state = 'archiving'"
-        );
+        let sql = backlog_sql();
         let cutoff = rule.cutoff.to_datetime();
         let bound = rule.policy_bound().to_datetime();
         self.run("backlog", || async {
@@ -427,6 +397,41 @@ impl Lifecycle for PgStore {
         .await
     }
 
+    async fn archiving_claims(&self) -> StoreResult<Vec<BucketMeta>> {
+        let sql = archiving_sql();
+        self.run("archiving_claims", || async {
+            let client = self.pooled().await?;
+            let rows = client.query(&sql, &[]).await?;
+            Ok(rows
+                .iter()
+                .map(decode_meta)
+                .collect::<StoreResult<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn routed_among(&self, keys: &[String]) -> StoreResult<Vec<String>> {
+        let sql = routed_among_sql();
+        let mut out = Vec::new();
+        for chunk in keys.chunks(ROUTED_AMONG_BATCH) {
+            let chunk = chunk.to_vec();
+            let found = self
+                .run("routed_among", || async {
+                    let client = self.pooled().await?;
+                    let rows = client.query(&sql, &[&chunk]).await?;
+                    Ok(rows
+                        .iter()
+                        .map(|r| r.try_get::<_, String>(0))
+                        .collect::<Result<Vec<_>, _>>()?)
+                })
+                .await?;
+            out.extend(found);
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         let sql = format!("SELECT DISTINCT object_key FROM {META} WHERE object_key IS NOT NULL ORDER BY object_key");
         self.run("referenced_object_keys", || async {
@@ -438,5 +443,82 @@ impl Lifecycle for PgStore {
                 .collect::<Result<Vec<_>, _>>()?)
         })
         .await
+    }
+}
+
+/// Keys per `routed_among` statement: one probe of the object-key index each, in a
+/// statement of bounded size.
+const ROUTED_AMONG_BATCH: usize = 1_000;
+
+/// The predicate of migration 26's partial cleanup index, which [`discover_sql`] states
+/// verbatim for its alias `m` (PostgreSQL and CockroachDB use a partial index only for a
+/// query that implies it).
+#[cfg(test)]
+const CLEANUP_PENDING: &str = "state = 'archived' AND NOT hot_deleted";
+
+/// `discover_ready`'s statement: `$1` cutoff, `$2` policy bound, `$3` cleanup delay (µs),
+/// `$4` limit. Each branch reads only its working set: Hot buckets up to the greatest bound
+/// and expired claims from the `(state, bucket_end)` index, unfinished cleanups from the
+/// partial index of migration 26, never the archived history.
+pub(super) fn discover_sql() -> String {
+    let cols = "m.table_id, m.partition_key, m.bucket_key, m.bucket_strategy, m.bucket_start, m.bucket_end";
+    let eligible = eligible_by_time("$1", "$2");
+    // Archive work (kinds 0 and 1) skips paused tables and a paused store; cleanup
+    // (kind 2) never does, so a pause never keeps published buckets' hot rows.
+    format!(
+        "SELECT * FROM ( \
+           SELECT {cols}, 0::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
+             WHERE m.state = 'hot' AND {eligible} \
+               AND (m.retry_at IS NULL OR m.retry_at <= now()) \
+               AND NOT COALESCE(p.paused, false) AND {STORE_NOT_PAUSED} \
+           UNION ALL \
+           SELECT {cols}, 1::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
+             WHERE m.state = 'archiving' AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= now()) \
+               AND NOT COALESCE(p.paused, false) AND {STORE_NOT_PAUSED} \
+           UNION ALL \
+           SELECT {cols}, 2::INT4 AS kind FROM {META} m LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
+             WHERE m.state = 'archived' AND NOT m.hot_deleted \
+               AND (m.lease_expires_at IS NULL OR m.lease_expires_at <= now()) \
+               AND m.published_at + GREATEST($3::INT8, COALESCE(p.cleanup_delay_us, 0)) * INTERVAL '1 microsecond' <= now() \
+         ) w ORDER BY bucket_end, table_id, partition_key, bucket_key LIMIT $4"
+    )
+}
+
+/// `backlog`'s statement: `$1` cutoff, `$2` policy bound. The eligible Hot buckets grouped
+/// by table, then one row (table NULL) counting the Archiving ones; count() is INT8 on both
+/// dialects (sum() would be DECIMAL on CockroachDB).
+pub(super) fn backlog_sql() -> String {
+    let eligible = eligible_by_time("$1", "$2");
+    format!(
+        "SELECT m.table_id, count(*), min(m.bucket_end) FROM {META} m \
+           LEFT JOIN {POLICIES} p ON p.table_id = m.table_id \
+           WHERE m.state = 'hot' AND {eligible} GROUP BY m.table_id \
+         UNION ALL \
+         SELECT NULL::TEXT, count(*), NULL::TIMESTAMPTZ FROM {META} WHERE state = 'archiving'"
+    )
+}
+
+/// `archiving_claims`' statement: every in-flight claim, from the `(state, bucket_end)`
+/// index.
+pub(super) fn archiving_sql() -> String {
+    format!("SELECT {META_COLS} FROM {META} WHERE state = 'archiving'")
+}
+
+/// `routed_among`'s statement: `$1` object keys; one probe of the object-key index each.
+pub(super) fn routed_among_sql() -> String {
+    format!("SELECT DISTINCT object_key FROM {META} WHERE object_key = ANY($1::TEXT[])")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cleanup_discovery_states_its_partial_index_predicate() {
+        let sql = super::discover_sql().replace("m.", "");
+        assert!(sql.contains(super::CLEANUP_PENDING), "{sql}");
+        let migration = include_str!("../../../sql/0026_bucket_metadata_cleanup_idx.sql");
+        assert!(
+            migration.contains(&format!("WHERE {};", super::CLEANUP_PENDING)),
+            "{migration}"
+        );
     }
 }

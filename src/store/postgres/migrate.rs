@@ -226,6 +226,20 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0025_readers.sql"),
         compat: Compat::Additive,
     },
+    // Indexes for the archiver's per-cycle reads (cleanup discovery; retention) and for
+    // listings across a table's partitions: additive.
+    Migration {
+        version: 26,
+        name: "bucket_metadata_cleanup_idx",
+        sql: include_str!("../../../sql/0026_bucket_metadata_cleanup_idx.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 27,
+        name: "bucket_metadata_by_end_idx",
+        sql: include_str!("../../../sql/0027_bucket_metadata_by_end_idx.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a

@@ -76,6 +76,7 @@ mod compaction;
 pub use work_list::{retired_work_statements, work_list_statements};
 mod control;
 mod decode;
+mod explain;
 mod lifecycle;
 pub mod migrate;
 mod reads;
@@ -460,6 +461,13 @@ impl PgStore {
     fn grid_floor(&self, table_id: &TableId, from: EventTime) -> Option<EventTime> {
         let t = self.tables.read().ok()?;
         Some(t.get(table_id)?.strategy.bucket_of(from).start())
+    }
+
+    /// `bucket_end <= ..` implied by `bucket_start <= to`, by the same grid: no bucket that
+    /// starts at or before `to` ends after the bucket holding `to` (see [`Self::grid_floor`]).
+    fn grid_ceiling(&self, table_id: &TableId, to: EventTime) -> Option<EventTime> {
+        let t = self.tables.read().ok()?;
+        Some(t.get(table_id)?.strategy.bucket_of(to).end())
     }
 
     fn cache(&self, def: &TableDefinition) {

@@ -105,13 +105,14 @@ fn head_index_bounds(
     cursor(&b.before, "<");
 }
 
-#[async_trait]
-impl RoutedReads for PgStore {
-    async fn list_buckets(
+impl PgStore {
+    /// A listing's statement and parameters (one text per combination of bounds, so each is
+    /// prepared once per connection); also what `explain_registry_reads` plans.
+    pub(super) fn list_statement(
         &self,
         table_id: &TableId,
         filter: &BucketFilter,
-    ) -> StoreResult<Vec<BucketMeta>> {
+    ) -> (String, Params) {
         let mut params: Params = Vec::new();
         let mut sql = format!(
             "SELECT {META_COLS} FROM {META} WHERE table_id = {}",
@@ -141,6 +142,18 @@ impl RoutedReads for PgStore {
                 " AND bucket_start <= {}",
                 push(&mut params, to.to_datetime())
             ));
+            // Across every partition, the `(table_id, bucket_end)` index answers: bounded
+            // above too (implied, as the floor is), its range is the interval's buckets, not
+            // every bucket after `from`. Not for chosen partitions, whose own index is the
+            // better seek.
+            if filter.partitions.is_none() {
+                if let Some(ceiling) = self.grid_ceiling(table_id, to) {
+                    sql.push_str(&format!(
+                        " AND bucket_end <= {}",
+                        push(&mut params, ceiling.to_datetime())
+                    ));
+                }
+            }
         }
         sql.push_str(if filter.descending {
             " ORDER BY partition_key, bucket_start DESC"
@@ -152,6 +165,18 @@ impl RoutedReads for PgStore {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             sql.push_str(&format!(" LIMIT {}", push(&mut params, limit)));
         }
+        (sql, params)
+    }
+}
+
+#[async_trait]
+impl RoutedReads for PgStore {
+    async fn list_buckets(
+        &self,
+        table_id: &TableId,
+        filter: &BucketFilter,
+    ) -> StoreResult<Vec<BucketMeta>> {
+        let (sql, params) = self.list_statement(table_id, filter);
         self.run("list_buckets", || async {
             let client = self.pooled().await?;
             // A handful of statement texts (with or without each bound): cached per

@@ -31,9 +31,15 @@ pub(super) const STORE_NOT_PAUSED: &str =
 /// The time condition of eligibility for a Hot bucket `m` joined to its table's policy `p`
 /// (`LEFT JOIN`), with the cutoff for tables without a policy and the bound for tables with
 /// one as the placeholders `{cutoff}` and `{bound}` (see [`crate::store::Eligibility`]).
+///
+/// The first conjunct is implied by the second (the `CASE` is at most the greater of the
+/// two parameters) and is there for the index: a bound that depends on the joined policy is
+/// no range an index can seek, so without it a discovery reads every Hot bucket's entry
+/// rather than the eligible ones.
 pub(super) fn eligible_by_time(cutoff: &str, bound: &str) -> String {
     format!(
-        "m.bucket_end <= CASE WHEN p.archive_after_us IS NULL THEN {cutoff}::TIMESTAMPTZ \
+        "m.bucket_end <= GREATEST({cutoff}::TIMESTAMPTZ, {bound}::TIMESTAMPTZ) \
+         AND m.bucket_end <= CASE WHEN p.archive_after_us IS NULL THEN {cutoff}::TIMESTAMPTZ \
            ELSE LEAST({bound}::TIMESTAMPTZ, now() - p.archive_after_us * INTERVAL '1 microsecond') END"
     )
 }
