@@ -295,6 +295,54 @@ async fn replaced_objects_outlive_the_switch_by_the_retirement_delay() {
     check_queries(&fresh, channels, per_channel, 2).await;
 }
 
+/// A compaction notes its window's segments directory before writing (a publication
+/// leaves nothing noted), and an incremental GC pass past the delays deletes the replaced
+/// per-bucket objects through the retired rows, keeps the routed segment and forgets the
+/// noting: the archive and the registry end as a full pass would leave them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn incremental_gc_follows_compactions_and_retired_objects() {
+    use pulpitum::archiver::collect_garbage_incremental;
+
+    let s = setup("compactnote").await;
+    s.store
+        .append_batch(&s.table, &rows("2021-03-01T00:00:00Z", 3, 50))
+        .await
+        .unwrap();
+    archive_only(&s).await;
+    let noted = || async {
+        s.store
+            .gc_prefixes(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|g| g.prefix)
+            .collect::<Vec<_>>()
+    };
+    assert!(noted().await.is_empty(), "published uploads stayed noted");
+    let compactor = Runner::new(s.store.clone(), s.archive.clone(), config()).unwrap();
+    let report = compactor.compact_pass().await.unwrap();
+    assert_eq!((report.windows, report.buckets), (1, 15));
+    assert_eq!(
+        noted().await,
+        vec![s.archive.segments_prefix(&s.table, "month:2021-03")]
+    );
+    assert_eq!(object_keys(&s).await.len(), 32);
+    let delays = GcDelays {
+        orphans: Duration::ZERO,
+        retired: Duration::ZERO,
+        erased: Duration::ZERO,
+    };
+    let gc =
+        collect_garbage_incremental(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
+            .await
+            .unwrap();
+    assert_eq!((gc.deleted, gc.prefixes_forgotten), (30, 1), "{gc:?}");
+    assert_eq!(object_keys(&s).await.len(), 2);
+    assert!(s.store.retired_objects().await.unwrap().is_empty());
+    assert!(noted().await.is_empty());
+    check_queries(&fresh_session(&s).await, 3, 50, 0).await;
+}
+
 /// The manifest key each bucket routes to, by (partition, bucket).
 async fn route_keys(s: &Setup) -> Vec<(PartitionKey, String, String)> {
     s.store

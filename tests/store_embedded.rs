@@ -995,7 +995,7 @@ async fn concurrent_migrations_apply_each_version_once() {
         .unwrap();
     assert_eq!(
         versions,
-        (1..=14).collect::<Vec<i64>>(),
+        (1..=15).collect::<Vec<i64>>(),
         "each version once"
     );
 }

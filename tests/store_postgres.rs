@@ -115,6 +115,7 @@ async fn migrations_run_twice_and_concurrently() {
         [
             "pulpitum_v4_bucket_metadata",
             "pulpitum_v4_compactions",
+            "pulpitum_v4_gc_prefixes",
             "pulpitum_v4_jobs",
             "pulpitum_v4_policies",
             "pulpitum_v4_readers",
@@ -1088,31 +1089,48 @@ async fn the_archivers_cycle_reads_indexes_of_its_working_set_in_a_large_registr
         .iter()
         .all(|m| m.id.bucket_key.to_string() == "day:2024-03-10"));
 
-    // The plans.
-    let plans: std::collections::HashMap<&str, String> = store
-        .explain_registry_reads(&tbl, &idle, &one_day)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    for (name, plan) in &plans {
-        // The one-row store switches and the policies are small tables, read whole.
-        assert!(
-            !plan.contains("Seq Scan on pulpitum_v4_bucket_metadata"),
-            "{name} scans the registry:\n{plan}"
-        );
-    }
-    let uses = |name: &str, what: &str| {
-        let plan = &plans[name];
-        assert!(plan.contains(what), "{name} does not read {what}:\n{plan}");
+    // Without `ARCHIVER_ELIGIBLE_BEFORE` the policy bound is the end of the supported range
+    // (the default deployment): the same answers, and the same bounded plans below.
+    let default_rule = Eligibility {
+        cutoff: idle.cutoff,
+        ceiling: false,
     };
-    uses("discover", "pulpitum_v4_bucket_metadata_cleanup");
-    uses("discover", "bucket_end <= GREATEST(");
-    uses("backlog", "bucket_end <= GREATEST(");
-    uses("archiving_claims", "pulpitum_v4_bucket_metadata_discovery");
-    uses("routed_among", "pulpitum_v4_bucket_metadata_by_object");
-    uses("expired_buckets", "pulpitum_v4_bucket_metadata_by_end");
-    uses("list_buckets", "pulpitum_v4_bucket_metadata_by_end");
+    assert_eq!(
+        store
+            .discover_ready(&default_rule, 10, std::time::Duration::ZERO)
+            .await
+            .unwrap(),
+        work
+    );
+    assert_eq!(store.backlog(&default_rule).await.unwrap().eligible, 0);
+
+    // The plans.
+    for rule in [&idle, &default_rule] {
+        let plans: std::collections::HashMap<&str, String> = store
+            .explain_registry_reads(&tbl, rule, &one_day)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        for (name, plan) in &plans {
+            // The one-row store switches and the policies are small tables, read whole.
+            assert!(
+                !plan.contains("Seq Scan on pulpitum_v4_bucket_metadata"),
+                "{name} scans the registry:\n{plan}"
+            );
+        }
+        let uses = |name: &str, what: &str| {
+            let plan = &plans[name];
+            assert!(plan.contains(what), "{name} does not read {what}:\n{plan}");
+        };
+        uses("discover", "pulpitum_v4_bucket_metadata_cleanup");
+        uses("discover", "bucket_end <= GREATEST(");
+        uses("backlog", "bucket_end <= GREATEST(");
+        uses("archiving_claims", "pulpitum_v4_bucket_metadata_discovery");
+        uses("routed_among", "pulpitum_v4_bucket_metadata_by_object");
+        uses("expired_buckets", "pulpitum_v4_bucket_metadata_by_end");
+        uses("list_buckets", "pulpitum_v4_bucket_metadata_by_end");
+    }
     store.drop_schema().await.unwrap();
 }
 

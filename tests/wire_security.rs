@@ -1461,3 +1461,73 @@ async fn prepared_statements_a_connection_keeps_are_bounded() {
     assert!(msgs.iter().all(|m| m.error().is_none()), "{msgs:?}");
     assert!(msgs.iter().any(|m| m.kind == b'D'), "{msgs:?}");
 }
+
+/// The commit gate reaches the store through a SQL statement's execution (DataFusion runs
+/// the table's sink on the statement's task): an INSERT and a DELETE run inside a statement
+/// abandoned before they commit change nothing, and the same statements in a fresh one do.
+/// This is what makes a wire timeout that comes first roll the write back, and one that
+/// comes during the commit wait for it (`server::limits::bounded`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_of_an_abandoned_statement_commit_nothing_through_sql() {
+    use pulpitum::store::gate::{within, CommitGate};
+
+    let s = serve(with_users()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Arc::new(
+        pulpitum::archive::ArchiveStore::from_url(&format!(
+            "file://{}",
+            dir.path().join("archive").display()
+        ))
+        .unwrap(),
+    );
+    let ctx = session(s.store.clone(), archive, SessionOptions::default())
+        .await
+        .unwrap();
+    let run = |sql: &'static str, gate: Arc<CommitGate>| {
+        let ctx = ctx.clone();
+        async move {
+            within(gate, async move {
+                ctx.sql(sql).await?.collect().await.map(|_| ())
+            })
+            .await
+        }
+    };
+    let count = |sql: &'static str| {
+        let ctx = ctx.clone();
+        async move {
+            let b = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+            b[0].column(0)
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                .unwrap()
+                .value(0)
+        }
+    };
+    let insert = "INSERT INTO chat VALUES (77, TIMESTAMP '2026-01-01T00:00:00Z', 1, 'x')";
+    let delete = "DELETE FROM chat WHERE channel_id = 1";
+    let abandoned = || {
+        let g = CommitGate::new();
+        assert!(g.abandon());
+        g
+    };
+    assert!(run(insert, abandoned()).await.is_err());
+    assert!(run(delete, abandoned()).await.is_err());
+    assert_eq!(
+        count("SELECT count(*) FROM chat WHERE channel_id = 77").await,
+        0
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM chat WHERE channel_id = 1").await,
+        10
+    );
+    run(insert, CommitGate::new()).await.unwrap();
+    run(delete, CommitGate::new()).await.unwrap();
+    assert_eq!(
+        count("SELECT count(*) FROM chat WHERE channel_id = 77").await,
+        1
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM chat WHERE channel_id = 1").await,
+        0
+    );
+}

@@ -5,4 +5,4 @@ CREATE INDEX pulpitum_v4_bucket_metadata_cleanup
     WHERE state = 'archived' AND hot_deleted = 0;
 
 CREATE INDEX pulpitum_v4_bucket_metadata_by_end
-    ON pulpitum_v4_bucket_metadata (table_id, bucket_end);
+    ON pulpitum_v4_bucket_metadata (table_id, bucket_end, partition_key);

@@ -27,7 +27,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, TryStreamExt};
 
 use crate::model::schema::predicate::ValueRead;
-use crate::model::{BucketId, ModelError, Record, ScanBounds};
+use crate::model::{BucketId, ModelError, Record, ScanBounds, TableId};
 
 pub mod erasure;
 pub mod faults;
@@ -545,6 +545,18 @@ impl ArchiveStore {
         }
     }
 
+    /// The directory of one generation of a bucket, ending with `/`: where its claim
+    /// writes, and the prefix noted for GC before it does.
+    pub fn generation_prefix(&self, bucket: &BucketId, generation: i64) -> String {
+        format!("{}/", self.generation_dir(bucket, generation))
+    }
+
+    /// The directory of a window's segments, ending with `/`: where a compaction of the
+    /// window writes, and the prefix noted for GC before it does.
+    pub fn segments_prefix(&self, table: &TableId, window_key: &str) -> String {
+        self.rooted(&format!("v4/{table}/segments/{window_key}/"))
+    }
+
     /// The payload key of one generation of a bucket.
     pub fn payload_key(&self, bucket: &BucketId, generation: i64, format: PayloadFormat) -> String {
         format!(
@@ -678,16 +690,33 @@ impl ArchiveStore {
         } else {
             format!("{}/", self.prefix)
         };
+        self.list_under(&root).await
+    }
+
+    /// Whether `key` lies under this store's prefix (an object of this archive).
+    pub fn holds_key(&self, key: &str) -> bool {
+        self.prefix.is_empty() || key.starts_with(&format!("{}/", self.prefix))
+    }
+
+    /// Every object whose key starts with `dir` (a directory ending with `/`, under this
+    /// store's prefix), with its age, in key order: what an incremental GC pass looks at.
+    pub async fn list_under(&self, dir: &str) -> Result<Vec<ObjectInfo>, ArchiveError> {
+        let root = dir;
+        if !(root.is_empty() || root.ends_with('/')) || !self.holds_key(root) {
+            return Err(ArchiveError::Config(format!(
+                "cannot list {root:?}: not a directory (ending with '/') under the archive prefix"
+            )));
+        }
         let lister = self
             .op
-            .lister_with(&root)
+            .lister_with(root)
             .recursive(true)
             .await
-            .map_err(|e| ArchiveError::storage("list", &root, e))?;
+            .map_err(|e| ArchiveError::storage("list", root, e))?;
         let entries: Vec<opendal::Entry> = lister
             .try_collect()
             .await
-            .map_err(|e| ArchiveError::storage("list", &root, e))?;
+            .map_err(|e| ArchiveError::storage("list", root, e))?;
         let mut out = Vec::new();
         for entry in entries {
             if !entry.metadata().is_file() {

@@ -331,7 +331,14 @@ impl Runner {
                 info!(table = %table.table_id, %window, "compaction abandoned at shutdown");
                 Ok(WindowOutcome::Interrupted)
             }
-            r = self.compact_claimed(table, window, routes_due, &lease, budget) => r,
+            r = async {
+                // The window's directory is noted before a segment is written there, so
+                // GC's incremental passes look at what an unfinished compaction leaves.
+                self.store
+                    .note_gc_prefix(&self.archive.segments_prefix(&table.table_id, &window.to_string()))
+                    .await?;
+                self.compact_claimed(table, window, routes_due, &lease, budget).await
+            } => r,
         };
         // Best effort: a claim that is not released expires with its lease.
         let current = lease.claim();

@@ -24,15 +24,15 @@
 //! since its age from creation says nothing about when readers, or a restored hot-store
 //! backup, stopped naming it; its retired row is forgotten once its objects are gone.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
 use tracing::info;
 
 use crate::archive::erasure::ErasureId;
-use crate::archive::ArchiveStore;
-use crate::store::{BucketState, HotStore};
+use crate::archive::{ArchiveStore, ObjectInfo};
+use crate::store::{BucketState, GcPrefix, HotStore};
 
 use super::{ArchiverError, ArchiverMetrics};
 
@@ -50,6 +50,8 @@ pub struct GcReport {
     /// Delete and edit records forgotten: their rows were rewritten at least the retirement
     /// delay ago, so no reader can still hold a route to an object that needs them.
     pub masks_forgotten: u64,
+    /// Noted prefixes forgotten (incremental passes): nothing under them waits any more.
+    pub prefixes_forgotten: u64,
 }
 
 /// Rewritten masks forgotten per statement of a GC pass.
@@ -105,7 +107,9 @@ pub async fn collect_garbage(
     collect_garbage_with(store, archive, delays, metrics).await
 }
 
-/// One GC pass (see the module comment for the order of its readings).
+/// One full GC pass: the whole archive prefix is listed (see the module comment for the
+/// order of its readings). What every archiver runs at its start and daily; in between,
+/// [`collect_garbage_incremental`].
 pub async fn collect_garbage_with(
     store: &dyn HotStore,
     archive: &ArchiveStore,
@@ -114,10 +118,128 @@ pub async fn collect_garbage_with(
 ) -> Result<GcReport, ArchiverError> {
     let now = Utc::now();
     let objects = archive.list_objects().await?;
+    let swept = sweep(
+        store,
+        archive,
+        delays,
+        metrics,
+        now,
+        objects,
+        Scope::Everything,
+    )
+    .await?;
+    Ok(swept.report)
+}
+
+/// Noted prefixes looked at per incremental pass (the oldest first; the rest wait for the
+/// next pass).
+const PREFIXES_PER_PASS: usize = 10_000;
+
+/// One incremental GC pass: only the directories noted as ones where unrouted objects may
+/// be left ([`crate::store::Lifecycle::note_gc_prefix`], at least one orphan delay ago) and
+/// those of retired objects due for deletion are listed, so a pass costs what it may
+/// delete, not a listing of the whole archive. The decisions and the order of the readings
+/// are the full pass's (after the listing: claims, routes, retired objects); the routes are
+/// asked about the listed objects only. A noted prefix is forgotten once nothing under it
+/// was kept for its age or a claim, and only if it was not noted again since it was read.
+/// Objects no noting names (written by a build without notings, or by a writer that kept
+/// going past its deadline) are found by the full passes.
+pub async fn collect_garbage_incremental(
+    store: &dyn HotStore,
+    archive: &ArchiveStore,
+    delays: GcDelays,
+    metrics: &ArchiverMetrics,
+) -> Result<GcReport, ArchiverError> {
+    let now = Utc::now();
+    let noted = store.gc_prefixes(delays.orphans, PREFIXES_PER_PASS).await?;
+    // A first reading of the retired objects only chooses which directories to list (the
+    // shorter of the two retirement delays: a superset of the due ones); what is deleted is
+    // decided on the reading after the routes, and only retired rows whose directory was
+    // listed are forgotten.
+    let store_now = store.now().await?;
+    let soonest = delays.retired.min(delays.erased);
+    // Directories of another archive (a noting or retired key under another prefix) are
+    // left alone, as a full listing of this prefix leaves them; their notings stay.
+    let noted: Vec<GcPrefix> = noted
+        .into_iter()
+        .filter(|g| archive.holds_key(&g.prefix))
+        .collect();
+    let mut dirs: BTreeSet<String> = noted.iter().map(|g| g.prefix.clone()).collect();
+    for r in store.retired_objects().await? {
+        let retired_for = store_now
+            .as_micros()
+            .saturating_sub(r.retired_at.as_micros());
+        if u128::try_from(retired_for).unwrap_or(0) >= soonest.as_micros()
+            && archive.holds_key(&r.object_key)
+        {
+            dirs.insert(format!("{}/", generation_dir(&r.object_key)));
+        }
+    }
+    let mut objects = Vec::new();
+    for dir in &dirs {
+        objects.extend(archive.list_under(dir).await?);
+    }
+    // A noted window directory holds generation directories listed on their own too.
+    objects.sort_by(|a, b| a.key.cmp(&b.key));
+    objects.dedup_by(|a, b| a.key == b.key);
+    let swept = sweep(
+        store,
+        archive,
+        delays,
+        metrics,
+        now,
+        objects,
+        Scope::Listed(&dirs),
+    )
+    .await?;
+    let done: Vec<_> = noted
+        .into_iter()
+        .filter(|g| !swept.held.iter().any(|k| k.starts_with(&g.prefix)))
+        .collect();
+    let mut report = swept.report;
+    report.prefixes_forgotten = store.forget_gc_prefixes(&done).await?;
+    Ok(report)
+}
+
+/// What a sweep covers: every object (a full listing), or the objects under these
+/// directories (each ending with `/`).
+enum Scope<'a> {
+    Everything,
+    Listed(&'a BTreeSet<String>),
+}
+
+impl Scope<'_> {
+    /// Whether the directory of `key` was listed whole.
+    fn covers(&self, key: &str) -> bool {
+        match self {
+            Self::Everything => true,
+            Self::Listed(dirs) => dirs.iter().any(|d| key.starts_with(d.as_str())),
+        }
+    }
+}
+
+/// A sweep's report, and the keys it kept for their age or a claim (what a later pass must
+/// look at again).
+struct Swept {
+    report: GcReport,
+    held: Vec<String>,
+}
+
+/// Decides and deletes among `objects` (listed before this call, at or after `now`): the
+/// readings after the listing, in their order, then one decision per object.
+async fn sweep(
+    store: &dyn HotStore,
+    archive: &ArchiveStore,
+    delays: GcDelays,
+    metrics: &ArchiverMetrics,
+    now: chrono::DateTime<Utc>,
+    objects: Vec<ObjectInfo>,
+    scope: Scope<'_>,
+) -> Result<Swept, ArchiverError> {
     // Claims strictly before routes (see the module comment): never the other way round.
     // The in-flight claims alone, from the state index: a read that grows with the claims,
     // not with the registry (a listing of every bucket of every table did, docs/sizing.md).
-    let mut protected: HashSet<String> = store
+    let claimed: HashSet<String> = store
         .archiving_claims()
         .await?
         .iter()
@@ -140,15 +262,26 @@ pub async fn collect_garbage_with(
         .await?
         .iter()
         .filter(|c| c.lease_expires_at.as_micros().saturating_add(grace) > claims_now.as_micros())
-        .map(|c| archive.rooted(&format!("v4/{}/segments/{}/", c.table_id, c.window_key)))
+        .map(|c| archive.segments_prefix(&c.table_id, &c.window_key))
         .collect();
-    protected.extend(
-        store
-            .referenced_object_keys()
-            .await?
-            .iter()
-            .map(|k| generation_dir(k).to_string()),
-    );
+    // Routes after the claims: all of them for a full listing (one read, cheaper than a
+    // probe per object there), else only those among the listed objects and the manifest
+    // of each listed directory (an index probe each).
+    let routed: HashSet<String> = match scope {
+        Scope::Everything => store.referenced_object_keys().await?,
+        Scope::Listed(_) => {
+            let mut asked: BTreeSet<String> = BTreeSet::new();
+            for o in &objects {
+                asked.insert(o.key.clone());
+                asked.insert(format!("{}/manifest.json", generation_dir(&o.key)));
+            }
+            let asked: Vec<String> = asked.into_iter().collect();
+            store.routed_among(&asked).await?
+        }
+    }
+    .iter()
+    .map(|k| generation_dir(k).to_string())
+    .collect();
     // Objects that hold erased rows, by directory, with the erasure and manifest key that
     // name them: retired, they wait only for the readers (`delays.erased`).
     let erased: HashMap<String, (ErasureId, String)> = crate::erasure::pending_objects(archive)
@@ -158,6 +291,7 @@ pub async fn collect_garbage_with(
         .collect();
     // Retired objects after routes (see the module comment).
     let store_now = store.now().await?;
+    let mut retired_kept: HashSet<String> = HashSet::new();
     let mut expired: HashSet<String> = HashSet::new();
     let mut expired_keys: Vec<String> = Vec::new();
     for r in store.retired_objects().await? {
@@ -174,13 +308,14 @@ pub async fn collect_garbage_with(
             expired.insert(generation_dir(&r.object_key).to_string());
             expired_keys.push(r.object_key);
         } else {
-            protected.insert(generation_dir(&r.object_key).to_string());
+            retired_kept.insert(generation_dir(&r.object_key).to_string());
         }
     }
     let mut report = GcReport {
         listed: objects.len(),
         ..GcReport::default()
     };
+    let mut held: Vec<String> = Vec::new();
     let mut left: HashSet<String> = HashSet::new();
     let log_root = archive.erasure_log_root();
     for obj in objects {
@@ -190,11 +325,14 @@ pub async fn collect_garbage_with(
             continue;
         }
         let dir = generation_dir(&obj.key);
-        if protected.contains(dir)
-            || window_dir(&obj.key).is_some_and(|w| claimed_windows.contains(w))
-        {
+        let by_claim = claimed.contains(dir)
+            || window_dir(&obj.key).is_some_and(|w| claimed_windows.contains(w));
+        if by_claim || routed.contains(dir) || retired_kept.contains(dir) {
             report.referenced += 1;
             left.insert(dir.to_string());
+            if by_claim {
+                held.push(obj.key);
+            }
             continue;
         }
         let old_enough = obj.last_modified.is_some_and(|m| {
@@ -205,6 +343,7 @@ pub async fn collect_garbage_with(
         if !old_enough {
             report.young += 1;
             left.insert(dir.to_string());
+            held.push(obj.key);
             continue;
         }
         archive.delete_object(&obj.key).await?;
@@ -223,10 +362,12 @@ pub async fn collect_garbage_with(
         }
         report.deleted += 1;
     }
-    // Retired rows whose objects are all gone (deleted now or earlier) are done with.
+    // Retired rows whose objects are all gone (deleted now or earlier) are done with; on an
+    // incremental pass, only those whose directory was listed (one retired since the first
+    // reading was not looked at).
     let gone: Vec<String> = expired_keys
         .into_iter()
-        .filter(|k| !left.contains(generation_dir(k)))
+        .filter(|k| scope.covers(k) && !left.contains(generation_dir(k)))
         .collect();
     if !gone.is_empty() {
         store.forget_retired(&gone).await?;
@@ -243,7 +384,7 @@ pub async fn collect_garbage_with(
             break;
         }
     }
-    Ok(report)
+    Ok(Swept { report, held })
 }
 
 #[cfg(test)]

@@ -20,7 +20,9 @@ mod runner;
 
 pub use compact::{CompactReport, WindowOutcome};
 pub use config::ArchiverConfig;
-pub use gc::{collect_garbage, collect_garbage_with, GcDelays, GcReport};
+pub use gc::{
+    collect_garbage, collect_garbage_incremental, collect_garbage_with, GcDelays, GcReport,
+};
 pub use metrics::ArchiverMetrics;
 pub use retention::RetentionReport;
 pub use runner::{

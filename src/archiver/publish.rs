@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::archive::WriteError;
 use crate::failpoint;
@@ -63,6 +63,24 @@ impl Runner {
         );
         let format = self.format_for(&claim.bucket.table_id);
         let layout = self.layout_for(&claim.bucket.table_id).await;
+        // The generation's directory is noted before anything is written there, so GC's
+        // incremental passes look at it if this attempt never publishes.
+        let noted = match self
+            .store
+            .note_gc_prefix(
+                &self
+                    .archive
+                    .generation_prefix(&claim.bucket, claim.generation),
+            )
+            .await
+        {
+            Ok(noted) => noted,
+            Err(e) => {
+                let reason = format!("could not note the upload for garbage collection: {e}");
+                self.defer(&claim, reason.clone(), self.config.retry).await;
+                return Ok(BucketOutcome::Deferred { reason });
+            }
+        };
         let upload = self.archive.write_bucket_with(
             &claim.bucket,
             claim.generation,
@@ -113,6 +131,11 @@ impl Runner {
             return Ok(BucketOutcome::LeaseLost);
         }
         failpoint::hit("after_publish");
+        // Published: everything in the directory is routed now, so GC need not look at it.
+        // Best effort (a pass that finds it routed forgets it too).
+        if let Err(e) = self.store.forget_gc_prefixes(&[noted]).await {
+            debug!(error = %e, "published bucket's directory stays noted for GC");
+        }
         self.metrics.buckets_archived.inc();
         self.metrics
             .rows_archived

@@ -30,6 +30,12 @@ use super::config::january_first_of_previous_year;
 use super::control::{default_worker_name, PolicyCache};
 use super::{ArchiverConfig, ArchiverError, ArchiverMetrics};
 
+/// How often an archiver's GC lists the whole archive (and at its start); its other passes
+/// list only the directories noted as ones where unrouted objects may be left
+/// ([`super::gc::collect_garbage_incremental`]). The full pass is the backstop for objects no
+/// noting names: written by an older build, or by a writer that kept going past its deadline.
+pub const FULL_GC_EVERY: Duration = Duration::from_secs(24 * 3600);
+
 /// Upper bound on the backlog a drain counts at its end (one statement; a larger backlog is
 /// reported as "at least" this).
 pub const REMAINING_COUNT_CAP: usize = 10_000;
@@ -386,6 +392,7 @@ impl Runner {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), ArchiverError> {
         let gc_every = self.config.interval.max(Duration::from_secs(600));
         let mut last_gc: Option<Instant> = None;
+        let mut last_full_gc: Option<Instant> = None;
         let mut last_compact: Option<Instant> = None;
         // The erasure log first, at every start (a restored hot store may hold erased rows
         // again), and at every cycle until a pass has re-applied all of it.
@@ -427,16 +434,39 @@ impl Runner {
             // Not while the erasure log is not re-applied: after a hot-store restore the
             // objects its route repair switches to are orphans until it has run.
             if !erasures_due && last_gc.is_none_or(|t| t.elapsed() >= gc_every) {
-                match super::gc::collect_garbage_with(
-                    &*self.store,
-                    &self.archive,
-                    self.gc_delays(),
-                    &self.metrics,
-                )
-                .await
-                {
-                    Ok(r) => info!(listed = r.listed, deleted = r.deleted, "orphan GC finished"),
-                    Err(e) => warn!(error = %e, "orphan GC failed"),
+                // A full listing at the start and daily (it finds what no noting names);
+                // incremental passes in between list only the noted directories.
+                let full = last_full_gc.is_none_or(|t| t.elapsed() >= FULL_GC_EVERY);
+                let pass = if full {
+                    super::gc::collect_garbage_with(
+                        &*self.store,
+                        &self.archive,
+                        self.gc_delays(),
+                        &self.metrics,
+                    )
+                    .await
+                } else {
+                    super::gc::collect_garbage_incremental(
+                        &*self.store,
+                        &self.archive,
+                        self.gc_delays(),
+                        &self.metrics,
+                    )
+                    .await
+                };
+                match pass {
+                    Ok(r) => {
+                        info!(
+                            full,
+                            listed = r.listed,
+                            deleted = r.deleted,
+                            "orphan GC finished"
+                        );
+                        if full {
+                            last_full_gc = Some(Instant::now());
+                        }
+                    }
+                    Err(e) => warn!(full, error = %e, "orphan GC failed"),
                 }
                 last_gc = Some(Instant::now());
             }

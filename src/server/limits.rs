@@ -18,6 +18,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::handlers::error;
 use super::vars;
+use crate::store::gate::{self, CommitGate};
 
 /// The deadline of a statement that starts now: the server's timeout, or the client's own
 /// `SET statement_timeout` when that is shorter (a client may tighten, never loosen it).
@@ -57,7 +58,11 @@ pub(super) fn cancelled() -> PgWireError {
     )
 }
 
-/// Runs a statement's work inside its deadline and its cancel token.
+/// Runs a statement's work inside its deadline and its cancel token. The work runs inside
+/// a commit gate (`store::gate`): a timeout or cancel that comes before the statement's
+/// store write began to commit stops it (the write rolls back) and answers 57014; one that
+/// comes after waits for the statement's own outcome, so a client is never told a write
+/// did not happen that did.
 pub(super) async fn bounded<T>(
     deadline: Option<(Instant, Duration)>,
     token: &CancellationToken,
@@ -69,10 +74,17 @@ pub(super) async fn bounded<T>(
             None => std::future::pending().await,
         }
     };
+    let gate = CommitGate::new();
+    let work = gate::within(gate.clone(), work);
+    tokio::pin!(work);
     tokio::select! {
-        r = work => r,
-        _ = token.cancelled() => Err(cancelled()),
-        _ = sleep => Err(timed_out(deadline.map(|d| d.1).unwrap_or_default())),
+        r = &mut work => r,
+        _ = token.cancelled() => if gate.abandon() { Err(cancelled()) } else { work.await },
+        _ = sleep => if gate.abandon() {
+            Err(timed_out(deadline.map(|d| d.1).unwrap_or_default()))
+        } else {
+            work.await
+        },
     }
 }
 
@@ -161,5 +173,43 @@ pub(super) fn bound_rows(
             unchecked: ROWS_BETWEEN_CHECKS,
             done: false,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deadline that passes before the statement's write began to commit answers 57014;
+    /// one that passes while it commits waits for the statement and answers its outcome.
+    #[tokio::test]
+    async fn a_deadline_stops_a_statement_only_before_its_commit() {
+        let soon = || {
+            Some((
+                Instant::now() + Duration::from_millis(20),
+                Duration::from_millis(20),
+            ))
+        };
+        let token = CancellationToken::new();
+        let before = bounded(soon(), &token, async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(1)
+        })
+        .await;
+        assert!(before.is_err());
+        let during = bounded(soon(), &token, async {
+            assert!(gate::current().is_some_and(|g| g.begin_commit()));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(2)
+        })
+        .await;
+        assert_eq!(during.unwrap(), 2);
+        token.cancel();
+        let cancelled = bounded(None, &token, async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(3)
+        })
+        .await;
+        assert!(cancelled.is_err());
     }
 }

@@ -13,6 +13,7 @@ mod compaction;
 mod control;
 pub mod embedded;
 mod error;
+pub mod gate;
 mod guard;
 pub mod migrate;
 pub mod postgres;

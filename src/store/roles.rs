@@ -25,8 +25,8 @@ use async_trait::async_trait;
 use super::migrate::Migrated;
 use super::{
     AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, ChangeOutcome, Claim,
-    CompactionClaim, CompactionSource, Eligibility, ExpiredBucket, HeadPage, HotPage, JobEnd,
-    JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, ReaderInfo, RetiredObject,
+    CompactionClaim, CompactionSource, Eligibility, ExpiredBucket, GcPrefix, HeadPage, HotPage,
+    JobEnd, JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, ReaderInfo, RetiredObject,
     RouteSwitch, RoutedBucket, RowChange, RowMask, StoreResult, StoredSchema, TableDefinition,
     TablePolicy, WindowState, WorkItem,
 };
@@ -236,6 +236,20 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// its candidates, one index probe per key, so a pass costs what it may delete rather
     /// than a read of every route.
     async fn routed_among(&self, keys: &[String]) -> StoreResult<Vec<String>>;
+
+    /// Notes `prefix` (a directory ending with `/`) as one where objects no route names may
+    /// be left, at the store's now (a noting again refreshes it); returns the row as noted.
+    /// Called before anything is written there, so a directory GC must look at is always
+    /// noted (a failed noting writes nothing).
+    async fn note_gc_prefix(&self, prefix: &str) -> StoreResult<GcPrefix>;
+
+    /// Up to `limit` noted prefixes last noted at least `min_age` ago (store clock), oldest
+    /// first.
+    async fn gc_prefixes(&self, min_age: Duration, limit: usize) -> StoreResult<Vec<GcPrefix>>;
+
+    /// Forgets each of `seen` whose row is still as read (not noted again since); returns
+    /// how many were forgotten.
+    async fn forget_gc_prefixes(&self, seen: &[GcPrefix]) -> StoreResult<u64>;
 }
 
 /// The control plane: tiering policies, pauses and job history. Policies and pauses are

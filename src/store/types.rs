@@ -230,6 +230,17 @@ pub enum WorkKind {
     CleanupPending,
 }
 
+/// A directory of the archive where objects no route names may be left (a bucket claim's
+/// generation directory, a window's segments directory), as noted in the store: orphan GC
+/// lists these rather than the whole archive (see [`Lifecycle::note_gc_prefix`](super::Lifecycle::note_gc_prefix)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcPrefix {
+    /// The directory's key prefix, ending with `/`.
+    pub prefix: String,
+    /// When it was last noted (the store's clock).
+    pub recorded_at: EventTime,
+}
+
 /// One discovered work item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkItem {

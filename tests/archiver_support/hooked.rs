@@ -293,6 +293,22 @@ impl Lifecycle for Hooked {
         r
     }
 
+    async fn note_gc_prefix(&self, prefix: &str) -> StoreResult<pulpitum::store::GcPrefix> {
+        self.inner.note_gc_prefix(prefix).await
+    }
+
+    async fn gc_prefixes(
+        &self,
+        min_age: Duration,
+        limit: usize,
+    ) -> StoreResult<Vec<pulpitum::store::GcPrefix>> {
+        self.inner.gc_prefixes(min_age, limit).await
+    }
+
+    async fn forget_gc_prefixes(&self, seen: &[pulpitum::store::GcPrefix]) -> StoreResult<u64> {
+        self.inner.forget_gc_prefixes(seen).await
+    }
+
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         let r = self.inner.referenced_object_keys().await;
         self.gap().await;

@@ -617,3 +617,39 @@ pub async fn sql_insert_is_one_transaction(store: Store) {
     assert_eq!(buckets(store.clone()).await, 6);
     store.defer_archive(&claim, Duration::ZERO).await.unwrap();
 }
+
+/// A write inside a statement its caller has abandoned (a wire timeout that came first)
+/// commits nothing and says so; a write that reached its commit first commits, and the
+/// statement can no longer be abandoned (its caller waits for the outcome instead).
+pub async fn a_write_of_an_abandoned_statement_commits_nothing(store: Store) {
+    use pulpitum::store::gate::{within, CommitGate};
+
+    let tbl = table(&store, "events", BucketStrategy::CalendarDayUtc).await;
+    let r = rec("p", t("2024-03-10T12:00:00Z"), b"s1", b"v1");
+    let gate = CommitGate::new();
+    assert!(gate.abandon());
+    let refused = within(gate, store.append_batch(&tbl, std::slice::from_ref(&r))).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(
+        store
+            .list_buckets(&tbl, &BucketFilter::default())
+            .await
+            .unwrap()
+            .is_empty(),
+        "an abandoned append left a bucket"
+    );
+    let gate = CommitGate::new();
+    let done = within(
+        gate.clone(),
+        store.append_batch(&tbl, std::slice::from_ref(&r)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.inserted, 1);
+    assert!(
+        !gate.abandon(),
+        "a committed write's statement was abandoned"
+    );
+    let bucket = bucket_of(&tbl, BucketStrategy::CalendarDayUtc, &r);
+    assert_eq!(all_rows(&store, &bucket).await, vec![r]);
+}

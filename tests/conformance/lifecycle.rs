@@ -761,3 +761,105 @@ pub async fn backlog_counts_eligible_and_archiving(store: Store) {
         counts(3, 2)
     );
 }
+
+/// GC's reads that follow the work: the in-flight claims alone, the routes among given
+/// keys, and the noted prefixes (noted at the store's clock, read once old enough, oldest
+/// first; a noting again refreshes a row, and a row is forgotten only as it was read).
+pub async fn gc_reads_claims_routes_and_noted_prefixes(store: Store) {
+    let s = BucketStrategy::CalendarDayUtc;
+    let tbl = table(&store, "events", s).await;
+    for d in ["01", "02", "03"] {
+        store
+            .append(
+                &tbl,
+                &rec("p", t(&format!("2021-06-{d}T12:00:00Z")), b"", b""),
+            )
+            .await
+            .unwrap();
+    }
+    let id = |d: &str| BucketId {
+        table_id: tbl.clone(),
+        partition_key: pk("p"),
+        bucket_key: BucketKey::parse(s, &format!("day:2021-06-{d}")).unwrap(),
+    };
+    // 06-01 in flight, 06-02 published to `m2`, 06-03 hot.
+    store.claim(&id("01"), LONG).await.unwrap().unwrap();
+    let c = store.claim(&id("02"), LONG).await.unwrap().unwrap();
+    store
+        .publish_archive(&c, "x/m2/manifest.json")
+        .await
+        .unwrap();
+    let claims = store.archiving_claims().await.unwrap();
+    assert_eq!(
+        claims.iter().map(|m| m.id.clone()).collect::<Vec<_>>(),
+        vec![id("01")]
+    );
+    let asked: Vec<String> = [
+        "x/m2/manifest.json",
+        "x/m1/manifest.json",
+        "x/m2/manifest.json",
+    ]
+    .map(String::from)
+    .to_vec();
+    assert_eq!(
+        store.routed_among(&asked).await.unwrap(),
+        vec!["x/m2/manifest.json".to_string()]
+    );
+    assert!(store.routed_among(&[]).await.unwrap().is_empty());
+    // More keys than one statement takes: the routed one is found wherever it is.
+    let mut many: Vec<String> = (0..2_500)
+        .map(|i| format!("x/n{i}/manifest.json"))
+        .collect();
+    many.push("x/m2/manifest.json".into());
+    assert_eq!(
+        store.routed_among(&many).await.unwrap(),
+        vec!["x/m2/manifest.json".to_string()]
+    );
+
+    assert!(store
+        .gc_prefixes(Duration::ZERO, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let a = store.note_gc_prefix("x/a/").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let b = store.note_gc_prefix("x/b/").await.unwrap();
+    assert!(a.recorded_at < b.recorded_at);
+    // Only rows old enough, oldest first, at most `limit`.
+    assert!(store.gc_prefixes(LONG, 10).await.unwrap().is_empty());
+    assert_eq!(
+        store.gc_prefixes(Duration::ZERO, 10).await.unwrap(),
+        vec![a.clone(), b.clone()]
+    );
+    assert_eq!(
+        store.gc_prefixes(Duration::ZERO, 1).await.unwrap(),
+        vec![a.clone()]
+    );
+    assert!(store
+        .gc_prefixes(Duration::ZERO, 0)
+        .await
+        .unwrap()
+        .is_empty());
+    // `a` noted again after GC read it: forgetting the row as read leaves the new one.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let a2 = store.note_gc_prefix("x/a/").await.unwrap();
+    assert!(a2.recorded_at > a.recorded_at);
+    assert_eq!(
+        store
+            .forget_gc_prefixes(&[a.clone(), b.clone()])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.gc_prefixes(Duration::ZERO, 10).await.unwrap(),
+        vec![a2.clone()]
+    );
+    assert_eq!(store.forget_gc_prefixes(&[a2]).await.unwrap(), 1);
+    assert!(store
+        .gc_prefixes(Duration::ZERO, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(store.forget_gc_prefixes(&[]).await.unwrap(), 0);
+}

@@ -60,6 +60,7 @@ macro_rules! every_case {
             fence_under_concurrency,
             bad_input_is_typed_and_writes_nothing,
             sql_insert_is_one_transaction,
+            a_write_of_an_abandoned_statement_commits_nothing,
             // reads.rs
             read_page_matches_reference,
             read_page_missing_and_empty,
@@ -77,6 +78,7 @@ macro_rules! every_case {
             racing_claimers,
             discover_orders_and_limits,
             backlog_counts_eligible_and_archiving,
+            gc_reads_claims_routes_and_noted_prefixes,
             // control.rs
             policies_update_only_what_they_name,
             pauses_stop_claims_but_not_cleanup,

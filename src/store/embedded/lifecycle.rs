@@ -17,8 +17,8 @@ use rusqlite::{params, params_from_iter, Transaction};
 
 use crate::model::{BucketId, ClusteringKey, EventTime, Record, TableId};
 use crate::store::{
-    Backlog, BucketMeta, Claim, Eligibility, Lifecycle, StoreError, StoreResult, TableLag,
-    WorkItem, WorkKind,
+    Backlog, BucketMeta, Claim, Eligibility, GcPrefix, Lifecycle, StoreError, StoreResult,
+    TableLag, WorkItem, WorkKind,
 };
 
 use super::decode::{
@@ -133,8 +133,10 @@ fn archiving_paused(tx: &Transaction<'_>, id: &BucketId) -> TxResult<bool> {
 /// The time condition of eligibility for a Hot bucket `m` joined to its table's policy `p`:
 /// `?1` is the cutoff for tables without a policy, `?2` the bound for tables with one and
 /// `?3` the store's now (see [`Eligibility`]). The first conjunct is implied by the second
-/// and bounds the `(state, bucket_end)` index range, which a policy-dependent bound cannot.
-const ELIGIBLE_BY_TIME: &str = "m.bucket_end <= max(?1, ?2) \
+/// and bounds the `(state, bucket_end)` index range, which a policy-dependent bound cannot:
+/// the largest value the `CASE` can take (see the PostgreSQL store's `eligible_by_time`).
+const ELIGIBLE_BY_TIME: &str = "m.bucket_end <= max(?1, min(?2, \
+       COALESCE(?3 - (SELECT min(q.archive_after_us) FROM pulpitum_v4_policies q), ?1))) \
      AND m.bucket_end <= CASE WHEN p.archive_after_us IS NULL THEN ?1 \
      ELSE min(?2, ?3 - p.archive_after_us) END";
 
@@ -545,6 +547,65 @@ impl Lifecycle for SqliteStore {
             out.sort();
             out.dedup();
             Ok(out)
+        })
+        .await
+    }
+
+    async fn note_gc_prefix(&self, prefix: &str) -> StoreResult<GcPrefix> {
+        let prefix = prefix.to_string();
+        self.run("note_gc_prefix", Mode::Write, move |tx, now| {
+            tx.prepare_cached(
+                "INSERT INTO pulpitum_v4_gc_prefixes (prefix, recorded_at) VALUES (?1, ?2) \
+                 ON CONFLICT (prefix) DO UPDATE SET recorded_at = excluded.recorded_at",
+            )?
+            .execute(params![prefix, now])?;
+            Ok(GcPrefix {
+                prefix: prefix.clone(),
+                recorded_at: time(now, "recorded_at")?,
+            })
+        })
+        .await
+    }
+
+    async fn gc_prefixes(&self, min_age: Duration, limit: usize) -> StoreResult<Vec<GcPrefix>> {
+        let age = i64::try_from(min_age.as_micros()).unwrap_or(i64::MAX);
+        self.run("gc_prefixes", Mode::Read, move |tx, now| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT prefix, recorded_at FROM pulpitum_v4_gc_prefixes \
+                 WHERE recorded_at <= ?1 ORDER BY recorded_at, prefix LIMIT ?2",
+            )?;
+            let rows = stmt
+                .query_map(params![now.saturating_sub(age), to_i64(limit)], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter()
+                .map(|(prefix, at)| {
+                    Ok(GcPrefix {
+                        prefix,
+                        recorded_at: time(at, "recorded_at")?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn forget_gc_prefixes(&self, seen: &[GcPrefix]) -> StoreResult<u64> {
+        if seen.is_empty() {
+            return Ok(0);
+        }
+        let seen = seen.to_vec();
+        self.run("forget_gc_prefixes", Mode::Write, move |tx, _| {
+            // Only a row as read: one noted again since stays for the next pass.
+            let mut delete = tx.prepare_cached(
+                "DELETE FROM pulpitum_v4_gc_prefixes WHERE prefix = ?1 AND recorded_at = ?2",
+            )?;
+            let mut forgotten = 0u64;
+            for g in &seen {
+                forgotten += delete.execute(params![g.prefix, g.recorded_at.as_micros()])? as u64;
+            }
+            Ok(forgotten)
         })
         .await
     }

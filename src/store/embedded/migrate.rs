@@ -128,6 +128,13 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0014_registry_idx.sql"),
         compat: Compat::Additive,
     },
+    // The directories orphan GC lists on most passes: see the PostgreSQL migration 28.
+    Migration {
+        version: 15,
+        name: "gc_prefixes",
+        sql: include_str!("../../../sql/sqlite/0015_gc_prefixes.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

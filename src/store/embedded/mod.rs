@@ -258,10 +258,13 @@ impl SqliteStore {
         // but not the blocking call: without a word it would commit what its caller was told
         // did not happen. The flag tells the transaction to roll back instead, if it has not
         // committed yet.
+        // A statement's gate (the wire server's), read here on its task: its writes commit
+        // only if it has not been abandoned (see `store::gate`).
         let abandoned = Abandoned::default();
         let flag = Arc::clone(&abandoned.0);
+        let statement = crate::store::gate::current();
         let result = tokio::task::spawn_blocking(move || {
-            inner.run_blocking(operation, mode, &mut body, &flag)
+            inner.run_blocking(operation, mode, &mut body, &flag, statement.as_deref())
         })
         .await
         .map_err(|e| backend(operation, format!("store worker failed: {e}")))?;
@@ -301,6 +304,7 @@ impl Inner {
         mode: Mode,
         body: &mut dyn FnMut(&Transaction<'_>, i64) -> TxResult<T>,
         abandoned: &AtomicBool,
+        statement: Option<&crate::store::gate::CommitGate>,
     ) -> StoreResult<T> {
         let mut last = String::new();
         for attempt in 1..=MAX_ATTEMPTS {
@@ -324,7 +328,11 @@ impl Inner {
                     match body(&tx, now) {
                         // Nobody waits for this write any more: roll it back (dropping
                         // `tx`) rather than commit what its caller reported as not done.
-                        Ok(_) if mode == Mode::Write && abandoned.load(Ordering::SeqCst) => {
+                        Ok(_)
+                            if mode == Mode::Write
+                                && (abandoned.load(Ordering::SeqCst)
+                                    || !crate::store::gate::may_commit(statement)) =>
+                        {
                             return Err(backend(operation, "abandoned by its caller; rolled back"));
                         }
                         Ok(v) => match tx.commit() {

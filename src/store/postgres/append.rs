@@ -42,10 +42,11 @@ impl PgStore {
             EventTime::min_supported()
         };
         let batch = prepare_batch(&def, records, now)?;
+        let gate = crate::store::gate::current();
         let mut outcome = self
             .run(op, || async {
                 let client = self.pooled().await?;
-                append_statement(&client, &def, &batch).await
+                append_statement(&client, &def, &batch, gate.as_deref()).await
             })
             .await?;
         outcome.already_present += batch.duplicates_in_batch;
@@ -263,9 +264,15 @@ async fn append_statement(
     client: &Object,
     def: &TableDefinition,
     b: &PreparedBatch<'_>,
+    gate: Option<&crate::store::gate::CommitGate>,
 ) -> TxResult<BatchOutcome> {
     let stmt = client.prepare_cached(APPEND_SQL).await?;
     let strategy = def.strategy.as_str();
+    // The statement commits by itself, so it is the commit a wire statement's gate guards:
+    // an abandoned statement sends nothing (see `store::gate`).
+    if !crate::store::gate::may_commit(gate) {
+        return Err(TxError::Store(super::changes::abandoned("append")));
+    }
     // The statement commits by itself: an error while it runs may hide a commit.
     let row = client
         .query_one(

@@ -48,6 +48,7 @@ impl Changes for PgStore {
         }
         let def = self.definition(table_id).await?;
         let op = operation(changes);
+        let gate = crate::store::gate::current();
         let groups = by_bucket(table_id, def.strategy, changes);
         let read_at = read_at.to_datetime();
         let state_sql = format!(
@@ -208,6 +209,11 @@ impl Changes for PgStore {
                         ))))
                     }
                 }
+            }
+            // A statement its caller has abandoned (a wire timeout) commits nothing: the
+            // transaction rolls back when `tx` drops (see `store::gate`).
+            if !crate::store::gate::may_commit(gate.as_deref()) {
+                return Err(TxError::Store(abandoned(op)));
             }
             tx.commit().await.map_err(TxError::Commit)?;
             Ok(out)
@@ -389,12 +395,22 @@ impl Changes for PgStore {
 }
 
 /// `expired_buckets`' statement: `$1` table, `$2` bound, `$3` limit; a range of the
-/// `(table_id, bucket_end)` index (migration 27), so a retention pass with nothing due
-/// reads nothing.
+/// `(table_id, bucket_end)` index (migration 27) in its order, so a pass with nothing due
+/// reads nothing and a page reads its own entries. Ordered by end alone: a tie-break on the
+/// partition would read every bucket sharing an end to sort them (a whole day's buckets
+/// for each page of a thousand, a break-it review found).
 pub(super) fn expired_sql() -> String {
     format!(
         "SELECT partition_key, bucket_key FROM {META} \
          WHERE table_id = $1 AND bucket_end <= $2 AND state IN ('hot', 'archived') \
-         ORDER BY bucket_end, partition_key LIMIT $3"
+         ORDER BY bucket_end LIMIT $3"
     )
+}
+
+/// The error of a write whose statement was abandoned before it committed.
+pub(super) fn abandoned(operation: &'static str) -> StoreError {
+    StoreError::Backend {
+        operation,
+        detail: "abandoned by its caller; rolled back".into(),
+    }
 }

@@ -67,14 +67,32 @@ impl PgStore {
             let plan = self
                 .run("explain", || async {
                     let client = self.pooled().await?;
+                    // The session's own setting is put back, and the statement
+                    // deallocated, whatever the plan's outcome.
+                    let mode: String = client
+                        .query_one("SELECT current_setting('plan_cache_mode')", &[])
+                        .await?
+                        .get(0);
                     client
-                        .batch_execute(&format!(
-                            "SET plan_cache_mode = force_generic_plan; \
-                             PREPARE pulpitum_explain AS {sql}"
-                        ))
+                        .query_one(
+                            "SELECT set_config('plan_cache_mode', 'force_generic_plan', false)",
+                            &[],
+                        )
                         .await?;
-                    let rows = client.query(&execute, &[]).await;
-                    client.batch_execute("DEALLOCATE pulpitum_explain").await?;
+                    let prepared = client
+                        .batch_execute(&format!("PREPARE pulpitum_explain AS {sql}"))
+                        .await;
+                    let rows = match prepared {
+                        Ok(()) => {
+                            let rows = client.query(&execute, &[]).await;
+                            client.batch_execute("DEALLOCATE pulpitum_explain").await?;
+                            rows
+                        }
+                        Err(e) => Err(e),
+                    };
+                    client
+                        .query_one("SELECT set_config('plan_cache_mode', $1, false)", &[&mode])
+                        .await?;
                     Ok(rows?
                         .iter()
                         .map(|r| r.try_get::<_, String>(0))

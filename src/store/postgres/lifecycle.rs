@@ -15,15 +15,16 @@ use tokio_postgres::IsolationLevel;
 
 use super::decode::{corrupt, decode_meta, decode_record, event_time};
 use super::sql::{
-    eligible_by_time, limit_param, micros, param_refs, push, Params, META, META_COLS, POLICIES,
-    RECORDS, STORE_NOT_PAUSED,
+    eligible_by_time, limit_param, micros, param_refs, push, Params, GC_PREFIXES, META, META_COLS,
+    POLICIES, RECORDS, STORE_NOT_PAUSED,
 };
 use super::{PgStore, TxError};
 use crate::model::{
     BucketId, BucketKey, BucketStrategy, ClusteringKey, PartitionKey, Record, TableId,
 };
 use crate::store::{
-    Backlog, BucketMeta, Claim, Eligibility, Lifecycle, StoreResult, TableLag, WorkItem, WorkKind,
+    Backlog, BucketMeta, Claim, Eligibility, GcPrefix, Lifecycle, StoreResult, TableLag, WorkItem,
+    WorkKind,
 };
 
 #[async_trait]
@@ -432,6 +433,76 @@ impl Lifecycle for PgStore {
         Ok(out)
     }
 
+    async fn note_gc_prefix(&self, prefix: &str) -> StoreResult<GcPrefix> {
+        let sql = format!(
+            "INSERT INTO {GC_PREFIXES} (prefix, recorded_at) VALUES ($1, now()) \
+             ON CONFLICT (prefix) DO UPDATE SET recorded_at = excluded.recorded_at \
+             RETURNING recorded_at"
+        );
+        let at: DateTime<Utc> = self
+            .run("note_gc_prefix", || async {
+                let client = self.pooled().await?;
+                let row = client.query_one(&sql, &[&prefix]).await?;
+                Ok(row.try_get(0)?)
+            })
+            .await?;
+        Ok(GcPrefix {
+            prefix: prefix.to_string(),
+            recorded_at: event_time(at, "recorded_at")?,
+        })
+    }
+
+    async fn gc_prefixes(&self, min_age: Duration, limit: usize) -> StoreResult<Vec<GcPrefix>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT prefix, recorded_at FROM {GC_PREFIXES} \
+             WHERE recorded_at <= now() - $1::INT8 * INTERVAL '1 microsecond' \
+             ORDER BY recorded_at, prefix LIMIT $2"
+        );
+        let (age, n) = (micros(min_age), limit_param(limit));
+        self.run("gc_prefixes", || async {
+            let client = self.pooled().await?;
+            let rows = client.query(&sql, &[&age, &n]).await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let at: DateTime<Utc> = row.try_get(1)?;
+                out.push(GcPrefix {
+                    prefix: row.try_get(0)?,
+                    recorded_at: event_time(at, "recorded_at")?,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn forget_gc_prefixes(&self, seen: &[GcPrefix]) -> StoreResult<u64> {
+        if seen.is_empty() {
+            return Ok(0);
+        }
+        // Each row only as read: one noted again since (a new compaction of the same
+        // window) stays for the next pass.
+        let sql = format!(
+            "DELETE FROM {GC_PREFIXES} g USING unnest($1::TEXT[], $2::TIMESTAMPTZ[]) AS s(prefix, at) \
+             WHERE g.prefix = s.prefix AND g.recorded_at = s.at"
+        );
+        let mut forgotten = 0;
+        for chunk in seen.chunks(ROUTED_AMONG_BATCH) {
+            let prefixes: Vec<&str> = chunk.iter().map(|g| g.prefix.as_str()).collect();
+            let ats: Vec<DateTime<Utc>> =
+                chunk.iter().map(|g| g.recorded_at.to_datetime()).collect();
+            forgotten += self
+                .run("forget_gc_prefixes", || async {
+                    let client = self.pooled().await?;
+                    Ok(client.execute(&sql, &[&prefixes, &ats]).await?)
+                })
+                .await?;
+        }
+        Ok(forgotten)
+    }
+
     async fn referenced_object_keys(&self) -> StoreResult<Vec<String>> {
         let sql = format!("SELECT DISTINCT object_key FROM {META} WHERE object_key IS NOT NULL ORDER BY object_key");
         self.run("referenced_object_keys", || async {
@@ -504,9 +575,13 @@ pub(super) fn archiving_sql() -> String {
     format!("SELECT {META_COLS} FROM {META} WHERE state = 'archiving'")
 }
 
-/// `routed_among`'s statement: `$1` object keys; one probe of the object-key index each.
+/// `routed_among`'s statement: `$1` object keys; one probe of the object-key index each,
+/// stopping at the first bucket (a segment's manifest is routed to by thousands).
 pub(super) fn routed_among_sql() -> String {
-    format!("SELECT DISTINCT object_key FROM {META} WHERE object_key = ANY($1::TEXT[])")
+    format!(
+        "SELECT k FROM (SELECT DISTINCT k FROM unnest($1::TEXT[]) AS u(k)) AS keys \
+         WHERE EXISTS (SELECT 1 FROM {META} m WHERE m.object_key = keys.k)"
+    )
 }
 
 #[cfg(test)]

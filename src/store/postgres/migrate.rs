@@ -240,6 +240,15 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0027_bucket_metadata_by_end_idx.sql"),
         compat: Compat::Additive,
     },
+    // The directories orphan GC lists on most passes. Additive: an older build neither
+    // notes nor reads them (its objects are found by the full listings, at every start and
+    // daily).
+    Migration {
+        version: 28,
+        name: "gc_prefixes",
+        sql: include_str!("../../../sql/0028_gc_prefixes.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a

@@ -85,6 +85,10 @@ mod sql;
 mod timeouts;
 mod work_list;
 
+/// The most grid buckets a listing across every partition may span and still be bounded
+/// on `bucket_end` (see `short_grid_ceiling`).
+const SHORT_LISTING_BUCKETS: usize = 7;
+
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 16;
 
@@ -464,10 +468,26 @@ impl PgStore {
     }
 
     /// `bucket_end <= ..` implied by `bucket_start <= to`, by the same grid: no bucket that
-    /// starts at or before `to` ends after the bucket holding `to` (see [`Self::grid_floor`]).
-    fn grid_ceiling(&self, table_id: &TableId, to: EventTime) -> Option<EventTime> {
+    /// starts at or before `to` ends after the bucket holding `to` (see [`Self::grid_floor`]);
+    /// only when `[from, to]` spans at most [`SHORT_LISTING_BUCKETS`] buckets of the grid.
+    fn short_grid_ceiling(
+        &self,
+        table_id: &TableId,
+        from: Option<EventTime>,
+        to: EventTime,
+    ) -> Option<EventTime> {
         let t = self.tables.read().ok()?;
-        Some(t.get(table_id)?.strategy.bucket_of(to).end())
+        let strategy = t.get(table_id)?.strategy;
+        let floor = strategy.bucket_of(from?).start();
+        let ceiling = strategy.bucket_of(to).end();
+        let mut key = strategy.bucket_of(floor);
+        for _ in 0..SHORT_LISTING_BUCKETS {
+            if key.end() >= ceiling {
+                return Some(ceiling);
+            }
+            key = strategy.bucket_of(key.end());
+        }
+        None
     }
 
     fn cache(&self, def: &TableDefinition) {

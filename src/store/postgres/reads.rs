@@ -142,12 +142,15 @@ impl PgStore {
                 " AND bucket_start <= {}",
                 push(&mut params, to.to_datetime())
             ));
-            // Across every partition, the `(table_id, bucket_end)` index answers: bounded
-            // above too (implied, as the floor is), its range is the interval's buckets, not
-            // every bucket after `from`. Not for chosen partitions, whose own index is the
-            // better seek.
-            if filter.partitions.is_none() {
-                if let Some(ceiling) = self.grid_ceiling(table_id, to) {
+            // Across every partition over a short interval, the `(table_id, bucket_end)`
+            // index answers: bounded above too (implied, as the floor is), its range is the
+            // interval's buckets, not every bucket after `from`. Not for chosen partitions,
+            // whose own index is the better seek, nor for a long or open interval: the
+            // partition-ordered index already gives the listing's order, where the end-ordered
+            // one reads about as much and then sorts it (a break-it review measured a
+            // 59-day listing of 1.2 million buckets at 0.9 s without the bound, 1.4 s with).
+            if filter.partitions.is_none() && filter.from.is_some() {
+                if let Some(ceiling) = self.short_grid_ceiling(table_id, filter.from, to) {
                     sql.push_str(&format!(
                         " AND bucket_end <= {}",
                         push(&mut params, ceiling.to_datetime())

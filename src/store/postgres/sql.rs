@@ -22,6 +22,8 @@ pub(super) const JOBS: &str = "pulpitum_v4_jobs";
 pub(super) const COMPACTIONS: &str = "pulpitum_v4_compactions";
 /// Object keys a compaction's route switch replaced, with when.
 pub(super) const RETIRED: &str = "pulpitum_v4_retired_objects";
+/// Archive directories orphan GC lists on most passes.
+pub(super) const GC_PREFIXES: &str = "pulpitum_v4_gc_prefixes";
 
 /// The predicate "the store is not paused", for statements that hand out or take archive
 /// work; read in the same statement, so a committed pause is seen by the next claim.
@@ -32,13 +34,18 @@ pub(super) const STORE_NOT_PAUSED: &str =
 /// (`LEFT JOIN`), with the cutoff for tables without a policy and the bound for tables with
 /// one as the placeholders `{cutoff}` and `{bound}` (see [`crate::store::Eligibility`]).
 ///
-/// The first conjunct is implied by the second (the `CASE` is at most the greater of the
-/// two parameters) and is there for the index: a bound that depends on the joined policy is
-/// no range an index can seek, so without it a discovery reads every Hot bucket's entry
-/// rather than the eligible ones.
+/// The first conjunct is implied by the second and is there for the index: a bound that
+/// depends on the joined policy is no range an index can seek, so without it a discovery
+/// reads every Hot bucket's entry rather than the eligible ones. It is the largest value
+/// the `CASE` can take: the cutoff for a table without `archive_after`, else at most
+/// `LEAST(bound, now() - a)` for the smallest `a` of any policy; with no such policy, the
+/// cutoff alone. (The bound alone would not do: without a ceiling it is the end of the
+/// supported range, and the range would hold every Hot bucket.)
 pub(super) fn eligible_by_time(cutoff: &str, bound: &str) -> String {
     format!(
-        "m.bucket_end <= GREATEST({cutoff}::TIMESTAMPTZ, {bound}::TIMESTAMPTZ) \
+        "m.bucket_end <= GREATEST({cutoff}::TIMESTAMPTZ, LEAST({bound}::TIMESTAMPTZ, \
+           COALESCE(now() - (SELECT min(q.archive_after_us) FROM {POLICIES} q) \
+             * INTERVAL '1 microsecond', {cutoff}::TIMESTAMPTZ))) \
          AND m.bucket_end <= CASE WHEN p.archive_after_us IS NULL THEN {cutoff}::TIMESTAMPTZ \
            ELSE LEAST({bound}::TIMESTAMPTZ, now() - p.archive_after_us * INTERVAL '1 microsecond') END"
     )
