@@ -311,7 +311,7 @@ async fn incremental_gc_follows_compactions_and_retired_objects() {
     archive_only(&s).await;
     let noted = || async {
         s.store
-            .gc_prefixes(Duration::ZERO, 100)
+            .gc_prefixes(Duration::ZERO, "", 100)
             .await
             .unwrap()
             .into_iter()

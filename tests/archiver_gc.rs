@@ -338,7 +338,7 @@ async fn an_incremental_pass_lists_only_noted_directories() {
     );
     assert_eq!(left.len(), total - 2);
     let still: Vec<String> = store
-        .gc_prefixes(Duration::ZERO, 10)
+        .gc_prefixes(Duration::ZERO, "", 10)
         .await
         .unwrap()
         .into_iter()
@@ -411,7 +411,7 @@ async fn the_archiver_notes_each_upload_and_forgets_it_once_published() {
     config.retry = Duration::ZERO;
     let noted = || async {
         store
-            .gc_prefixes(Duration::ZERO, 10)
+            .gc_prefixes(Duration::ZERO, "", 10)
             .await
             .unwrap()
             .into_iter()

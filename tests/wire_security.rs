@@ -1531,3 +1531,45 @@ async fn writes_of_an_abandoned_statement_commit_nothing_through_sql() {
         0
     );
 }
+
+/// Several statements in one Query are bounded one at a time: an INSERT that committed does
+/// not exempt a later statement from the timeout (its own answer, `INSERT 0 1`, was sent,
+/// and the rows are there); and `EXPLAIN ANALYZE` of a write, whose input would run outside
+/// the statement's commit gate, is refused and writes nothing (break-it findings).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_write_does_not_lift_the_timeout_of_the_statements_after_it() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "bob").await;
+    c.simple_query("SET statement_timeout = '300ms'")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let r = c
+        .simple_query(
+            "INSERT INTO chat VALUES (41, TIMESTAMP '2026-01-01T00:00:00Z', 1, 'kept'); \
+             SELECT count(*) FROM generate_series(1, 300000000); SELECT 1",
+        )
+        .await;
+    let took = started.elapsed();
+    let e = r.expect_err("the long statement ran past the timeout");
+    assert!(code(&e).starts_with("57014"), "{}", code(&e));
+    // Unbounded, the count runs to its end (9.4 s here) before the last statement's 57014.
+    assert!(took < Duration::from_secs(4), "stopped only after {took:?}");
+    c.simple_query("RESET statement_timeout").await.unwrap();
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM chat WHERE channel_id = 41").await,
+        1
+    );
+
+    let e = c
+        .simple_query(
+            "EXPLAIN ANALYZE INSERT INTO chat VALUES (42, TIMESTAMP '2026-01-01T00:00:00Z', 1, 'x')",
+        )
+        .await
+        .expect_err("EXPLAIN ANALYZE of a write ran");
+    assert!(code(&e).starts_with("0A000"), "{}", code(&e));
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM chat WHERE channel_id = 42").await,
+        0
+    );
+}

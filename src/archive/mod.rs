@@ -693,6 +693,15 @@ impl ArchiveStore {
         self.list_under(&root).await
     }
 
+    /// The root every key of this archive starts with (`""` or the prefix and `/`).
+    pub fn root_prefix(&self) -> String {
+        if self.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.prefix)
+        }
+    }
+
     /// Whether `key` lies under this store's prefix (an object of this archive).
     pub fn holds_key(&self, key: &str) -> bool {
         self.prefix.is_empty() || key.starts_with(&format!("{}/", self.prefix))

@@ -32,7 +32,7 @@ use tracing::info;
 
 use crate::archive::erasure::ErasureId;
 use crate::archive::{ArchiveStore, ObjectInfo};
-use crate::store::{BucketState, GcPrefix, HotStore};
+use crate::store::{BucketState, HotStore};
 
 use super::{ArchiverError, ArchiverMetrics};
 
@@ -151,19 +151,17 @@ pub async fn collect_garbage_incremental(
     metrics: &ArchiverMetrics,
 ) -> Result<GcReport, ArchiverError> {
     let now = Utc::now();
-    let noted = store.gc_prefixes(delays.orphans, PREFIXES_PER_PASS).await?;
+    let noted = store
+        .gc_prefixes(delays.orphans, &archive.root_prefix(), PREFIXES_PER_PASS)
+        .await?;
     // A first reading of the retired objects only chooses which directories to list (the
     // shorter of the two retirement delays: a superset of the due ones); what is deleted is
     // decided on the reading after the routes, and only retired rows whose directory was
     // listed are forgotten.
     let store_now = store.now().await?;
     let soonest = delays.retired.min(delays.erased);
-    // Directories of another archive (a noting or retired key under another prefix) are
-    // left alone, as a full listing of this prefix leaves them; their notings stay.
-    let noted: Vec<GcPrefix> = noted
-        .into_iter()
-        .filter(|g| archive.holds_key(&g.prefix))
-        .collect();
+    // Only this archive's notings are read (another root's are left alone, as a full
+    // listing of this prefix leaves them).
     let mut dirs: BTreeSet<String> = noted.iter().map(|g| g.prefix.clone()).collect();
     for r in store.retired_objects().await? {
         let retired_for = store_now

@@ -152,6 +152,21 @@ pub fn refused_statement(text: &str) -> PgWireError {
     )
 }
 
+/// Whether `plan` holds a row change anywhere (subqueries included).
+fn writes(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let walk = plan.apply_with_subqueries(|n| {
+        found = matches!(n, LogicalPlan::Dml(_));
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    });
+    // A walk that failed is judged as writing: refused rather than let through.
+    found || walk.is_err()
+}
+
 /// The second gate: the role a plan needs to run, or a refusal. Walks every node,
 /// subqueries included.
 pub fn plan_need(plan: &LogicalPlan) -> Result<Role, PgWireError> {
@@ -159,6 +174,14 @@ pub fn plan_need(plan: &LogicalPlan) -> Result<Role, PgWireError> {
     let mut refusal = None;
     let walk = plan.apply_with_subqueries(|node| {
         let verdict = match node {
+            // Its input runs on a task of its own, outside the statement's commit gate, so
+            // a timeout could answer 57014 for a write that committed (break-it finding).
+            LogicalPlan::Analyze(a) if writes(&a.input) => Err(refuse(
+                "0A000",
+                "EXPLAIN ANALYZE of INSERT, DELETE or UPDATE is not supported over the wire: \
+                 run the statement itself, or EXPLAIN without ANALYZE"
+                    .into(),
+            )),
             LogicalPlan::Ddl(ddl) => Err(refused_statement(&ddl_name(ddl))),
             LogicalPlan::Copy(_) => Err(refused_statement("COPY")),
             LogicalPlan::Statement(s) => match s {

@@ -415,10 +415,16 @@ impl SimpleQueryHandler for Simple {
         let shape = super::shape::check(query)?;
         let token = self.conn.statement.begin();
         let deadline = deadline(self.conn.shared.config.statement_timeout, &*client);
-        let mut out = bounded(deadline, &token, async {
-            if shape.statements > 1 {
-                return several(login, client, query).await;
+        // Several statements are bounded one at a time (each has its own commit gate), so a
+        // write that committed in one does not exempt the others from the deadline.
+        if shape.statements > 1 {
+            let mut out = several(login, client, query, deadline, &token).await?;
+            for r in &mut out {
+                bound_rows(r, deadline, &token);
             }
+            return Ok(out);
+        }
+        let mut out = bounded(deadline, &token, async {
             if let Some(statement) = control_statement(query)? {
                 let ctx = &login.session.ctx;
                 return Ok(vec![
@@ -451,6 +457,8 @@ async fn several<C>(
     login: &super::conn::Login,
     client: &mut C,
     query: &str,
+    deadline: Option<(tokio::time::Instant, std::time::Duration)>,
+    token: &tokio_util::sync::CancellationToken,
 ) -> PgWireResult<Vec<Response>>
 where
     C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
@@ -487,18 +495,23 @@ where
     }
     let last = pieces.len() - 1;
     for (i, piece) in pieces.iter().enumerate() {
-        let answers = match control_statement(piece)? {
-            Some(statement) => {
-                vec![run_control(ctx, login.role, &statement, &Format::UnifiedText).await?]
+        let answers = bounded(deadline, token, async {
+            match control_statement(piece)? {
+                Some(statement) => Ok(vec![
+                    run_control(ctx, login.role, &statement, &Format::UnifiedText).await?,
+                ]),
+                None => SimpleQueryHandler::do_query(&*login.session.service, client, piece)
+                    .await
+                    .map_err(|e| refine_parse_error(e, piece)),
             }
-            None => SimpleQueryHandler::do_query(&*login.session.service, client, piece)
-                .await
-                .map_err(|e| refine_parse_error(e, piece))?,
-        };
+        })
+        .await?;
         if i == last {
             return Ok(answers);
         }
-        for answer in answers {
+        for mut answer in answers {
+            // Rows of a statement before the last are sent here, under the same bounds.
+            bound_rows(&mut answer, deadline, token);
             match answer {
                 Response::Query(rows) => send_query_response(client, rows, true).await?,
                 Response::Execution(tag)

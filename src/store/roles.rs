@@ -243,9 +243,15 @@ pub trait Lifecycle: Send + Sync + 'static {
     /// noted (a failed noting writes nothing).
     async fn note_gc_prefix(&self, prefix: &str) -> StoreResult<GcPrefix>;
 
-    /// Up to `limit` noted prefixes last noted at least `min_age` ago (store clock), oldest
-    /// first.
-    async fn gc_prefixes(&self, min_age: Duration, limit: usize) -> StoreResult<Vec<GcPrefix>>;
+    /// Up to `limit` noted prefixes starting with `under` (an archive's root; `""`: all),
+    /// last noted at least `min_age` ago (store clock), oldest first. Filtered here, so
+    /// notings of another root (a changed archive prefix) never crowd out this one's.
+    async fn gc_prefixes(
+        &self,
+        min_age: Duration,
+        under: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<GcPrefix>>;
 
     /// Forgets each of `seen` whose row is still as read (not noted again since); returns
     /// how many were forgotten.

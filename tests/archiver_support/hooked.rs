@@ -300,9 +300,10 @@ impl Lifecycle for Hooked {
     async fn gc_prefixes(
         &self,
         min_age: Duration,
+        under: &str,
         limit: usize,
     ) -> StoreResult<Vec<pulpitum::store::GcPrefix>> {
-        self.inner.gc_prefixes(min_age, limit).await
+        self.inner.gc_prefixes(min_age, under, limit).await
     }
 
     async fn forget_gc_prefixes(&self, seen: &[pulpitum::store::GcPrefix]) -> StoreResult<u64> {

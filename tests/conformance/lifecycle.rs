@@ -817,7 +817,7 @@ pub async fn gc_reads_claims_routes_and_noted_prefixes(store: Store) {
     );
 
     assert!(store
-        .gc_prefixes(Duration::ZERO, 10)
+        .gc_prefixes(Duration::ZERO, "", 10)
         .await
         .unwrap()
         .is_empty());
@@ -826,20 +826,36 @@ pub async fn gc_reads_claims_routes_and_noted_prefixes(store: Store) {
     let b = store.note_gc_prefix("x/b/").await.unwrap();
     assert!(a.recorded_at < b.recorded_at);
     // Only rows old enough, oldest first, at most `limit`.
-    assert!(store.gc_prefixes(LONG, 10).await.unwrap().is_empty());
+    assert!(store.gc_prefixes(LONG, "", 10).await.unwrap().is_empty());
     assert_eq!(
-        store.gc_prefixes(Duration::ZERO, 10).await.unwrap(),
+        store.gc_prefixes(Duration::ZERO, "", 10).await.unwrap(),
         vec![a.clone(), b.clone()]
     );
     assert_eq!(
-        store.gc_prefixes(Duration::ZERO, 1).await.unwrap(),
+        store.gc_prefixes(Duration::ZERO, "", 1).await.unwrap(),
         vec![a.clone()]
     );
     assert!(store
-        .gc_prefixes(Duration::ZERO, 0)
+        .gc_prefixes(Duration::ZERO, "", 0)
         .await
         .unwrap()
         .is_empty());
+    // Only one root's notings, matched literally (`_` and `%` are no wildcards).
+    let other = store.note_gc_prefix("y_%/c/").await.unwrap();
+    assert_eq!(
+        store.gc_prefixes(Duration::ZERO, "x/", 10).await.unwrap(),
+        vec![a.clone(), b.clone()]
+    );
+    assert_eq!(
+        store.gc_prefixes(Duration::ZERO, "y_%/", 10).await.unwrap(),
+        vec![other.clone()]
+    );
+    assert!(store
+        .gc_prefixes(Duration::ZERO, "y__/", 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(store.forget_gc_prefixes(&[other]).await.unwrap(), 1);
     // `a` noted again after GC read it: forgetting the row as read leaves the new one.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let a2 = store.note_gc_prefix("x/a/").await.unwrap();
@@ -852,12 +868,12 @@ pub async fn gc_reads_claims_routes_and_noted_prefixes(store: Store) {
         1
     );
     assert_eq!(
-        store.gc_prefixes(Duration::ZERO, 10).await.unwrap(),
+        store.gc_prefixes(Duration::ZERO, "", 10).await.unwrap(),
         vec![a2.clone()]
     );
     assert_eq!(store.forget_gc_prefixes(&[a2]).await.unwrap(), 1);
     assert!(store
-        .gc_prefixes(Duration::ZERO, 10)
+        .gc_prefixes(Duration::ZERO, "", 10)
         .await
         .unwrap()
         .is_empty());

@@ -567,17 +567,25 @@ impl Lifecycle for SqliteStore {
         .await
     }
 
-    async fn gc_prefixes(&self, min_age: Duration, limit: usize) -> StoreResult<Vec<GcPrefix>> {
+    async fn gc_prefixes(
+        &self,
+        min_age: Duration,
+        under: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<GcPrefix>> {
         let age = i64::try_from(min_age.as_micros()).unwrap_or(i64::MAX);
+        let under = under.to_string();
         self.run("gc_prefixes", Mode::Read, move |tx, now| {
             let mut stmt = tx.prepare_cached(
                 "SELECT prefix, recorded_at FROM pulpitum_v4_gc_prefixes \
-                 WHERE recorded_at <= ?1 ORDER BY recorded_at, prefix LIMIT ?2",
+                 WHERE recorded_at <= ?1 AND substr(prefix, 1, length(?3)) = ?3 \
+                 ORDER BY recorded_at, prefix LIMIT ?2",
             )?;
             let rows = stmt
-                .query_map(params![now.saturating_sub(age), to_i64(limit)], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
-                })?
+                .query_map(
+                    params![now.saturating_sub(age), to_i64(limit), under],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+                )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             rows.into_iter()
                 .map(|(prefix, at)| {

@@ -452,19 +452,25 @@ impl Lifecycle for PgStore {
         })
     }
 
-    async fn gc_prefixes(&self, min_age: Duration, limit: usize) -> StoreResult<Vec<GcPrefix>> {
+    async fn gc_prefixes(
+        &self,
+        min_age: Duration,
+        under: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<GcPrefix>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
         let sql = format!(
             "SELECT prefix, recorded_at FROM {GC_PREFIXES} \
              WHERE recorded_at <= now() - $1::INT8 * INTERVAL '1 microsecond' \
+               AND left(prefix, length($3::TEXT)) = $3::TEXT \
              ORDER BY recorded_at, prefix LIMIT $2"
         );
         let (age, n) = (micros(min_age), limit_param(limit));
         self.run("gc_prefixes", || async {
             let client = self.pooled().await?;
-            let rows = client.query(&sql, &[&age, &n]).await?;
+            let rows = client.query(&sql, &[&age, &n, &under]).await?;
             let mut out = Vec::with_capacity(rows.len());
             for row in &rows {
                 let at: DateTime<Utc> = row.try_get(1)?;
