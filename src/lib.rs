@@ -14,6 +14,7 @@ pub mod cli;
 pub mod control;
 pub mod defaults;
 pub mod demo;
+pub mod distributed;
 pub mod erasure;
 pub mod failpoint;
 pub mod locator;

@@ -42,6 +42,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::archive::{ArchiveError, ArchiveStore};
 use crate::control::ControlHandle;
+use crate::distributed::{DistributedSettings, Tiers};
 use crate::provider::factory::{PulpitumSchema, FORMAT_NAME};
 use crate::provider::{
     ExactTimeLiterals, ProviderError, ProviderOptions, PulpitumTableFactory, QueryLimits,
@@ -117,6 +118,32 @@ pub async fn session(
     archive: Arc<ArchiveStore>,
     opts: SessionOptions,
 ) -> Result<SessionContext, SessionError> {
+    build(store, archive, opts, None).await
+}
+
+/// [`session`] as a coordinator: plans whose archived scans are large run their scan
+/// stages on the workers `workers` names ([`crate::distributed`]); everything else runs
+/// here as in [`session`].
+pub async fn distributed_session(
+    store: Arc<dyn HotStore>,
+    archive: Arc<ArchiveStore>,
+    opts: SessionOptions,
+    workers: &DistributedSettings,
+) -> Result<SessionContext, SessionError> {
+    build(store, archive, opts, Some(workers)).await
+}
+
+async fn build(
+    store: Arc<dyn HotStore>,
+    archive: Arc<ArchiveStore>,
+    opts: SessionOptions,
+    workers: Option<&DistributedSettings>,
+) -> Result<SessionContext, SessionError> {
+    let tiers = Tiers {
+        store: store.clone(),
+        archive: archive.clone(),
+        route_cache: opts.route_cache,
+    };
     if opts.migrate {
         store.migrate().await?;
     } else {
@@ -146,11 +173,17 @@ pub async fn session(
         let lease = crate::control::readers::ReaderLease::start(store.clone(), role).await?;
         config = config.with_extension(Arc::new(lease));
     }
-    let state = SessionStateBuilder::new()
+    if let Some(w) = workers {
+        config = config.with_extension(Arc::new(w.clone()));
+    }
+    let mut builder = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
-        .with_table_factory(FORMAT_NAME.to_string(), Arc::new(factory.clone()))
-        .build();
+        .with_table_factory(FORMAT_NAME.to_string(), Arc::new(factory.clone()));
+    if let Some(w) = workers {
+        builder = crate::distributed::install(builder, w, tiers);
+    }
+    let state = builder.build();
     let ctx = SessionContext::new_with_state(state);
     // After DataFusion's type coercion: comparisons with literals finer than a column
     // must not be truncated by its optimizer (see `provider::literals`).
@@ -203,6 +236,17 @@ pub async fn connect_with(
     archive_url: &str,
     opts: SessionOptions,
 ) -> Result<SessionContext, SessionError> {
+    connect_with_workers(database_url, archive_url, opts, None).await
+}
+
+/// [`connect_with`], as a coordinator of `workers` when given
+/// ([`distributed_session`]).
+pub async fn connect_with_workers(
+    database_url: &str,
+    archive_url: &str,
+    opts: SessionOptions,
+    workers: Option<&DistributedSettings>,
+) -> Result<SessionContext, SessionError> {
     // The archive URL first: a refused one must not leave a new database file behind.
     let archive = Arc::new(ArchiveStore::from_url(archive_url)?);
     // Only the schema's owner creates an embedded file; anyone else needs it to exist.
@@ -211,5 +255,5 @@ pub async fn connect_with(
     } else {
         crate::store::open_existing(database_url).await?
     };
-    session(store, archive, opts).await
+    build(store, archive, opts, workers).await
 }

@@ -69,6 +69,7 @@ fn the_settings_page_names_every_flag_and_variable_of_every_help() {
         help(shell, &["serve"]),
         help(shell, &["demo"]),
         help(shell, &["migrate"]),
+        help(shell, &["worker"]),
         help(archiver, &[]),
         help(archiver, &["policy"]),
         help(archiver, &["migrate"]),

@@ -67,6 +67,19 @@ struct Cli {
     /// Stop a query that runs longer than this many milliseconds.
     #[arg(long, env = "PULPITUM_MAX_DURATION_MS", global = true)]
     max_duration_ms: Option<u64>,
+    /// Run large archived scans on these workers (`pulpitum worker`): http://HOST:PORT,...
+    /// The shared secret is read from PULPITUM_WORKER_SECRET.
+    #[arg(long, env = "PULPITUM_WORKERS", global = true, value_name = "URLS")]
+    workers: Option<String>,
+    /// Archived buckets one worker task reads (with --workers); a scan of fewer is not split.
+    #[arg(
+        long,
+        env = "PULPITUM_BUCKETS_PER_TASK",
+        global = true,
+        default_value_t = pulpitum::distributed::DEFAULT_BUCKETS_PER_TASK as u32,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    buckets_per_task: u32,
     /// Log line format on standard error: text or json. The filter is PULPITUM_LOG (default warn).
     #[arg(
         long,
@@ -102,6 +115,17 @@ enum Command {
     Migrate,
     /// Serve the tables over the PostgreSQL wire protocol (psql, drivers, BI tools).
     Serve(Box<ServeArgs>),
+    /// Run plan fragments for coordinators (`--workers` of the shell, `serve` or an
+    /// application): a stateless process with the same store and archive settings.
+    Worker {
+        /// Address to listen on.
+        #[arg(long, env = "PULPITUM_WORKER_LISTEN", default_value = "127.0.0.1:7600")]
+        listen: std::net::SocketAddr,
+        /// Accept coordinators that present no PULPITUM_WORKER_SECRET (loopback addresses
+        /// only; for local tests).
+        #[arg(long)]
+        insecure_no_auth: bool,
+    },
     /// Erase rows with proof: request one, show whether it is gone, list them.
     Erasure {
         #[command(subcommand)]
@@ -526,9 +550,13 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
         report.segments
     ),
     )?;
-    let ctx = pulpitum::session::session(store, archive, session_options(&cli))
-        .await
-        .map_err(|e| e.to_string())?;
+    let ctx = match workers(&cli)? {
+        Some(w) => {
+            pulpitum::session::distributed_session(store, archive, session_options(&cli), &w).await
+        }
+        None => pulpitum::session::session(store, archive, session_options(&cli)).await,
+    }
+    .map_err(|e| e.to_string())?;
     let mut shell = Shell {
         ctx,
         format,
@@ -560,13 +588,71 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
 /// `pulpitum serve` ([`pulpitum::cli::serve`]) with this command line's URLs and limits.
 async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
     let (database_url, archive_url) = urls(cli)?;
-    pulpitum::cli::serve::run(args, &database_url, &archive_url, session_options(cli)).await
+    let workers = workers(cli)?;
+    pulpitum::cli::serve::run(
+        args,
+        &database_url,
+        &archive_url,
+        session_options(cli),
+        workers.as_ref(),
+    )
+    .await
+}
+
+/// The workers `--workers` (PULPITUM_WORKERS) names, if any.
+fn workers(cli: &Cli) -> Result<Option<pulpitum::distributed::DistributedSettings>, String> {
+    let Some(list) = &cli.workers else {
+        return Ok(None);
+    };
+    let mut settings = pulpitum::distributed::DistributedSettings::from_list(list)
+        .map_err(|e| format!("--workers (PULPITUM_WORKERS): {e}"))?;
+    settings.buckets_per_task = cli.buckets_per_task as usize;
+    Ok(Some(settings))
+}
+
+/// `pulpitum worker`: serves plan fragments until SIGTERM or SIGINT.
+async fn worker(
+    cli: &Cli,
+    listen: std::net::SocketAddr,
+    insecure_no_auth: bool,
+) -> Result<(), Failure> {
+    use pulpitum::distributed::{worker, Tiers, WorkerOptions, WorkerSecret};
+    let opts = WorkerOptions {
+        listen,
+        secret: setting(WorkerSecret::from_env())?,
+        insecure_no_auth,
+    };
+    let listener = setting(worker::bind(&opts).await)?;
+    let (store, archive) = open_tiers(cli).await?;
+    let tiers = Tiers {
+        store,
+        archive,
+        route_cache: session_options(cli).route_cache,
+    };
+    let addr = setting(listener.local_addr())?;
+    eprintln!("pulpitum: worker listening on {addr}");
+    let stop = async {
+        pulpitum::cli::serve::wait_for_stop_signal().await;
+        eprintln!("pulpitum: worker stopping");
+    };
+    Ok(worker::serve_worker(listener, &opts, tiers, stop)
+        .await
+        .map_err(|e| e.to_string())?)
 }
 
 async fn run(cli: Cli, format: Format) -> Result<(), Failure> {
     let (database_url, archive_url) = setting(urls(&cli))?;
     let opts = session_options(&cli);
-    let ctx = setting(pulpitum::session::connect_with(&database_url, &archive_url, opts).await)?;
+    let workers = setting(workers(&cli))?;
+    let ctx = setting(
+        pulpitum::session::connect_with_workers(
+            &database_url,
+            &archive_url,
+            opts,
+            workers.as_ref(),
+        )
+        .await,
+    )?;
     let mut shell = Shell {
         ctx,
         format,
@@ -696,10 +782,15 @@ fn main() -> ExitCode {
     if cli.format.is_some()
         && matches!(
             cli.command,
-            Some(Command::Serve(_) | Command::Migrate | Command::Erasure { .. })
+            Some(
+                Command::Serve(_)
+                    | Command::Migrate
+                    | Command::Erasure { .. }
+                    | Command::Worker { .. }
+            )
         )
     {
-        eprintln!("Error: --format is for results the shell prints; serve, migrate and erasure print none");
+        eprintln!("Error: --format is for results the shell prints; serve, migrate, erasure and worker print none");
         return ExitCode::from(pulpitum::cli::EXIT_SETTING);
     }
     // The query limits and the archive URL would be ignored by `migrate`, which runs no query
@@ -763,6 +854,10 @@ fn main() -> ExitCode {
         // Everything `serve` can fail at comes before it serves; `migrate` is the archiver's
         // function, and exits as `pulpitum-archiver migrate` does.
         Some(Command::Serve(ref args)) => setting(rt.block_on(serve(&cli, args))),
+        Some(Command::Worker {
+            listen,
+            insecure_no_auth,
+        }) => rt.block_on(worker(&cli, listen, insecure_no_auth)),
         Some(Command::Migrate) => setting(rt.block_on(migrate(&cli))),
         // 0 gone (or done), 1 pending, 2 anything that failed: a script waiting for `show`
         // must not loop on a typo.

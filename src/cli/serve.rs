@@ -80,6 +80,7 @@ pub async fn run(
     database_url: &str,
     archive_url: &str,
     opts: crate::session::SessionOptions,
+    workers: Option<&crate::distributed::DistributedSettings>,
 ) -> Result<(), String> {
     use crate::server::memory::{default_server_limit, parse_size};
     use crate::server::{Role, Server, ServerConfig, Users};
@@ -147,7 +148,7 @@ pub async fn run(
         reader: Some("serve"),
         ..opts
     };
-    let ctx = crate::session::connect_with(database_url, archive_url, opts)
+    let ctx = crate::session::connect_with_workers(database_url, archive_url, opts, workers)
         .await
         .map_err(|e| e.to_string())?;
     let server = Server::bind(ctx.clone(), config)
@@ -169,7 +170,8 @@ pub async fn run(
     Ok(())
 }
 
-async fn wait_for_stop_signal() {
+/// Returns at SIGTERM or SIGINT (Ctrl-C).
+pub async fn wait_for_stop_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

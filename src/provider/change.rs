@@ -85,7 +85,10 @@ impl PulpitumTable {
         // A declared table's read carries each row's stored value (see
         // `Surface::with_stored_value`); the fixed surfaces' value column is that value.
         let read_surface = self.surface.with_stored_value();
-        let reader = PulpitumTable::with_surface(self.table.clone(), read_surface, self.options);
+        // Planned here, read here: the read's plan carries the statement's seal (a UDF only
+        // this process knows), and its rows are written back by this process.
+        let reader = PulpitumTable::with_surface(self.table.clone(), read_surface, self.options)
+            .local_only();
         let read_schema = reader.schema.clone();
         let mut assigned: std::collections::HashMap<String, Expr> = Default::default();
         for (column, expr) in assignments {

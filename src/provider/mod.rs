@@ -173,6 +173,8 @@ pub struct PulpitumTable {
     /// What an INSERT that names no value for a column stores (a declared table's
     /// `DEFAULT`s).
     defaults: std::collections::HashMap<String, Expr>,
+    /// Scans stay in this process (see [`ScanSpec::local_only`]).
+    local_only: bool,
 }
 
 impl PulpitumTable {
@@ -195,7 +197,15 @@ impl PulpitumTable {
             surface,
             options,
             defaults,
+            local_only: false,
         }
+    }
+
+    /// This provider with scans that never run on a distributed worker: the read of a
+    /// `DELETE` or `UPDATE`, whose plan holds this process's change machinery.
+    pub(crate) fn local_only(mut self) -> Self {
+        self.local_only = true;
+        self
     }
 
     /// The underlying table.
@@ -247,6 +257,7 @@ impl PulpitumTable {
             descending: false,
             page_rows: self.options.page_rows,
             limits: self.options.limits,
+            local_only: self.local_only,
         })
     }
 }

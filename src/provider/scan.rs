@@ -82,6 +82,9 @@ pub struct ScanSpec {
     pub page_rows: usize,
     /// Per-query limits.
     pub limits: QueryLimits,
+    /// Runs where it was planned, never on a distributed worker: the read of a `DELETE` or
+    /// `UPDATE`, whose rows are written back by this process (see [`crate::distributed`]).
+    pub local_only: bool,
 }
 
 /// The scan plan node.
@@ -107,13 +110,23 @@ struct QueryCounters {
 impl PulpitumScanExec {
     /// Builds the node and computes its properties once.
     pub fn try_new(spec: ScanSpec) -> Result<Self, ProviderError> {
-        let full = spec.surface.schema();
-        let schema = Arc::new(full.project(&spec.projection)?);
         let groups = plan_groups(
             &spec.keys,
             spec.target_partitions,
             spec.limit.is_some() || spec.deferred,
         );
+        Self::with_groups(spec, groups)
+    }
+
+    /// The node reading `groups` (one per DataFusion partition, each in the order
+    /// [`plan_groups`] gives) instead of the groups `try_new` plans from `spec.keys`: how a
+    /// distributed task reads its share of a scan ([`crate::distributed`]).
+    pub fn with_groups(
+        spec: ScanSpec,
+        groups: Vec<Vec<KeyBuckets>>,
+    ) -> Result<Self, ProviderError> {
+        let full = spec.surface.schema();
+        let schema = Arc::new(full.project(&spec.projection)?);
         let eq = equivalence(&spec, &groups, &schema);
         let props = PlanProperties::new(
             eq,

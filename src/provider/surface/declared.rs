@@ -46,7 +46,12 @@ impl From<RowError> for ProviderError {
 }
 
 impl Declared {
-    pub(super) fn new(schema: TableSchema, stored_value: bool) -> Self {
+    /// Whether the stored value is the last column (see `Surface::with_stored_value`).
+    pub(crate) fn stored_value(&self) -> bool {
+        self.stored_value
+    }
+
+    pub(crate) fn new(schema: TableSchema, stored_value: bool) -> Self {
         let mut arrow = schema.arrow_schema();
         if stored_value {
             let mut fields: Vec<Field> =

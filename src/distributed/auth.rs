@@ -1,0 +1,251 @@
+//! The shared secret between coordinators and workers, on both ends of the gRPC channel.
+//!
+//! Every request a coordinator sends carries the secret in one header, added below the
+//! gRPC client so that no call can go without it; a worker's interceptor refuses any
+//! request whose header does not match before the request reaches datafusion-distributed.
+//! The comparison is of SHA-256 digests, so its time does not depend on where a guess
+//! first differs. The secret itself never appears in `Debug`, errors or logs.
+//!
+//! The channel is plain HTTP/2 unless the URL is `https://`: the secret keeps strangers
+//! from running plans on a worker, it does not hide the rows in transit. Deploy workers on
+//! a private network (docs/distributed.md).
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion_distributed::grpc::{
+    create_worker_client, BoxCloneSyncChannel, DefaultChannelResolver,
+};
+use datafusion_distributed::{
+    ChannelResolver, CoordinatorToWorkerMsg, ExecuteTaskRequest, GetWorkerInfoRequest,
+    GetWorkerInfoResponse, SetPlanRequest, WorkerChannel, WorkerToCoordinatorMsg,
+};
+use futures::stream::{BoxStream, StreamExt};
+use http::{HeaderMap, HeaderValue};
+use sha2::{Digest, Sha256};
+use url::Url;
+
+use super::DistributedError;
+
+/// The header a coordinator's requests carry the secret in.
+pub const SECRET_HEADER: &str = "x-pulpitum-worker-secret";
+
+/// The environment variable both ends read the secret from (never a flag: a command line
+/// is visible to every user of the machine).
+pub const SECRET_ENV: &str = "PULPITUM_WORKER_SECRET";
+
+/// The shortest secret accepted, in bytes.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// The shared secret.
+#[derive(Clone)]
+pub struct WorkerSecret {
+    value: HeaderValue,
+    digest: [u8; 32],
+}
+
+impl fmt::Debug for WorkerSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WorkerSecret(<redacted>)")
+    }
+}
+
+impl WorkerSecret {
+    /// A secret of at least [`MIN_SECRET_LEN`] visible ASCII characters (it travels in a
+    /// header); the error never repeats it.
+    pub fn new(secret: &str) -> Result<Self, DistributedError> {
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(DistributedError::Secret(format!(
+                "{SECRET_ENV} must be at least {MIN_SECRET_LEN} characters long"
+            )));
+        }
+        if !secret.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(DistributedError::Secret(format!(
+                "{SECRET_ENV} may hold only visible ASCII characters (no spaces or control characters)"
+            )));
+        }
+        let mut value = HeaderValue::from_str(secret).map_err(|_| {
+            DistributedError::Secret(format!("{SECRET_ENV} cannot travel in a header"))
+        })?;
+        value.set_sensitive(true);
+        Ok(Self {
+            value,
+            digest: Sha256::digest(secret.as_bytes()).into(),
+        })
+    }
+
+    /// The secret in [`SECRET_ENV`], if set (and non-empty).
+    pub fn from_env() -> Result<Option<Self>, DistributedError> {
+        match std::env::var(SECRET_ENV) {
+            Ok(s) if !s.is_empty() => Self::new(&s).map(Some),
+            Ok(_) => Ok(None),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(DistributedError::Secret(format!(
+                "{SECRET_ENV} is not valid UTF-8"
+            ))),
+        }
+    }
+
+    /// Whether `presented` is this secret.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let d: [u8; 32] = Sha256::digest(presented).into();
+        // Every byte is compared, whatever the first difference.
+        d.iter()
+            .zip(self.digest.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+/// The worker's gate: a request without the secret is refused `UNAUTHENTICATED`.
+#[derive(Clone)]
+pub(crate) struct SecretCheck(pub(crate) Arc<WorkerSecret>);
+
+impl tonic::service::Interceptor for SecretCheck {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        match req.metadata().get(SECRET_HEADER) {
+            Some(v) if self.0.matches(v.as_bytes()) => Ok(req),
+            Some(_) => Err(tonic::Status::unauthenticated(
+                "this worker refused the coordinator: wrong PULPITUM_WORKER_SECRET",
+            )),
+            None => Err(tonic::Status::unauthenticated(
+                "this worker refused the coordinator: no PULPITUM_WORKER_SECRET was presented",
+            )),
+        }
+    }
+}
+
+/// The coordinator's channels: datafusion-distributed's, with the secret on every request
+/// and the worker's URL on every error.
+#[derive(Clone)]
+pub(crate) struct Channels {
+    inner: DefaultChannelResolver,
+    secret: Option<WorkerSecret>,
+}
+
+impl Channels {
+    pub(crate) fn new(secret: Option<WorkerSecret>) -> Self {
+        Self {
+            inner: DefaultChannelResolver::default(),
+            secret,
+        }
+    }
+}
+
+/// `e`, saying which worker it came from.
+fn from_worker(url: &Url, e: DataFusionError) -> DataFusionError {
+    DataFusionError::Context(format!("worker {url}"), Box::new(e))
+}
+
+#[async_trait]
+impl ChannelResolver for Channels {
+    async fn get_worker_client_for_url(&self, url: &Url) -> DFResult<Box<dyn WorkerChannel>> {
+        let channel = self
+            .inner
+            .get_channel(url)
+            .await
+            .map_err(|e| from_worker(url, e))?;
+        let channel = match &self.secret {
+            None => channel,
+            Some(secret) => {
+                let value = secret.value.clone();
+                BoxCloneSyncChannel::new(
+                    tower::ServiceBuilder::new()
+                        .map_request(move |mut req: http::Request<tonic::body::Body>| {
+                            req.headers_mut().insert(SECRET_HEADER, value.clone());
+                            req
+                        })
+                        .service(channel),
+                )
+            }
+        };
+        Ok(Box::new(Named {
+            url: url.clone(),
+            inner: create_worker_client(channel),
+        }))
+    }
+}
+
+/// A worker's client whose every error names the worker.
+struct Named {
+    url: Url,
+    inner: Box<dyn WorkerChannel>,
+}
+
+impl Named {
+    fn stream<T: Send + 'static>(
+        &self,
+        s: BoxStream<'static, DFResult<T>>,
+    ) -> BoxStream<'static, DFResult<T>> {
+        let url = self.url.clone();
+        s.map(move |item| item.map_err(|e| from_worker(&url, e)))
+            .boxed()
+    }
+}
+
+#[async_trait]
+impl WorkerChannel for Named {
+    async fn coordinator_channel(
+        &mut self,
+        headers: HeaderMap,
+        set_plan_request: SetPlanRequest,
+        c2w_stream: BoxStream<'static, CoordinatorToWorkerMsg>,
+        metrics: ExecutionPlanMetricsSet,
+        task_ctx: &Arc<TaskContext>,
+    ) -> DFResult<BoxStream<'static, DFResult<WorkerToCoordinatorMsg>>> {
+        let s = self
+            .inner
+            .coordinator_channel(headers, set_plan_request, c2w_stream, metrics, task_ctx)
+            .await
+            .map_err(|e| from_worker(&self.url, e))?;
+        Ok(self.stream(s))
+    }
+
+    async fn execute_task(
+        &mut self,
+        headers: HeaderMap,
+        request: ExecuteTaskRequest,
+        metrics: ExecutionPlanMetricsSet,
+        task_ctx: &Arc<TaskContext>,
+    ) -> DFResult<Vec<BoxStream<'static, DFResult<RecordBatch>>>> {
+        let streams = self
+            .inner
+            .execute_task(headers, request, metrics, task_ctx)
+            .await
+            .map_err(|e| from_worker(&self.url, e))?;
+        Ok(streams.into_iter().map(|s| self.stream(s)).collect())
+    }
+
+    async fn get_worker_info(
+        &mut self,
+        request: GetWorkerInfoRequest,
+    ) -> DFResult<GetWorkerInfoResponse> {
+        self.inner
+            .get_worker_info(request)
+            .await
+            .map_err(|e| from_worker(&self.url, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_is_compared_whole_and_never_printed() {
+        let s = WorkerSecret::new("correct horse battery").unwrap_err();
+        assert!(s.to_string().contains("visible ASCII"), "{s}");
+        let s = WorkerSecret::new("correct-horse-battery-staple").unwrap();
+        assert!(s.matches(b"correct-horse-battery-staple"));
+        assert!(!s.matches(b"correct-horse-battery-stapl"));
+        assert!(!s.matches(b"correct-horse-battery-staple2"));
+        assert!(!format!("{s:?}").contains("horse"));
+        let short = WorkerSecret::new("tooshort").unwrap_err().to_string();
+        assert!(!short.contains("tooshort"), "{short}");
+    }
+}

@@ -1,0 +1,333 @@
+//! Queries over `pulpitum worker` processes: three real workers (the binary, each with its
+//! own connections to the real PostgreSQL and radosgw), a coordinator session in this
+//! process, and the same queries answered by a single-process session over the same tiers.
+//! Archived scans must be split across the workers and answer row for row as one process
+//! does; scans touching hot buckets stay on the coordinator; a worker that refuses the
+//! coordinator, or is gone, fails the query naming it, never with partial rows.
+
+mod archiver_support;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use archiver_support::*;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+use pulpitum::demo::{self, DemoScale};
+use pulpitum::distributed::{DistributedSettings, StaticWorkers, WorkerSecret};
+use pulpitum::session::{self, SessionOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const SECRET: &str = "test-secret-0123456789abcdef";
+
+/// A `pulpitum worker` child and its URL.
+struct Worker {
+    child: Child,
+    url: String,
+}
+
+async fn spawn_worker(db: &str, archive: &str, secret: Option<&str>) -> Worker {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pulpitum"));
+    c.args(["worker", "--listen", "127.0.0.1:0"])
+        .env("PULPITUM_DATABASE_URL", db)
+        .env("PULPITUM_ARCHIVE_URL", archive)
+        .env("PULPITUM_LOG", "warn")
+        .env_remove("PULPITUM_WORKERS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    match secret {
+        Some(s) => c.env("PULPITUM_WORKER_SECRET", s),
+        None => c
+            .env_remove("PULPITUM_WORKER_SECRET")
+            .arg("--insecure-no-auth"),
+    };
+    for (k, v) in S3_ENV {
+        c.env(k, std::env::var(k).unwrap_or_else(|_| v.to_string()));
+    }
+    let mut child = c.spawn().expect("start pulpitum worker");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(addr) = line.strip_prefix("pulpitum: worker listening on ") {
+                return addr.to_string();
+            }
+            eprintln!("worker: {line}");
+        }
+        panic!("worker exited before listening");
+    })
+    .await
+    .expect("worker listening within a minute");
+    // Keep draining its stderr so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Worker {
+        child,
+        url: format!("http://{addr}"),
+    }
+}
+
+struct Fixture {
+    db: String,
+    archive: String,
+    workers: Vec<Worker>,
+    single: SessionContext,
+    cutoff: String,
+}
+
+const SCALE: DemoScale = DemoScale {
+    channels: 4,
+    days: 160,
+    messages_per_day: 10,
+};
+
+fn opts() -> SessionOptions {
+    SessionOptions {
+        target_partitions: Some(4),
+        ..Default::default()
+    }
+}
+
+async fn fixture(label: &str) -> Fixture {
+    let db = fresh_database(label).await;
+    let archive = fresh_archive_url(label);
+    let (store, arch) = open(&db, &archive).await;
+    let report = demo::load_and_archive(store.clone(), arch.clone(), SCALE, &|_, _, _| {})
+        .await
+        .expect("demo history loaded, archived and compacted");
+    assert!(report.archived_buckets > 100, "{report:?}");
+    assert!(report.segments > 0, "{report:?}");
+    let single = session::session(store, arch, opts()).await.unwrap();
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        workers.push(spawn_worker(&db, &archive, Some(SECRET)).await);
+    }
+    Fixture {
+        db,
+        archive,
+        workers,
+        single,
+        cutoff: report.cutoff.to_string(),
+    }
+}
+
+impl Fixture {
+    fn list(&self) -> String {
+        self.workers
+            .iter()
+            .map(|w| w.url.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    async fn coordinator(&self, list: &str, secret: Option<&str>) -> SessionContext {
+        let (store, arch) = open(&self.db, &self.archive).await;
+        let settings = DistributedSettings {
+            workers: Arc::new(StaticWorkers::parse(list).unwrap()),
+            secret: secret.map(|s| WorkerSecret::new(s).unwrap()),
+            buckets_per_task: 16,
+        };
+        session::distributed_session(store, arch, opts(), &settings)
+            .await
+            .unwrap()
+    }
+}
+
+async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, String> {
+    let df = ctx.sql(sql).await.map_err(|e| e.to_string())?;
+    df.collect().await.map_err(|e| e.to_string())
+}
+
+fn pretty(b: &[RecordBatch]) -> String {
+    datafusion::arrow::util::pretty::pretty_format_batches(b)
+        .unwrap()
+        .to_string()
+}
+
+/// The physical plan as datafusion-distributed draws it (stages and tasks).
+async fn distributed_plan(ctx: &SessionContext, sql: &str) -> String {
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    datafusion_distributed::display_plan_ascii(plan.as_ref(), false)
+}
+
+fn archived_queries(cutoff: &str) -> Vec<String> {
+    let w = format!("timestamp < TIMESTAMP '{cutoff}'");
+    vec![
+        format!("SELECT count(*), sum(id), min(timestamp), max(timestamp) FROM chat WHERE {w}"),
+        format!(
+            "SELECT channel_id, count(*), min(id), max(id), sum(length(content)) FROM chat \
+             WHERE {w} GROUP BY channel_id ORDER BY channel_id"
+        ),
+        format!(
+            "SELECT date_trunc('month', timestamp) AS m, count(DISTINCT channel_id), count(*) \
+             FROM chat WHERE {w} GROUP BY m ORDER BY m"
+        ),
+        format!("SELECT * FROM chat WHERE {w} ORDER BY timestamp, channel_id, id"),
+        format!(
+            "SELECT channel_id, id, row_number() OVER (PARTITION BY channel_id ORDER BY \
+             timestamp, id) AS n FROM chat WHERE {w} ORDER BY channel_id, id"
+        ),
+        format!(
+            "SELECT a.channel_id, count(*) FROM chat a JOIN chat b ON a.channel_id = \
+             b.channel_id AND a.id = b.id WHERE a.{w} AND b.{w} GROUP BY a.channel_id \
+             ORDER BY a.channel_id"
+        ),
+        format!(
+            "SELECT channel_id, content FROM chat WHERE {w} AND content LIKE '%deploy%' \
+             ORDER BY channel_id, timestamp, id"
+        ),
+        format!(
+            "SELECT DISTINCT channel_id FROM chat WHERE {w} AND channel_id IN (2, 3) \
+             ORDER BY channel_id"
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archived_scans_split_across_workers_answer_as_one_process() {
+    let f = fixture("dist_eq").await;
+    let coord = f.coordinator(&f.list(), Some(SECRET)).await;
+    for sql in archived_queries(&f.cutoff) {
+        let plan = distributed_plan(&coord, &sql).await;
+        assert!(
+            plan.contains("PulpitumTaskScanExec") && plan.contains("Stage"),
+            "{sql}: the archived scan was not split over the workers:\n{plan}"
+        );
+        let want = run(&f.single, &sql).await.unwrap();
+        let got = run(&coord, &sql).await.unwrap();
+        assert!(!want.is_empty());
+        assert_eq!(pretty(&got), pretty(&want), "{sql}\n{plan}");
+    }
+    // Scans that list hot buckets stay on the coordinator, with the same answers.
+    for sql in [
+        "SELECT count(*), sum(id) FROM chat",
+        "SELECT channel_id, max(timestamp) FROM chat GROUP BY channel_id ORDER BY channel_id",
+        "SELECT * FROM chat WHERE channel_id = 1 ORDER BY timestamp DESC LIMIT 20",
+    ] {
+        let plan = distributed_plan(&coord, sql).await;
+        assert!(
+            !plan.contains("PulpitumTaskScanExec"),
+            "{sql}: a scan of hot buckets was split:\n{plan}"
+        );
+        let want = run(&f.single, sql).await.unwrap();
+        let got = run(&coord, sql).await.unwrap();
+        assert_eq!(pretty(&got), pretty(&want), "{sql}");
+    }
+    // The shell as a coordinator: `--workers` and the secret from the environment.
+    let sql = &archived_queries(&f.cutoff)[1];
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_pulpitum"));
+    shell
+        .args(["--format", "csv", "--workers", &f.list(), "-c", sql])
+        .env("PULPITUM_DATABASE_URL", &f.db)
+        .env("PULPITUM_ARCHIVE_URL", &f.archive)
+        .env("PULPITUM_WORKER_SECRET", SECRET);
+    for (k, v) in S3_ENV {
+        shell.env(k, std::env::var(k).unwrap_or_else(|_| v.to_string()));
+    }
+    let out = shell.output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
+    assert!(!stderr.contains(SECRET), "{stderr}");
+    // EXPLAIN through SQL shows the stages too.
+    let sql = &archived_queries(&f.cutoff)[1];
+    let explain = pretty(&run(&coord, &format!("EXPLAIN {sql}")).await.unwrap());
+    assert!(
+        explain.contains("PulpitumTaskScanExec") && explain.contains("Network"),
+        "{explain}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_or_lost_worker_fails_the_query_naming_it() {
+    let mut f = fixture("dist_fail").await;
+    let sql = &archived_queries(&f.cutoff)[1];
+    let want = pretty(&run(&f.single, sql).await.unwrap());
+
+    // The wrong secret, and none: refused by every worker, no fallback to local reads.
+    for secret in [Some("another-secret-0123456789"), None] {
+        let coord = f.coordinator(&f.list(), secret).await;
+        let e = run(&coord, sql).await.unwrap_err();
+        assert!(
+            f.workers.iter().any(|w| e.contains(&w.url)),
+            "the error names no worker: {e}"
+        );
+        assert!(e.contains("PULPITUM_WORKER_SECRET"), "{e}");
+    }
+
+    // A worker that is gone before the query.
+    let coord = f.coordinator(&f.list(), Some(SECRET)).await;
+    assert_eq!(pretty(&run(&coord, sql).await.unwrap()), want);
+    let mut dead = f.workers.pop().unwrap();
+    dead.child.kill().await.unwrap();
+    let coord_dead = f
+        .coordinator(&format!("{},{}", f.list(), dead.url), Some(SECRET))
+        .await;
+    let mut failures = 0;
+    for _ in 0..5 {
+        match run(&coord_dead, sql).await {
+            Err(e) => {
+                assert!(
+                    e.contains(&dead.url),
+                    "the error does not name {}: {e}",
+                    dead.url
+                );
+                failures += 1;
+            }
+            // Tasks placed on the live workers only: the whole answer.
+            Ok(got) => assert_eq!(pretty(&got), want),
+        }
+    }
+    assert!(
+        failures > 0,
+        "five queries never placed a task on the dead worker"
+    );
+
+    // A worker killed while the query streams: an error or the whole answer, never part.
+    let all = &archived_queries(&f.cutoff)[3];
+    let want_all = pretty(&run(&f.single, all).await.unwrap());
+    let mut victim = f.workers.pop().unwrap();
+    let coord = f
+        .coordinator(&format!("{},{}", f.list(), victim.url), Some(SECRET))
+        .await;
+    let mut stream = coord
+        .sql(all)
+        .await
+        .unwrap()
+        .execute_stream()
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut outcome = Ok(());
+    let mut killed = false;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(b) => got.push(b),
+            Err(e) => {
+                outcome = Err(e.to_string());
+                break;
+            }
+        }
+        if !killed {
+            victim.child.kill().await.unwrap();
+            killed = true;
+        }
+    }
+    match outcome {
+        Ok(()) => assert_eq!(pretty(&got), want_all, "partial rows after a worker died"),
+        Err(e) => assert!(
+            e.contains(&victim.url) || e.contains("worker"),
+            "the error names no worker: {e}"
+        ),
+    }
+}
