@@ -174,7 +174,11 @@ async fn build(
         config = config.with_extension(Arc::new(lease));
     }
     if let Some(w) = workers {
-        config = config.with_extension(Arc::new(w.clone()));
+        config = config
+            .with_extension(Arc::new(w.clone()))
+            .with_extension(Arc::new(crate::provider::SplitScans {
+                buckets_per_task: w.buckets_per_task.max(1),
+            }));
     }
     let mut builder = SessionStateBuilder::new()
         .with_config(config)

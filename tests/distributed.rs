@@ -79,9 +79,9 @@ struct Fixture {
 }
 
 const SCALE: DemoScale = DemoScale {
-    channels: 4,
+    channels: 8,
     days: 160,
-    messages_per_day: 10,
+    messages_per_day: 8,
 };
 
 fn opts() -> SessionOptions {
@@ -189,6 +189,16 @@ fn archived_queries(cutoff: &str) -> Vec<String> {
             "SELECT DISTINCT channel_id FROM chat WHERE {w} AND channel_id IN (2, 3) \
              ORDER BY channel_id"
         ),
+        // Many groups in the scan's own key order: a plan that relied on the order each
+        // task keeps would merge them wrongly across tasks.
+        format!(
+            "SELECT channel_id, date_trunc('day', timestamp) AS d, count(*), min(id) FROM chat \
+             WHERE {w} GROUP BY channel_id, d ORDER BY channel_id, d"
+        ),
+        format!(
+            "SELECT channel_id, timestamp, id FROM chat WHERE {w} ORDER BY channel_id DESC, \
+             timestamp DESC, id DESC LIMIT 500"
+        ),
     ]
 }
 
@@ -206,6 +216,29 @@ async fn archived_scans_split_across_workers_answer_as_one_process() {
         let got = run(&coord, &sql).await.unwrap();
         assert!(!want.is_empty());
         assert_eq!(pretty(&got), pretty(&want), "{sql}\n{plan}");
+    }
+    // History joined with recent rows: the archived side split, the hot side one task
+    // (break-it finding: the hot stage was placed on the coordinator, and the workers
+    // consuming it dialed an address that does not exist).
+    let w = format!("TIMESTAMP '{}'", f.cutoff);
+    for sql in [
+        format!(
+            "SELECT count(*) FROM chat a JOIN chat b ON a.id = b.id - 1 \
+             WHERE a.timestamp < {w} AND b.timestamp >= {w}"
+        ),
+        format!(
+            "SELECT count(*) FROM chat WHERE timestamp < {w} AND channel_id IN \
+             (SELECT channel_id FROM chat WHERE timestamp >= {w} AND channel_id < 4)"
+        ),
+        format!(
+            "SELECT a.channel_id, count(*) FROM chat a JOIN chat b ON a.channel_id = \
+             b.channel_id AND a.id = b.id WHERE a.timestamp < {w} AND b.channel_id = 2 \
+             GROUP BY a.channel_id ORDER BY a.channel_id"
+        ),
+    ] {
+        let want = run(&f.single, &sql).await.unwrap();
+        let got = run(&coord, &sql).await.unwrap();
+        assert_eq!(pretty(&got), pretty(&want), "{sql}");
     }
     // Scans that list hot buckets stay on the coordinator, with the same answers.
     for sql in [
@@ -237,7 +270,7 @@ async fn archived_scans_split_across_workers_answer_as_one_process() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let csv = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
+    assert_eq!(csv.lines().count(), 1 + SCALE.channels as usize, "{csv}");
     assert!(!stderr.contains(SECRET), "{stderr}");
     // EXPLAIN through SQL shows the stages too.
     let sql = &archived_queries(&f.cutoff)[1];
@@ -291,6 +324,39 @@ async fn a_refused_or_lost_worker_fails_the_query_naming_it() {
     assert!(
         failures > 0,
         "five queries never placed a task on the dead worker"
+    );
+
+    // A worker frozen in place (SIGSTOP: its connections stay open, nothing answers):
+    // the pings find it, and the query fails naming it instead of waiting forever.
+    let frozen = f.workers.last().unwrap();
+    let frozen_pid = frozen.child.id().unwrap() as i32;
+    // SAFETY: signals a child process this test started.
+    unsafe { libc::kill(frozen_pid, libc::SIGSTOP) };
+    let coord = f.coordinator(&f.list(), Some(SECRET)).await;
+    let started = std::time::Instant::now();
+    let mut frozen_failures = 0;
+    for _ in 0..3 {
+        match tokio::time::timeout(Duration::from_secs(90), run(&coord, sql)).await {
+            Err(_) => panic!("a query waited 90 s on a frozen worker"),
+            Ok(Err(e)) => {
+                assert!(
+                    e.contains(&frozen.url),
+                    "the error does not name the frozen worker: {e}"
+                );
+                frozen_failures += 1;
+            }
+            Ok(Ok(got)) => assert_eq!(pretty(&got), want),
+        }
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen_pid, libc::SIGCONT) };
+    assert!(
+        frozen_failures > 0,
+        "three queries never placed a task on the frozen worker"
+    );
+    eprintln!(
+        "frozen worker: {frozen_failures} of 3 queries failed, in {:.1?} in all",
+        started.elapsed()
     );
 
     // A worker killed while the query streams: an error or the whole answer, never part.

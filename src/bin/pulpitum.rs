@@ -67,8 +67,9 @@ struct Cli {
     /// Stop a query that runs longer than this many milliseconds.
     #[arg(long, env = "PULPITUM_MAX_DURATION_MS", global = true)]
     max_duration_ms: Option<u64>,
-    /// Run large archived scans on these workers (`pulpitum worker`): http://HOST:PORT,...
-    /// The shared secret is read from PULPITUM_WORKER_SECRET.
+    /// Run large archived scans on these workers (`pulpitum worker`): http://HOST:PORT,...,
+    /// or dns+http://NAME:PORT for every address NAME resolves to. The shared secret is read
+    /// from PULPITUM_WORKER_SECRET.
     #[arg(long, env = "PULPITUM_WORKERS", global = true, value_name = "URLS")]
     workers: Option<String>,
     /// Archived buckets one worker task reads (with --workers); a scan of fewer is not split.
@@ -550,7 +551,7 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
         report.segments
     ),
     )?;
-    let ctx = match workers(&cli)? {
+    let ctx = match workers(&cli).await? {
         Some(w) => {
             pulpitum::session::distributed_session(store, archive, session_options(&cli), &w).await
         }
@@ -588,7 +589,7 @@ async fn demo(cli: Cli, small: bool, no_shell: bool, format: Format) -> Result<(
 /// `pulpitum serve` ([`pulpitum::cli::serve`]) with this command line's URLs and limits.
 async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
     let (database_url, archive_url) = urls(cli)?;
-    let workers = workers(cli)?;
+    let workers = workers(cli).await?;
     pulpitum::cli::serve::run(
         args,
         &database_url,
@@ -600,11 +601,12 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
 }
 
 /// The workers `--workers` (PULPITUM_WORKERS) names, if any.
-fn workers(cli: &Cli) -> Result<Option<pulpitum::distributed::DistributedSettings>, String> {
+async fn workers(cli: &Cli) -> Result<Option<pulpitum::distributed::DistributedSettings>, String> {
     let Some(list) = &cli.workers else {
         return Ok(None);
     };
     let mut settings = pulpitum::distributed::DistributedSettings::from_list(list)
+        .await
         .map_err(|e| format!("--workers (PULPITUM_WORKERS): {e}"))?;
     settings.buckets_per_task = cli.buckets_per_task as usize;
     Ok(Some(settings))
@@ -643,7 +645,7 @@ async fn worker(
 async fn run(cli: Cli, format: Format) -> Result<(), Failure> {
     let (database_url, archive_url) = setting(urls(&cli))?;
     let opts = session_options(&cli);
-    let workers = setting(workers(&cli))?;
+    let workers = setting(workers(&cli).await)?;
     let ctx = setting(
         pulpitum::session::connect_with_workers(
             &database_url,
@@ -818,6 +820,34 @@ fn main() -> ExitCode {
         }
         if typed("archive_url") {
             eprintln!("Error: --archive-url names the archive; migrate touches only the hot store");
+            return ExitCode::from(pulpitum::cli::EXIT_SETTING);
+        }
+    }
+    // A worker takes limits and task sizes from each plan it is sent, and coordinates
+    // nothing: these flags would be ignored there. (Their variables may sit in an
+    // environment file shared with a coordinator, so only typed flags are refused.)
+    if let Some(("worker", sub)) = matches.subcommand() {
+        use clap::parser::ValueSource;
+        let typed: Vec<String> = [
+            "max_rows",
+            "max_bytes",
+            "max_duration_ms",
+            "workers",
+            "buckets_per_task",
+        ]
+        .iter()
+        .filter(|id| {
+            [&matches, sub]
+                .iter()
+                .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
+        })
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect();
+        if !typed.is_empty() {
+            eprintln!(
+                "Error: {} belong to the coordinator (the shell or serve); a worker takes limits and tasks from each plan it is sent",
+                typed.join(", ")
+            );
             return ExitCode::from(pulpitum::cli::EXIT_SETTING);
         }
     }

@@ -6,21 +6,22 @@
 //! The comparison is of SHA-256 digests, so its time does not depend on where a guess
 //! first differs. The secret itself never appears in `Debug`, errors or logs.
 //!
-//! The channel is plain HTTP/2 unless the URL is `https://`: the secret keeps strangers
-//! from running plans on a worker, it does not hide the rows in transit. Deploy workers on
-//! a private network (docs/distributed.md).
+//! The channel is plain HTTP/2 (worker URLs are `http://` only): the secret keeps
+//! strangers from running plans on a worker, it does not hide the rows or itself in
+//! transit. Deploy workers on a private network or behind a mesh that encrypts
+//! (docs/distributed.md).
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use datafusion_distributed::grpc::{
-    create_worker_client, BoxCloneSyncChannel, DefaultChannelResolver,
-};
+use datafusion_distributed::grpc::{create_worker_client, BoxCloneSyncChannel};
 use datafusion_distributed::{
     ChannelResolver, CoordinatorToWorkerMsg, ExecuteTaskRequest, GetWorkerInfoRequest,
     GetWorkerInfoResponse, SetPlanRequest, WorkerChannel, WorkerToCoordinatorMsg,
@@ -28,6 +29,7 @@ use datafusion_distributed::{
 use futures::stream::{BoxStream, StreamExt};
 use http::{HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
+use tonic::transport::Endpoint;
 use url::Url;
 
 use super::DistributedError;
@@ -120,38 +122,50 @@ impl tonic::service::Interceptor for SecretCheck {
     }
 }
 
-/// The coordinator's channels: datafusion-distributed's, with the secret on every request
-/// and the worker's URL on every error.
+/// How long a connection to a worker may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often an open connection to a worker is pinged, and how long a ping may go
+/// unanswered before the connection (and every query streaming over it) fails: a worker
+/// frozen in place (SIGSTOP, a hung host, a black-holed network) otherwise holds a query
+/// forever.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// See [`KEEPALIVE_INTERVAL`].
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The channels of a coordinator (and of a worker reading the stages below its own): one
+/// lazily connected HTTP/2 channel per worker, pinged while open, with the secret on every
+/// request and the worker's URL on every error.
 #[derive(Clone)]
 pub(crate) struct Channels {
-    inner: DefaultChannelResolver,
+    cache: Arc<Mutex<HashMap<Url, BoxCloneSyncChannel>>>,
     secret: Option<WorkerSecret>,
 }
 
 impl Channels {
     pub(crate) fn new(secret: Option<WorkerSecret>) -> Self {
         Self {
-            inner: DefaultChannelResolver::default(),
+            cache: Arc::default(),
             secret,
         }
     }
-}
 
-/// `e`, saying which worker it came from.
-fn from_worker(url: &Url, e: DataFusionError) -> DataFusionError {
-    DataFusionError::Context(format!("worker {url}"), Box::new(e))
-}
-
-#[async_trait]
-impl ChannelResolver for Channels {
-    async fn get_worker_client_for_url(&self, url: &Url) -> DFResult<Box<dyn WorkerChannel>> {
-        let channel = self
-            .inner
-            .get_channel(url)
-            .await
-            .map_err(|e| from_worker(url, e))?;
+    fn channel(&self, url: &Url) -> DFResult<BoxCloneSyncChannel> {
+        let mut cache = self.cache.lock().expect("channel cache poisoned");
+        if let Some(c) = cache.get(url) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|e| DataFusionError::Configuration(format!("worker {url}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
+            .tcp_nodelay(true);
+        // Connected at the first request; a failed connection is tried again by the next.
+        let channel = endpoint.connect_lazy();
         let channel = match &self.secret {
-            None => channel,
+            None => BoxCloneSyncChannel::new(channel),
             Some(secret) => {
                 let value = secret.value.clone();
                 BoxCloneSyncChannel::new(
@@ -164,6 +178,20 @@ impl ChannelResolver for Channels {
                 )
             }
         };
+        cache.insert(url.clone(), channel.clone());
+        Ok(channel)
+    }
+}
+
+/// `e`, saying which worker it came from.
+fn from_worker(url: &Url, e: DataFusionError) -> DataFusionError {
+    DataFusionError::Context(format!("worker {url}"), Box::new(e))
+}
+
+#[async_trait]
+impl ChannelResolver for Channels {
+    async fn get_worker_client_for_url(&self, url: &Url) -> DFResult<Box<dyn WorkerChannel>> {
+        let channel = self.channel(url).map_err(|e| from_worker(url, e))?;
         Ok(Box::new(Named {
             url: url.clone(),
             inner: create_worker_client(channel),

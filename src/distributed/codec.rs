@@ -225,6 +225,7 @@ struct WireScan {
     max_bytes: Option<u64>,
     max_duration_us: Option<u64>,
     local_only: bool,
+    unordered: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -532,6 +533,7 @@ impl WireScan {
                 .max_duration
                 .map(|d| d.as_micros().min(u64::MAX as u128) as u64),
             local_only: s.local_only,
+            unordered: s.unordered,
         })
     }
 
@@ -635,6 +637,7 @@ impl WireScan {
                 max_duration: self.max_duration_us.map(Duration::from_micros),
             },
             local_only: self.local_only,
+            unordered: self.unordered,
         })
     }
 }

@@ -9,11 +9,14 @@
 //! stage's tasks to the workers over gRPC, the scan serialised by [`codec`]. A worker
 //! (`pulpitum worker`, [`worker`]) holds no state between queries: it binds the scans it
 //! receives to its own hot store and archive and verifies every object it reads as the
-//! coordinator would. Only scans of archived buckets are split; hot rows are read by the
-//! coordinator. Coordinator and workers share a secret ([`auth`]).
+//! coordinator would. Only scans of archived buckets are split; a query whose scans all
+//! touch hot buckets runs on the coordinator. Coordinator and workers share a secret
+//! ([`auth`]).
 //!
-//! A worker that fails or vanishes mid-query fails the query with an error naming it: the
-//! engine retries no task, and the coordinator never falls back to reading locally.
+//! A worker that fails, vanishes or stops answering mid-query fails the query with an error
+//! naming it: the engine retries no task, and the coordinator never falls back to reading
+//! locally. A worker list of fewer than two is refused: with one worker every stage would
+//! be one task, and the engine would run the query here without ever reaching it.
 
 pub mod auth;
 pub mod codec;
@@ -36,10 +39,6 @@ pub use worker::{serve_worker, WorkerOptions};
 
 /// Buckets one task reads, unless the settings say otherwise.
 pub const DEFAULT_BUCKETS_PER_TASK: usize = 64;
-
-/// The name of the coordinator's own in-process worker (never dialed: `.invalid` cannot
-/// resolve).
-const LOCAL_WORKER_URL: &str = "http://coordinator.pulpitum.invalid:1";
 
 /// The environment variable the command line reads the worker list from.
 pub const WORKERS_ENV: &str = "PULPITUM_WORKERS";
@@ -99,9 +98,16 @@ impl StaticWorkers {
                     "entry {n} is not a URL ({e}); write http://HOST:PORT"
                 ))
             })?;
-            if !matches!(url.scheme(), "http" | "https") {
+            if url.scheme() == "https" {
                 return Err(DistributedError::WorkerList(format!(
-                    "entry {n} has scheme {:?}; a worker is reached over http:// or https://",
+                    "entry {n} is https://, but this build speaks to workers over plain HTTP/2 \
+                     only (it would send the secret unencrypted to a TLS port); write http:// \
+                     and encrypt on the network (docs/distributed.md, Security)"
+                )));
+            }
+            if url.scheme() != "http" {
+                return Err(DistributedError::WorkerList(format!(
+                    "entry {n} has scheme {:?}; a worker is reached over http://",
                     url.scheme()
                 )));
             }
@@ -111,9 +117,9 @@ impl StaticWorkers {
                     auth::SECRET_ENV
                 )));
             }
-            if url.host_str().is_none_or(str::is_empty) || url.port().is_none() {
+            if url.host_str().is_none_or(str::is_empty) {
                 return Err(DistributedError::WorkerList(format!(
-                    "entry {n} needs a host and an explicit port (http://HOST:PORT)"
+                    "entry {n} needs a host (http://HOST:PORT)"
                 )));
             }
             if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
@@ -124,6 +130,13 @@ impl StaticWorkers {
             if !urls.contains(&url) {
                 urls.push(url);
             }
+        }
+        if urls.len() < 2 {
+            return Err(DistributedError::WorkerList(format!(
+                "{} worker listed; at least two are needed (with one, every stage would be \
+                 one task and the query would run here, never reaching it)",
+                urls.len()
+            )));
         }
         Ok(Self(urls))
     }
@@ -137,6 +150,84 @@ impl StaticWorkers {
 impl WorkerDirectory for StaticWorkers {
     fn urls(&self) -> Result<Vec<Url>, DistributedError> {
         Ok(self.0.clone())
+    }
+}
+
+/// Every address one DNS name resolves to, resolved again every few seconds in the
+/// background: a Kubernetes headless Service (`dns+http://workers.pulpitum.svc:7600`), or
+/// any name with one record per worker. An answer that fails or is empty keeps the last
+/// good list (a brief DNS outage does not stop queries); before any good answer, queries
+/// fail naming the name.
+#[derive(Debug)]
+pub struct DnsWorkers {
+    name: String,
+    urls: Arc<std::sync::RwLock<Result<Vec<Url>, String>>>,
+    _refresh: tokio_util::sync::DropGuard,
+}
+
+/// How often [`DnsWorkers`] resolves its name again.
+pub const DNS_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl DnsWorkers {
+    /// Resolves `host:port` now and every [`DNS_REFRESH`]; worker URLs use `scheme`
+    /// (`http` or `https`). Needs a Tokio runtime; the refresh stops when this is dropped.
+    pub async fn start(scheme: &str, host: &str, port: u16) -> Self {
+        let name = format!("{scheme}://{host}:{port}");
+        let urls = Arc::new(std::sync::RwLock::new(Err(format!(
+            "{name} has not resolved yet"
+        ))));
+        let resolve = {
+            let (scheme, host, urls) = (scheme.to_string(), host.to_string(), urls.clone());
+            move || {
+                let (scheme, host, urls) = (scheme.clone(), host.clone(), urls.clone());
+                async move {
+                    let found = tokio::net::lookup_host((host.as_str(), port)).await;
+                    let mut list: Vec<Url> = match found {
+                        Ok(addrs) => addrs
+                            .filter_map(|a| Url::parse(&format!("{scheme}://{a}")).ok())
+                            .collect(),
+                        Err(e) => {
+                            let mut w = urls.write().expect("worker list poisoned");
+                            if w.is_err() {
+                                *w = Err(format!("{host}:{port} does not resolve: {e}"));
+                            }
+                            return;
+                        }
+                    };
+                    list.sort();
+                    list.dedup();
+                    if !list.is_empty() {
+                        *urls.write().expect("worker list poisoned") = Ok(list);
+                    }
+                }
+            }
+        };
+        resolve().await;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tokio::time::sleep(DNS_REFRESH) => resolve().await,
+                }
+            }
+        });
+        Self {
+            name,
+            urls,
+            _refresh: stop.drop_guard(),
+        }
+    }
+}
+
+impl WorkerDirectory for DnsWorkers {
+    fn urls(&self) -> Result<Vec<Url>, DistributedError> {
+        self.urls
+            .read()
+            .expect("worker list poisoned")
+            .clone()
+            .map_err(|e| DistributedError::WorkerList(format!("{}: {e}", self.name)))
     }
 }
 
@@ -154,14 +245,38 @@ pub struct DistributedSettings {
 }
 
 impl DistributedSettings {
-    /// Settings over a fixed list, with the secret from [`auth::SECRET_ENV`].
-    pub fn from_list(list: &str) -> Result<Self, DistributedError> {
+    /// Settings over `--workers` (see [`workers_of`]), with the secret from
+    /// [`auth::SECRET_ENV`].
+    pub async fn from_list(list: &str) -> Result<Self, DistributedError> {
         Ok(Self {
-            workers: Arc::new(StaticWorkers::parse(list)?),
+            workers: workers_of(list).await?,
             secret: WorkerSecret::from_env()?,
             buckets_per_task: DEFAULT_BUCKETS_PER_TASK,
         })
     }
+}
+
+/// The workers a `--workers` value names: one `dns+http://NAME:PORT` (or `dns+https://`)
+/// entry for every address the name resolves to ([`DnsWorkers`]), else a fixed list
+/// ([`StaticWorkers::parse`]).
+pub async fn workers_of(list: &str) -> Result<Arc<dyn WorkerDirectory>, DistributedError> {
+    let trimmed = list.trim();
+    let Some(plain) = trimmed.strip_prefix("dns+") else {
+        return Ok(Arc::new(StaticWorkers::parse(list)?));
+    };
+    if trimmed.contains(',') {
+        return Err(DistributedError::WorkerList(
+            "a dns+http:// entry names every worker by itself; give it alone".into(),
+        ));
+    }
+    // Checked as the plain URL it stands for (http://, host, port, nothing else): the
+    // same entry twice passes the two-worker check, which applies to what it resolves to.
+    let parsed = StaticWorkers::parse(&format!("{plain},{plain}"))
+        .or_else(|_| StaticWorkers::parse(&format!("{plain},http://check.invalid:1")))?;
+    let url = &parsed.urls()[0];
+    let host = url.host_str().expect("checked by parse");
+    let port = url.port_or_known_default().expect("an http URL has a port");
+    Ok(Arc::new(DnsWorkers::start("http", host, port).await))
 }
 
 /// datafusion-distributed's view of a [`WorkerDirectory`].
@@ -170,9 +285,11 @@ struct Resolver(Arc<dyn WorkerDirectory>);
 impl WorkerResolver for Resolver {
     fn get_urls(&self) -> Result<Vec<Url>, DataFusionError> {
         let urls = self.0.urls()?;
-        if urls.is_empty() {
+        if urls.len() < 2 {
             return Err(DistributedError::WorkerList(format!(
-                "no worker is listed ({:?})",
+                "{} worker(s) known ({:?}); a distributed query needs at least two (with \
+                 one it would run here without reaching it)",
+                urls.len(),
                 self.0
             ))
             .into());
@@ -189,20 +306,13 @@ pub fn install(
     settings: &DistributedSettings,
     tiers: Tiers,
 ) -> SessionStateBuilder {
-    // Stages of one task (a scan that stays whole: hot buckets, a page, a change's read)
-    // run here, in process: datafusion-distributed places a single-task stage on the
-    // coordinator when it has a local worker, and never dials its URL.
-    let local = worker::plan_worker(tiers.clone(), settings.secret.clone())
-        .to_local_worker_context(Url::parse(LOCAL_WORKER_URL).expect("a valid URL"));
     let mut builder = builder
-        .with_distributed_local_worker_context(local)
         .with_distributed_worker_resolver(Resolver(settings.workers.clone()))
         .with_distributed_channel_resolver(auth::Channels::new(settings.secret.clone()))
         .with_distributed_planner()
         .with_distributed_user_codec(ScanCodec::new(tiers))
         .with_distributed_desired_task_count_handler(tasks::desired_task_count)
-        .with_distributed_scale_up_leaf_node_handler(tasks::scale_up)
-        .with_distributed_route_tasks_handler(tasks::route_tasks);
+        .with_distributed_scale_up_leaf_node_handler(tasks::scale_up);
     match std::mem::take(builder.query_planner()) {
         Some(inner) => builder.with_query_planner(Arc::new(explain::ExplainStages { inner })),
         None => builder,
@@ -213,17 +323,39 @@ pub fn install(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn a_dns_name_lists_every_address_it_resolves_to() {
+        let w = workers_of("dns+http://localhost:7600").await.unwrap();
+        let urls = w.urls().unwrap();
+        assert!(!urls.is_empty());
+        assert!(
+            urls.iter()
+                .all(|u| u.scheme() == "http" && u.port() == Some(7600)),
+            "{urls:?}"
+        );
+        let e = workers_of("dns+http://a:1,http://b:2").await.unwrap_err();
+        assert!(e.to_string().contains("alone"), "{e}");
+        let none = workers_of("dns+http://no-such-worker.invalid:7600")
+            .await
+            .unwrap();
+        let e = none.urls().unwrap_err().to_string();
+        assert!(e.contains("no-such-worker.invalid"), "{e}");
+    }
+
     #[test]
     fn a_worker_list_takes_only_plain_worker_urls_and_names_the_bad_entry() {
-        let ok = StaticWorkers::parse("http://10.0.0.1:7600, https://w2.internal:7600").unwrap();
+        let ok = StaticWorkers::parse("http://10.0.0.1:7600, http://w2.internal").unwrap();
         assert_eq!(ok.urls().len(), 2);
+        assert_eq!(ok.urls()[1].port_or_known_default(), Some(80));
         for (list, says) in [
             ("http://a:1,,http://b:2", "entry 2 is empty"),
             ("a:1", "entry 1 has scheme"),
             ("localhost", "entry 1 is not a URL"),
             ("grpc://a:1", "scheme \"grpc\""),
             ("http://u:hunter22@a:1", "credentials"),
-            ("http://a", "explicit port"),
+            ("http://a:1", "at least two"),
+            ("http://a:1,http://a:1", "at least two"),
+            ("https://a:1,http://b:2", "plain HTTP/2"),
             ("http://a:1/x", "path"),
         ] {
             let e = StaticWorkers::parse(list).unwrap_err().to_string();

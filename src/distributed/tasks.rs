@@ -2,13 +2,16 @@
 //!
 //! datafusion-distributed asks every leaf how many tasks it wants
 //! ([`desired_task_count`]) and then asks it to split itself into that many
-//! ([`scale_up`]). A Pulpitum scan is split only when every bucket it listed is archived:
-//! those reads are immutable objects, the same from any process, so a worker reads exactly
-//! what the coordinator would. A scan that lists a Hot or Archiving bucket, one that lists
-//! its buckets at execution, a limited scan (it reads a page, not history) and the read of
-//! a `DELETE` or `UPDATE` answer "at most one task", and a stage of one task runs on the
-//! coordinator's own in-process worker ([`super::install`]) unless it reads archived
-//! buckets only ([`route_tasks`]): hot rows are read by the coordinator alone.
+//! ([`scale_up`]). A Pulpitum scan is split only when every bucket it listed is archived
+//! ([`ScanSpec::splittable_buckets`]: immutable objects, the same from any process, so a
+//! worker reads exactly what the coordinator would) and it was planned without an ordering
+//! ([`crate::provider::SplitScans`]: the shuffles above a split scan do not keep one).
+//! Any other scan (one listing a Hot or Archiving bucket, a page, a scan that lists at
+//! execution, a change's read) answers "at most one task". A plan whose stages are all of
+//! one task is not distributed at all: it runs on the coordinator. A one-task scan in a
+//! plan that also splits one (recent rows joined with history) is a stage that the engine
+//! places on a worker; it reads each hot bucket as one process does, in one statement
+//! returning the bucket's route with its rows.
 //!
 //! A split takes the scan's buckets in `(partition key, time)` order and cuts them into
 //! runs of about equal bucket counts, one per task. Segments hold runs of consecutive
@@ -20,7 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
@@ -32,32 +35,13 @@ use datafusion::physical_plan::{
     SendableRecordBatchStream,
 };
 use datafusion_distributed::{
-    get_distributed_worker_resolver, DesiredTaskCountEvent, DesiredTaskCountEventResponse,
-    DistributedTaskContext, RouteTasksEvent, RouteTasksEventResponse, ScaleUpLeafNodeEvent,
-    ScaleUpLeafNodeEventResponse,
+    DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedTaskContext,
+    ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
 };
 
 use super::{DistributedError, DistributedSettings};
 use crate::provider::{PulpitumScanExec, ScanSpec};
-use crate::table::{plan_groups, KeyBuckets, Route};
-
-/// How many buckets a scan may be split into tasks over: `None` for a scan that stays in
-/// one task (see the module's text), else its bucket count.
-pub fn splittable_buckets(spec: &ScanSpec) -> Option<usize> {
-    if spec.local_only || spec.deferred || spec.limit.is_some() || spec.pushed.empty {
-        return None;
-    }
-    let mut n = 0usize;
-    for key in &spec.keys {
-        for (_, route) in &key.buckets {
-            if matches!(route, Route::Hot) {
-                return None;
-            }
-            n += 1;
-        }
-    }
-    (n > 1).then_some(n)
-}
+use crate::table::{plan_groups, KeyBuckets};
 
 /// datafusion-distributed's question to each leaf: how many tasks.
 pub(crate) fn desired_task_count(
@@ -69,9 +53,13 @@ pub(crate) fn desired_task_count(
         .get_extension::<DistributedSettings>()
         .map_or(super::DEFAULT_BUCKETS_PER_TASK, |s| s.buckets_per_task)
         .max(1);
-    Some(Ok(match splittable_buckets(scan.spec()) {
-        None => DesiredTaskCountEventResponse::maximum(1),
-        Some(n) => DesiredTaskCountEventResponse::desired(n.div_ceil(per_task)),
+    // Only a scan planned unordered may become several tasks: the stages above an ordered
+    // one rely on its order, which a split would not keep.
+    Some(Ok(match scan.spec().splittable_buckets() {
+        Some(n) if scan.spec().unordered => {
+            DesiredTaskCountEventResponse::desired(n.div_ceil(per_task))
+        }
+        _ => DesiredTaskCountEventResponse::maximum(1),
     }))
 }
 
@@ -87,51 +75,20 @@ pub(crate) fn scale_up(
     )
 }
 
-/// Where a stage of one task runs, when it reads archived buckets only: on a worker (the
-/// built-in rule would run every single-task stage on the coordinator's own worker, so a
-/// cluster of one worker would never be used). Other single-task stages are left to the
-/// built-in rule, which runs them on the coordinator.
-pub(crate) fn route_tasks(ev: RouteTasksEvent<'_>) -> Option<DFResult<RouteTasksEventResponse>> {
-    if ev.task_count != 1 {
-        return None;
-    }
-    let mut archived = false;
-    let _ = ev.plan.apply(|p| {
-        let spec = p
-            .downcast_ref::<PulpitumScanExec>()
-            .map(|s| s.spec())
-            .or_else(|| p.downcast_ref::<TaskScanExec>().map(|t| t.spec()));
-        if spec.is_some_and(|s| splittable_buckets(s).is_some()) {
-            archived = true;
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    if !archived {
-        return None;
-    }
-    let urls = match get_distributed_worker_resolver(ev.task_ctx.session_config())
-        .and_then(|r| r.get_urls())
-    {
-        Ok(urls) if !urls.is_empty() => urls,
-        Ok(_) => return None,
-        Err(e) => return Some(Err(e)),
-    };
-    let pick = rand::random_range(0..urls.len());
-    Some(Ok(RouteTasksEventResponse::new(vec![urls[pick].clone()])))
-}
-
 /// `spec`'s buckets cut into `tasks` runs of about equal bucket counts, in key and time
 /// order; a key whose buckets straddle two runs is read in part by each.
 pub fn split(spec: &ScanSpec, tasks: usize) -> Result<TaskScanExec, DistributedError> {
+    // An ordered scan is never cut: its one run goes to the first task, the others read
+    // nothing, so what the stage above receives is in order.
     let tasks = tasks.max(1);
+    let cut = if spec.unordered { tasks } else { 1 };
     let total: usize = spec.keys.iter().map(|k| k.buckets.len()).sum();
-    let per_task = total.div_ceil(tasks).max(1);
+    let per_task = total.div_ceil(cut).max(1);
     let mut runs: Vec<Vec<KeyBuckets>> = vec![Vec::new(); tasks];
     let mut taken = 0usize;
     for key in &spec.keys {
         for b in &key.buckets {
-            let run = &mut runs[(taken / per_task).min(tasks - 1)];
+            let run = &mut runs[(taken / per_task).min(cut - 1)];
             match run.last_mut() {
                 Some(last) if last.partition_key == key.partition_key => {
                     last.buckets.push(b.clone())

@@ -20,7 +20,9 @@ use tonic::service::InterceptorLayer;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-use super::auth::{Channels, SecretCheck, WorkerSecret, SECRET_ENV};
+use super::auth::{
+    Channels, SecretCheck, WorkerSecret, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, SECRET_ENV,
+};
 use super::codec::{ScanCodec, Tiers};
 use super::DistributedError;
 
@@ -76,6 +78,15 @@ pub(crate) fn plan_worker(tiers: Tiers, secret: Option<WorkerSecret>) -> Worker 
     })
 }
 
+/// The gRPC server, pinging its coordinators: a coordinator that vanished without closing
+/// its connections stops holding the tasks it started.
+fn server() -> Server {
+    Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .tcp_nodelay(true)
+}
+
 /// Binds `opts.listen`; the returned listener's address is the worker's (port 0 picks one).
 pub async fn bind(opts: &WorkerOptions) -> Result<TcpListener, DistributedError> {
     opts.check()?;
@@ -96,14 +107,14 @@ pub async fn serve_worker(
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = match &opts.secret {
         Some(secret) => {
-            Server::builder()
+            server()
                 .layer(InterceptorLayer::new(SecretCheck(Arc::new(secret.clone()))))
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await
         }
         None => {
-            Server::builder()
+            server()
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await

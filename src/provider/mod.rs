@@ -163,6 +163,20 @@ pub struct ScanPlanning {
     pub list_at_execution: bool,
 }
 
+/// Scans that a distributed planner will split into tasks, as a `SessionConfig` extension
+/// (set by [`crate::session::distributed_session`]).
+///
+/// A scan whose buckets are all archived and more than `buckets_per_task` will run as
+/// several tasks, and datafusion-distributed's shuffles concatenate what the tasks send: an
+/// order each task keeps is not kept across them. Such a scan therefore declares no
+/// ordering, so the plan sorts or aggregates by hash instead of relying on one. Scans that
+/// stay whole keep their orderings (and their early stop for `ORDER BY ... LIMIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitScans {
+    /// Archived buckets per task.
+    pub buckets_per_task: usize,
+}
+
 /// One Pulpitum table as a DataFusion table.
 #[derive(Debug)]
 pub struct PulpitumTable {
@@ -258,6 +272,7 @@ impl PulpitumTable {
             page_rows: self.options.page_rows,
             limits: self.options.limits,
             local_only: self.local_only,
+            unordered: false,
         })
     }
 }
@@ -295,9 +310,14 @@ impl TableProvider for PulpitumTable {
             .config()
             .get_extension::<ScanPlanning>()
             .is_some_and(|p| p.list_at_execution);
-        let spec = self
+        let mut spec = self
             .plan_scan(target, projection, filters, limit, defer)
             .await?;
+        if let Some(split) = state.config().get_extension::<SplitScans>() {
+            spec.unordered = spec
+                .splittable_buckets()
+                .is_some_and(|n| n > split.buckets_per_task.max(1));
+        }
         Ok(Arc::new(PulpitumScanExec::try_new(spec)?))
     }
 

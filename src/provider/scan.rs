@@ -85,6 +85,31 @@ pub struct ScanSpec {
     /// Runs where it was planned, never on a distributed worker: the read of a `DELETE` or
     /// `UPDATE`, whose rows are written back by this process (see [`crate::distributed`]).
     pub local_only: bool,
+    /// Declares no ordering: the scan will be split into tasks ([`super::SplitScans`]), and
+    /// the stages above it do not keep an order across tasks, so nothing may rely on one.
+    pub unordered: bool,
+}
+
+impl ScanSpec {
+    /// The buckets a split into tasks would share out, if this scan may be split: every
+    /// bucket it listed is archived (immutable objects, the same from any process), and it
+    /// is not a change's read, a page (a pushed-down limit), a scan that lists at
+    /// execution, or one of contradicting filters.
+    pub fn splittable_buckets(&self) -> Option<usize> {
+        if self.local_only || self.deferred || self.limit.is_some() || self.pushed.empty {
+            return None;
+        }
+        let mut n = 0usize;
+        for key in &self.keys {
+            for (_, route) in &key.buckets {
+                if matches!(route, crate::table::Route::Hot) {
+                    return None;
+                }
+                n += 1;
+            }
+        }
+        (n > 1).then_some(n)
+    }
 }
 
 /// The scan plan node.
@@ -172,6 +197,9 @@ fn orderings(
     groups: &[Vec<KeyBuckets>],
     schema: &SchemaRef,
 ) -> Vec<Vec<PhysicalSortExpr>> {
+    if spec.unordered {
+        return Vec::new();
+    }
     let names = spec.surface.key_names();
     let col = |role_idx: usize, desc: bool| -> Option<PhysicalSortExpr> {
         let idx = schema.index_of(names[role_idx]).ok()?;
