@@ -202,6 +202,11 @@ async fn run() {
             ),
         ),
         (
+            "whole table (history split, recent buckets one task)",
+            "SELECT count(*), sum(length(content)), count(DISTINCT channel_id) FROM chat"
+                .to_string(),
+        ),
+        (
             "aggregate per month",
             format!(
                 "SELECT date_trunc('month', timestamp) AS m, count(*), count(DISTINCT \

@@ -158,6 +158,27 @@ async fn gc_deletes_only_old_unreferenced_generations() {
     assert_eq!(read_bucket(&*store, &archive, &bucket_a).await, a);
 }
 
+/// `store` with GC's gap (between its read of the in-flight claims and its read of the
+/// routes) publishing `claim` to `key`, and the flag that says the publication ran.
+fn publishing_in_gc_gap(
+    store: &std::sync::Arc<dyn pulpitum::store::HotStore>,
+    claim: pulpitum::store::Claim,
+    key: String,
+) -> (
+    std::sync::Arc<archiver_support::hooked::Hooked>,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let hooked = archiver_support::hooked::Hooked::new(store.clone());
+    let publisher = store.clone();
+    let published = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = published.clone();
+    hooked.in_gc_gap(async move {
+        publisher.publish_archive(&claim, &key).await.unwrap();
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    (hooked, published)
+}
+
 /// The data-loss interleaving: a bucket whose claim GC sees as in flight is published in the
 /// gap between GC's two metadata reads, with objects older than the delay. Reading routes
 /// first and claims second would see it in neither set and delete a published archive
@@ -182,14 +203,7 @@ async fn gc_keeps_a_bucket_published_between_its_reads() {
     // Older than the delay by the time GC looks.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    let hooked = archiver_support::hooked::Hooked::new(store.clone());
-    let (publisher, key) = (store.clone(), written.manifest_key.clone());
-    let published = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = published.clone();
-    hooked.in_gc_gap(async move {
-        publisher.publish_archive(&claim, &key).await.unwrap();
-        flag.store(true, std::sync::atomic::Ordering::SeqCst);
-    });
+    let (hooked, published) = publishing_in_gc_gap(&store, claim, written.manifest_key.clone());
     let metrics = ArchiverMetrics::default();
     let report = collect_garbage(&*hooked, &archive, Duration::from_secs(1), &metrics)
         .await
@@ -369,14 +383,7 @@ async fn an_incremental_pass_keeps_a_bucket_published_between_its_reads() {
     let key = archive.manifest_key(&bucket, claim.generation);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    let hooked = archiver_support::hooked::Hooked::new(store.clone());
-    let publisher = store.clone();
-    let published = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = published.clone();
-    hooked.in_gc_gap(async move {
-        publisher.publish_archive(&claim, &key).await.unwrap();
-        flag.store(true, std::sync::atomic::Ordering::SeqCst);
-    });
+    let (hooked, published) = publishing_in_gc_gap(&store, claim, key);
     let metrics = ArchiverMetrics::default();
     let report =
         collect_garbage_incremental(&*hooked, &archive, delays(Duration::from_secs(1)), &metrics)

@@ -36,27 +36,21 @@
 //! [`ArchiverConfig::compact_after`]: super::ArchiverConfig::compact_after
 //! [`ArchiverConfig::retirement_delay`]: super::ArchiverConfig::retirement_delay
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use datafusion::arrow::record_batch::RecordBatch;
-use futures::stream::BoxStream;
 use futures::StreamExt;
 
-use crate::archive::{
-    ArchiveError, ArchiveScan, ArchiveStore, RouteManifest, SegmentSpec, SegmentWriter,
-};
+use crate::archive::{SegmentSpec, SegmentWriter};
 use crate::failpoint;
-use crate::model::{batch_to_records, BucketKey, EventTime, Record};
-use crate::store::{
-    CompactionClaim, CompactionSource, HotStore, RouteSwitch, RowMask, StoreError, TableDefinition,
-};
+use crate::model::{BucketKey, EventTime};
+use crate::store::{CompactionSource, RouteSwitch, RowMask, StoreError, TableDefinition};
 
 use super::runner::Runner;
+use super::sources::{read_source, stream_source, Masks};
+use super::window_lease::WindowLease;
 use super::ArchiverError;
 
 /// Most partitions in one segment, so its manifest stays a few MiB.
@@ -619,190 +613,6 @@ impl Totals {
             segments: self.segments,
             buckets: self.buckets,
             rows: self.rows,
-        }
-    }
-}
-
-/// Rows of one source, streamed.
-type SourceRows = BoxStream<'static, Result<RecordBatch, ArchiveError>>;
-
-/// Opens one source bucket for a verified, streamed read (per-bucket archive or segment):
-/// its rows, and how many its manifest says it holds.
-async fn read_source(
-    archive: &ArchiveStore,
-    source: &CompactionSource,
-) -> Result<(SourceRows, u64), ArchiverError> {
-    // Each request is retried on its own, so a retry never repeats one that succeeded.
-    // A segment's manifest is opened once per store: `open_route` keeps it.
-    let mut attempt = 0;
-    let route = loop {
-        match archive.open_route(&source.object_key, &source.bucket).await {
-            Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
-            other => break other?,
-        }
-    };
-    let expected = match &route {
-        RouteManifest::Bucket(m) => m.row_count,
-        RouteManifest::Segment(m) => m.entry_for(&m.payload_key, &source.bucket)?.1,
-    };
-    let req = ArchiveScan::default();
-    let mut attempt = 0;
-    loop {
-        match archive
-            .scan_route(&route, &source.bucket, &req, Arc::default())
-            .await
-        {
-            Err(e) if crate::archive::retry_transient(&e, &mut attempt).await => {}
-            other => return Ok((other?, expected)),
-        }
-    }
-}
-
-/// Streams one opened source into the segment writer, checking that every row is the
-/// source bucket's; returns the rows read. (Verification of the bytes is the scan's: every
-/// block or row group against its digest, row counts against the manifest.)
-async fn stream_source(
-    mut rows: SourceRows,
-    source: &CompactionSource,
-    masks: &Masks,
-    writer: &mut SegmentWriter,
-) -> Result<(u64, u64), ArchiverError> {
-    let (mut n, mut kept) = (0u64, 0u64);
-    while let Some(batch) = rows.next().await {
-        let mut records = batch_to_records(&batch?).map_err(ArchiveError::from)?;
-        if let Some(r) = records.iter().find(|r| {
-            r.partition_key != source.bucket.partition_key
-                || !source.bucket.bucket_key.contains(r.event_time)
-        }) {
-            return Err(ArchiverError::Unresolved {
-                bucket: source.bucket.clone(),
-                step: "compaction",
-                detail: format!("its archive holds a row at {} outside it", r.event_time),
-            });
-        }
-        n += records.len() as u64;
-        masks.apply(&mut records);
-        kept += records.len() as u64;
-        writer.push(records)?;
-    }
-    Ok((n, kept))
-}
-
-/// One bucket's delete and edit records, by clustering key, applied to its rows as a
-/// rewrite copies them: what a query reads is what the new segment holds.
-struct Masks(HashMap<(EventTime, Vec<u8>), Option<Vec<u8>>>);
-
-impl Masks {
-    fn new(masks: &[RowMask]) -> Self {
-        Self(
-            masks
-                .iter()
-                .map(|m| {
-                    (
-                        (m.event_time, m.sort_key.as_bytes().to_vec()),
-                        m.value.clone(),
-                    )
-                })
-                .collect(),
-        )
-    }
-
-    /// Drops deleted rows and replaces edited values.
-    fn apply(&self, records: &mut Vec<Record>) {
-        if self.0.is_empty() {
-            return;
-        }
-        records.retain_mut(
-            |r| match self.0.get(&(r.event_time, r.sort_key.as_bytes().to_vec())) {
-                None => true,
-                Some(None) => false,
-                Some(Some(v)) => {
-                    r.value.clone_from(v);
-                    true
-                }
-            },
-        );
-    }
-}
-
-/// A window claim's lease, renewed in the background every third of it while the
-/// compaction runs (reading a window's sources can take longer than one lease). As for
-/// bucket claims (`super::lease`), the local bound counts each lease from the sending of
-/// the statement that set it, so it never outlives the store's; past it, or on a refused
-/// renewal, the claim is lost and the work stops before writing more.
-struct WindowLease {
-    current: Arc<Mutex<CompactionClaim>>,
-    lost: Arc<Mutex<Option<String>>>,
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for WindowLease {
-    fn drop(&mut self) {
-        self.handle.abort();
-    }
-}
-
-impl WindowLease {
-    fn start(
-        store: Arc<dyn HotStore>,
-        claim: CompactionClaim,
-        sent: Instant,
-        lease: Duration,
-        op_deadline: Duration,
-    ) -> Self {
-        let current = Arc::new(Mutex::new(claim));
-        let lost: Arc<Mutex<Option<String>>> = Arc::default();
-        let (cur, gone) = (current.clone(), lost.clone());
-        let handle = tokio::spawn(async move {
-            let mut valid_until = sent + lease;
-            let mut next = sent + lease / 3;
-            loop {
-                tokio::time::sleep_until(next.into()).await;
-                let attempt = Instant::now();
-                if attempt >= valid_until {
-                    *gone.lock().expect("lease lock") = Some("the lease ran out".into());
-                    return;
-                }
-                let claim = cur.lock().expect("lease lock").clone();
-                let deadline = op_deadline.min(valid_until - attempt);
-                match tokio::time::timeout(deadline, store.renew_compaction(&claim, lease)).await {
-                    Ok(Ok(c)) => {
-                        *cur.lock().expect("lease lock") = c;
-                        valid_until = attempt + lease;
-                        next = attempt + lease / 3;
-                    }
-                    Ok(Err(e @ StoreError::StaleCompaction { .. })) => {
-                        *gone.lock().expect("lease lock") = Some(e.to_string());
-                        return;
-                    }
-                    // A transient failure: try again soon, within the bound.
-                    _ => next = Instant::now() + (lease / 10).max(Duration::from_millis(50)),
-                }
-            }
-        });
-        Self {
-            current,
-            lost,
-            handle,
-        }
-    }
-
-    fn claim(&self) -> CompactionClaim {
-        self.current.lock().expect("lease lock").clone()
-    }
-
-    fn check(&self) -> Result<(), ArchiverError> {
-        match self.lost.lock().expect("lease lock").clone() {
-            None => Ok(()),
-            Some(reason) => {
-                let c = self.claim();
-                Err(ArchiverError::Store(StoreError::StaleCompaction {
-                    table_id: c.table_id,
-                    window_key: c.window_key,
-                    generation: c.generation,
-                    reason,
-                }))
-            }
         }
     }
 }

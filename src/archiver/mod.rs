@@ -17,6 +17,8 @@ pub mod metrics;
 mod publish;
 pub mod retention;
 mod runner;
+mod sources;
+mod window_lease;
 
 pub use compact::{CompactReport, WindowOutcome};
 pub use config::ArchiverConfig;

@@ -31,6 +31,7 @@ use datafusion::datasource::sink::DataSinkExec;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 pub use change::{ChangeExec, ChangeKind, ChangeShape};
@@ -169,8 +170,10 @@ pub struct ScanPlanning {
 /// A scan whose buckets are all archived and more than `buckets_per_task` will run as
 /// several tasks, and datafusion-distributed's shuffles concatenate what the tasks send: an
 /// order each task keeps is not kept across them. Such a scan therefore declares no
-/// ordering, so the plan sorts or aggregates by hash instead of relying on one. Scans that
-/// stay whole keep their orderings (and their early stop for `ORDER BY ... LIMIT`).
+/// ordering, so the plan sorts or aggregates by hash instead of relying on one. A scan of
+/// more archived buckets than that and some hot ones is planned as the union of two scans
+/// ([`ScanSpec::split_tiers`]): the archived one split, the hot one a single task. Scans
+/// that stay whole keep their orderings (and their early stop for `ORDER BY ... LIMIT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitScans {
     /// Archived buckets per task.
@@ -314,6 +317,14 @@ impl TableProvider for PulpitumTable {
             .plan_scan(target, projection, filters, limit, defer)
             .await?;
         if let Some(split) = state.config().get_extension::<SplitScans>() {
+            // History and recent rows in one scan: the history as a scan that can be split,
+            // the recent buckets as one task, each bucket in exactly one of them.
+            if let Some((archived, hot)) = spec.split_tiers(split.buckets_per_task) {
+                return UnionExec::try_new(vec![
+                    Arc::new(PulpitumScanExec::try_new(archived)?),
+                    Arc::new(PulpitumScanExec::try_new(hot)?),
+                ]);
+            }
             spec.unordered = spec
                 .splittable_buckets()
                 .is_some_and(|n| n > split.buckets_per_task.max(1));

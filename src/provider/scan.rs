@@ -91,12 +91,24 @@ pub struct ScanSpec {
 }
 
 impl ScanSpec {
-    /// The buckets a split into tasks would share out, if this scan may be split: every
-    /// bucket it listed is archived (immutable objects, the same from any process), and it
-    /// is not a change's read, a page (a pushed-down limit), a scan that lists at
-    /// execution, or one of contradicting filters.
+    /// Whether this scan may ever be split into tasks: not a change's read, a page (a
+    /// pushed-down limit), a scan that lists at execution, one of contradicting filters,
+    /// or one that names its partitions (`channel_id = 1`, `IN (...)`): that is one
+    /// channel's history, which one process serves, and its early stop for
+    /// `ORDER BY ... LIMIT` (the latest page) is worth more than spreading it.
+    fn may_split(&self) -> bool {
+        !(self.local_only
+            || self.deferred
+            || self.limit.is_some()
+            || self.pushed.empty
+            || self.pushed.partitions.is_some())
+    }
+
+    /// The buckets a split into tasks would share out, if this scan may be split
+    /// ([`Self::may_split`]) and every bucket it listed is archived (immutable objects, the
+    /// same from any process).
     pub fn splittable_buckets(&self) -> Option<usize> {
-        if self.local_only || self.deferred || self.limit.is_some() || self.pushed.empty {
+        if !self.may_split() {
             return None;
         }
         let mut n = 0usize;
@@ -109,6 +121,61 @@ impl ScanSpec {
             }
         }
         (n > 1).then_some(n)
+    }
+
+    /// This scan as two that together read exactly its buckets: its archived buckets (a
+    /// scan that may be split, when there are more than `buckets_per_task` of them) and its
+    /// Hot or Archiving ones (one task); `None` when the scan may not be split at all, or
+    /// reads one tier only. Both halves are planned unordered.
+    pub fn split_tiers(&self, buckets_per_task: usize) -> Option<(ScanSpec, ScanSpec)> {
+        if !self.may_split() {
+            return None;
+        }
+        let (mut archived, mut hot) = (Vec::new(), Vec::new());
+        for key in &self.keys {
+            let (a, h): (Vec<_>, Vec<_>) = key
+                .buckets
+                .iter()
+                .cloned()
+                .partition(|(_, route)| matches!(route, crate::table::Route::Archived { .. }));
+            for (list, part) in [(&mut archived, a), (&mut hot, h)] {
+                if !part.is_empty() {
+                    list.push(KeyBuckets {
+                        partition_key: key.partition_key.clone(),
+                        buckets: part,
+                    });
+                }
+            }
+        }
+        let archived_buckets: usize = archived.iter().map(|k| k.buckets.len()).sum();
+        if hot.is_empty() || archived_buckets <= buckets_per_task.max(1) {
+            return None;
+        }
+        let c = self.counts;
+        let half = |keys: Vec<KeyBuckets>, counts: BucketCounts| ScanSpec {
+            keys,
+            counts,
+            unordered: true,
+            ..self.clone()
+        };
+        Some((
+            half(
+                archived,
+                BucketCounts {
+                    archived: c.archived,
+                    pruned: c.pruned,
+                    ..BucketCounts::default()
+                },
+            ),
+            half(
+                hot,
+                BucketCounts {
+                    hot: c.hot,
+                    archiving: c.archiving,
+                    ..BucketCounts::default()
+                },
+            ),
+        ))
     }
 }
 

@@ -82,6 +82,7 @@ pub mod migrate;
 mod reads;
 pub mod session;
 mod sql;
+mod switch;
 mod timeouts;
 mod work_list;
 
