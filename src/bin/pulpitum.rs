@@ -602,14 +602,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
 
 /// The workers `--workers` (PULPITUM_WORKERS) names, if any.
 async fn workers(cli: &Cli) -> Result<Option<pulpitum::distributed::DistributedSettings>, String> {
-    let Some(list) = &cli.workers else {
-        return Ok(None);
-    };
-    let mut settings = pulpitum::distributed::DistributedSettings::from_list(list)
-        .await
-        .map_err(|e| format!("--workers (PULPITUM_WORKERS): {e}"))?;
-    settings.buckets_per_task = cli.buckets_per_task as usize;
-    Ok(Some(settings))
+    pulpitum::cli::worker::settings(cli.workers.as_deref(), cli.buckets_per_task as usize).await
 }
 
 /// `pulpitum worker`: serves plan fragments until SIGTERM or SIGINT.
@@ -631,15 +624,7 @@ async fn worker(
         archive,
         route_cache: session_options(cli).route_cache,
     };
-    let addr = setting(listener.local_addr())?;
-    eprintln!("pulpitum: worker listening on {addr}");
-    let stop = async {
-        pulpitum::cli::serve::wait_for_stop_signal().await;
-        eprintln!("pulpitum: worker stopping");
-    };
-    Ok(worker::serve_worker(listener, &opts, tiers, stop)
-        .await
-        .map_err(|e| e.to_string())?)
+    Ok(pulpitum::cli::worker::serve(listener, &opts, tiers).await?)
 }
 
 async fn run(cli: Cli, format: Format) -> Result<(), Failure> {
@@ -798,18 +783,7 @@ fn main() -> ExitCode {
     // The query limits and the archive URL would be ignored by `migrate`, which runs no query
     // and touches only the hot store: refused, typed before or after it.
     if let Some(("migrate", sub)) = matches.subcommand() {
-        use clap::parser::ValueSource;
-        let typed = |id: &str| {
-            [&matches, sub]
-                .iter()
-                .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
-        };
-        let flag = |id: &str| format!("--{}", id.replace('_', "-"));
-        let limits: Vec<String> = NOT_FOR_MIGRATE[..3]
-            .iter()
-            .filter(|id| typed(id))
-            .map(|id| flag(id))
-            .collect();
+        let limits = pulpitum::cli::typed_flags(&matches, sub, &NOT_FOR_MIGRATE[..3]);
         if !limits.is_empty() {
             let verb = if limits.len() == 1 { "limits" } else { "limit" };
             eprintln!(
@@ -818,31 +792,15 @@ fn main() -> ExitCode {
             );
             return ExitCode::from(pulpitum::cli::EXIT_SETTING);
         }
-        if typed("archive_url") {
+        if !pulpitum::cli::typed_flags(&matches, sub, &["archive_url"]).is_empty() {
             eprintln!("Error: --archive-url names the archive; migrate touches only the hot store");
             return ExitCode::from(pulpitum::cli::EXIT_SETTING);
         }
     }
-    // A worker takes limits and task sizes from each plan it is sent, and coordinates
-    // nothing: these flags would be ignored there. (Their variables may sit in an
-    // environment file shared with a coordinator, so only typed flags are refused.)
+    // A worker takes limits and task sizes from each plan it is sent.
     if let Some(("worker", sub)) = matches.subcommand() {
-        use clap::parser::ValueSource;
-        let typed: Vec<String> = [
-            "max_rows",
-            "max_bytes",
-            "max_duration_ms",
-            "workers",
-            "buckets_per_task",
-        ]
-        .iter()
-        .filter(|id| {
-            [&matches, sub]
-                .iter()
-                .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
-        })
-        .map(|id| format!("--{}", id.replace('_', "-")))
-        .collect();
+        let typed =
+            pulpitum::cli::typed_flags(&matches, sub, &pulpitum::cli::worker::COORDINATOR_FLAGS);
         if !typed.is_empty() {
             eprintln!(
                 "Error: {} belong to the coordinator (the shell or serve); a worker takes limits and tasks from each plan it is sent",

@@ -14,6 +14,7 @@ use std::io::Write;
 pub mod erasure;
 pub mod script;
 pub mod serve;
+pub mod worker;
 
 use crate::store::migrate::Migrated;
 use crate::store::StoreError;
@@ -175,4 +176,22 @@ pub fn quiet_broken_pipes() {
         }
         default(info);
     }));
+}
+
+/// The flags among `ids` (clap ids) typed on the command line, before or after the
+/// subcommand, as `--flag` names: a subcommand refuses those it would ignore.
+pub fn typed_flags(
+    matches: &clap::ArgMatches,
+    sub: &clap::ArgMatches,
+    ids: &[&str],
+) -> Vec<String> {
+    use clap::parser::ValueSource;
+    ids.iter()
+        .filter(|id| {
+            [matches, sub]
+                .iter()
+                .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
+        })
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect()
 }
