@@ -187,6 +187,7 @@ async fn run() {
     let settings = DistributedSettings {
         workers: Arc::new(StaticWorkers::parse(&list).unwrap()),
         secret: Some(WorkerSecret::new(SECRET).unwrap()),
+        tls: None,
         buckets_per_task: 64,
     };
     let coord = session::distributed_session(store, archive, opts, &settings)

@@ -16,6 +16,7 @@ pub mod defaults;
 pub mod demo;
 pub mod distributed;
 pub mod erasure;
+pub mod exposition;
 pub mod failpoint;
 pub mod locator;
 pub mod logging;

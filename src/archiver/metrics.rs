@@ -2,8 +2,7 @@
 //!
 //! `prometheus-client` owns the text format (escaping, `_total` suffixes, `# EOF`) so this
 //! module only declares metrics; [`serve`] answers `/healthz` with the health verdict and
-//! every other path with the metrics text, which is all a scraper or a probe needs and
-//! spares a web framework. Health is judged from progress, not from liveness of the loop: a
+//! every other path with the metrics text, over [`crate::exposition`]. Health is judged from progress, not from liveness of the loop: a
 //! process whose every bucket fails is running but not healthy. The only label is a table
 //! id (the per-table lag and backlog), so nothing from a URL or a credential can leak into
 //! the exposition.
@@ -16,9 +15,9 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 use tracing::warn;
+
+use crate::exposition::{self, Answer, OPENMETRICS};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -417,30 +416,16 @@ impl ArchiverMetrics {
     }
 }
 
-/// The HTTP answer to one request line: `/healthz` gets the health verdict as plain text
+/// The HTTP answer to one request path: `/healthz` gets the health verdict as plain text
 /// (200 or 503), anything else the metrics.
-fn respond(
-    request: &str,
-    metrics: &ArchiverMetrics,
-    max_age: Duration,
-) -> (u16, &'static str, String) {
-    let path = request
-        .lines()
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("/");
-    let path = path.split('?').next().unwrap_or(path);
+fn respond(path: &str, metrics: &ArchiverMetrics, max_age: Duration) -> Answer {
     if path == "/healthz" {
         return match metrics.health(max_age) {
             Ok(line) => (200, "text/plain; charset=utf-8", line + "\n"),
             Err(line) => (503, "text/plain; charset=utf-8", line + "\n"),
         };
     }
-    (
-        200,
-        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        metrics.render(),
-    )
+    (200, OPENMETRICS, metrics.render())
 }
 
 /// Serves the metrics and `/healthz` on `addr` until the task is dropped; health allows
@@ -450,44 +435,13 @@ pub async fn serve(
     metrics: Arc<ArchiverMetrics>,
     max_age: Duration,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let handle = tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                continue;
-            };
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                let n = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or(0);
-                let request = String::from_utf8_lossy(&buf[..n]);
-                let (status, content_type, body) = respond(&request, &metrics, max_age);
-                let reason = if status == 200 {
-                    "OK"
-                } else {
-                    "Service Unavailable"
-                };
-                let head = format!(
-                    "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = sock.write_all(head.as_bytes()).await;
-                let _ = sock.write_all(body.as_bytes()).await;
-                let _ = sock.shutdown().await;
-            });
-        }
-    });
-    Ok((bound, handle))
+    exposition::serve(addr, move |path| respond(path, &metrics, max_age)).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn get(addr: SocketAddr, path: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -72,6 +72,40 @@ struct Cli {
     /// from PULPITUM_WORKER_SECRET.
     #[arg(long, env = "PULPITUM_WORKERS", global = true, value_name = "URLS")]
     workers: Option<String>,
+    /// Mutual TLS with workers (coordinators and workers alike): the CA, PEM, that signs
+    /// every coordinator's and worker's certificate. Worker URLs are then https://.
+    #[arg(
+        long,
+        env = "PULPITUM_WORKER_TLS_CA",
+        global = true,
+        value_name = "PATH"
+    )]
+    worker_tls_ca: Option<PathBuf>,
+    /// Mutual TLS: this process's certificate chain, PEM (with --worker-tls-ca).
+    #[arg(
+        long,
+        env = "PULPITUM_WORKER_TLS_CERT",
+        global = true,
+        value_name = "PATH"
+    )]
+    worker_tls_cert: Option<PathBuf>,
+    /// Mutual TLS: this process's private key, PEM (with --worker-tls-ca).
+    #[arg(
+        long,
+        env = "PULPITUM_WORKER_TLS_KEY",
+        global = true,
+        value_name = "PATH"
+    )]
+    worker_tls_key: Option<PathBuf>,
+    /// Mutual TLS: check every worker's certificate against this name instead of the host
+    /// dialled (for dns+https:// lists, whose resolved URLs are addresses).
+    #[arg(
+        long,
+        env = "PULPITUM_WORKER_TLS_SERVER_NAME",
+        global = true,
+        value_name = "NAME"
+    )]
+    worker_tls_server_name: Option<String>,
     /// Archived buckets one worker task reads (with --workers); a scan of fewer is not split.
     #[arg(
         long,
@@ -91,6 +125,29 @@ struct Cli {
     log_format: String,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// `pulpitum worker`'s own flags.
+#[derive(Debug, Clone, Copy, clap::Args)]
+struct WorkerArgs {
+    /// Address to listen on.
+    #[arg(long, env = "PULPITUM_WORKER_LISTEN", default_value = "127.0.0.1:7600")]
+    listen: std::net::SocketAddr,
+    /// Accept coordinators that present no PULPITUM_WORKER_SECRET (loopback addresses
+    /// only; for local tests).
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// Connections held at once; one more is closed on arrival.
+    #[arg(
+        long,
+        env = "PULPITUM_WORKER_MAX_CONNECTIONS",
+        default_value_t = pulpitum::distributed::worker::DEFAULT_MAX_CONNECTIONS as u32,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_connections: u32,
+    /// Serve Prometheus metrics and /healthz on this address (off unless given).
+    #[arg(long, env = "PULPITUM_WORKER_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -118,15 +175,7 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run plan fragments for coordinators (`--workers` of the shell, `serve` or an
     /// application): a stateless process with the same store and archive settings.
-    Worker {
-        /// Address to listen on.
-        #[arg(long, env = "PULPITUM_WORKER_LISTEN", default_value = "127.0.0.1:7600")]
-        listen: std::net::SocketAddr,
-        /// Accept coordinators that present no PULPITUM_WORKER_SECRET (loopback addresses
-        /// only; for local tests).
-        #[arg(long)]
-        insecure_no_auth: bool,
-    },
+    Worker(WorkerArgs),
     /// Erase rows with proof: request one, show whether it is gone, list them.
     Erasure {
         #[command(subcommand)]
@@ -602,20 +651,38 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), String> {
 
 /// The workers `--workers` (PULPITUM_WORKERS) names, if any.
 async fn workers(cli: &Cli) -> Result<Option<pulpitum::distributed::DistributedSettings>, String> {
-    pulpitum::cli::worker::settings(cli.workers.as_deref(), cli.buckets_per_task as usize).await
+    pulpitum::cli::worker::settings(
+        cli.workers.as_deref(),
+        cli.buckets_per_task as usize,
+        &tls_files(cli),
+    )
+    .await
+}
+
+fn tls_files(cli: &Cli) -> pulpitum::cli::worker::TlsFiles {
+    pulpitum::cli::worker::TlsFiles {
+        ca: cli.worker_tls_ca.clone(),
+        cert: cli.worker_tls_cert.clone(),
+        key: cli.worker_tls_key.clone(),
+        server_name: cli.worker_tls_server_name.clone(),
+    }
 }
 
 /// `pulpitum worker`: serves plan fragments until SIGTERM or SIGINT.
-async fn worker(
-    cli: &Cli,
-    listen: std::net::SocketAddr,
-    insecure_no_auth: bool,
-) -> Result<(), Failure> {
+async fn worker(cli: &Cli, args: &WorkerArgs) -> Result<(), Failure> {
+    let WorkerArgs {
+        listen,
+        insecure_no_auth,
+        max_connections,
+        metrics_addr,
+    } = *args;
     use pulpitum::distributed::{worker, Tiers, WorkerOptions, WorkerSecret};
     let opts = WorkerOptions {
         listen,
         secret: setting(WorkerSecret::from_env())?,
+        tls: setting(tls_files(cli).load())?,
         insecure_no_auth,
+        max_connections: max_connections as usize,
     };
     let listener = setting(worker::bind(&opts).await)?;
     let (store, archive) = open_tiers(cli).await?;
@@ -624,7 +691,7 @@ async fn worker(
         archive,
         route_cache: session_options(cli).route_cache,
     };
-    Ok(pulpitum::cli::worker::serve(listener, &opts, tiers).await?)
+    Ok(pulpitum::cli::worker::serve(listener, &opts, tiers, metrics_addr).await?)
 }
 
 async fn run(cli: Cli, format: Format) -> Result<(), Failure> {
@@ -770,10 +837,7 @@ fn main() -> ExitCode {
         && matches!(
             cli.command,
             Some(
-                Command::Serve(_)
-                    | Command::Migrate
-                    | Command::Erasure { .. }
-                    | Command::Worker { .. }
+                Command::Serve(_) | Command::Migrate | Command::Erasure { .. } | Command::Worker(_)
             )
         )
     {
@@ -842,10 +906,7 @@ fn main() -> ExitCode {
         // Everything `serve` can fail at comes before it serves; `migrate` is the archiver's
         // function, and exits as `pulpitum-archiver migrate` does.
         Some(Command::Serve(ref args)) => setting(rt.block_on(serve(&cli, args))),
-        Some(Command::Worker {
-            listen,
-            insecure_no_auth,
-        }) => rt.block_on(worker(&cli, listen, insecure_no_auth)),
+        Some(Command::Worker(ref args)) => rt.block_on(worker(&cli, args)),
         Some(Command::Migrate) => setting(rt.block_on(migrate(&cli))),
         // 0 gone (or done), 1 pending, 2 anything that failed: a script waiting for `show`
         // must not loop on a typo.

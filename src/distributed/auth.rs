@@ -6,10 +6,11 @@
 //! The comparison is of SHA-256 digests, so its time does not depend on where a guess
 //! first differs. The secret itself never appears in `Debug`, errors or logs.
 //!
-//! The channel is plain HTTP/2 (worker URLs are `http://` only): the secret keeps
-//! strangers from running plans on a worker, it does not hide the rows or itself in
-//! transit. Deploy workers on a private network or behind a mesh that encrypts
-//! (docs/distributed.md).
+//! Over plain HTTP/2 (`http://` worker URLs) the secret keeps strangers from running plans
+//! on a worker, but it hides neither the rows nor itself in transit: deploy such workers on
+//! a private network or behind a mesh that encrypts. With mutual TLS ([`super::tls`],
+//! `https://` URLs) the channel is encrypted and both ends present certificates; the secret
+//! may still be set on top (docs/distributed.md, Security).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -32,6 +33,8 @@ use sha2::{Digest, Sha256};
 use tonic::transport::Endpoint;
 use url::Url;
 
+use super::metrics::WorkerMetrics;
+use super::tls::{check_scheme, WorkerTls};
 use super::DistributedError;
 
 /// The header a coordinator's requests carry the secret in.
@@ -43,6 +46,11 @@ pub const SECRET_ENV: &str = "PULPITUM_WORKER_SECRET";
 
 /// The shortest secret accepted, in bytes.
 pub const MIN_SECRET_LEN: usize = 16;
+
+/// The fewest different characters a secret may have: a placeholder (`aaaa...`,
+/// `abababab...`) is refused, while a random one of [`MIN_SECRET_LEN`] hex digits has fewer
+/// less than once in two million.
+pub const MIN_SECRET_DISTINCT: usize = 5;
 
 /// The shared secret.
 #[derive(Clone)]
@@ -64,6 +72,17 @@ impl WorkerSecret {
         if secret.len() < MIN_SECRET_LEN {
             return Err(DistributedError::Secret(format!(
                 "{SECRET_ENV} must be at least {MIN_SECRET_LEN} characters long"
+            )));
+        }
+        let mut seen = [false; 256];
+        let distinct = secret
+            .bytes()
+            .filter(|&b| !std::mem::replace(&mut seen[b as usize], true))
+            .count();
+        if distinct < MIN_SECRET_DISTINCT {
+            return Err(DistributedError::Secret(format!(
+                "{SECRET_ENV} has fewer than {MIN_SECRET_DISTINCT} different characters, \
+                 which no random secret has; generate one with `openssl rand -hex 32`"
             )));
         }
         if !secret.bytes().all(|b| b.is_ascii_graphic()) {
@@ -104,21 +123,23 @@ impl WorkerSecret {
     }
 }
 
-/// The worker's gate: a request without the secret is refused `UNAUTHENTICATED`.
+/// The worker's gate: a request without the secret is refused `UNAUTHENTICATED`, and
+/// counted.
 #[derive(Clone)]
-pub(crate) struct SecretCheck(pub(crate) Arc<WorkerSecret>);
+pub(crate) struct SecretCheck {
+    pub(crate) secret: Arc<WorkerSecret>,
+    pub(crate) metrics: Arc<WorkerMetrics>,
+}
 
 impl tonic::service::Interceptor for SecretCheck {
     fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        match req.metadata().get(SECRET_HEADER) {
-            Some(v) if self.0.matches(v.as_bytes()) => Ok(req),
-            Some(_) => Err(tonic::Status::unauthenticated(
-                "this worker refused the coordinator: wrong PULPITUM_WORKER_SECRET",
-            )),
-            None => Err(tonic::Status::unauthenticated(
-                "this worker refused the coordinator: no PULPITUM_WORKER_SECRET was presented",
-            )),
-        }
+        let refusal = match req.metadata().get(SECRET_HEADER) {
+            Some(v) if self.secret.matches(v.as_bytes()) => return Ok(req),
+            Some(_) => "this worker refused the coordinator: wrong PULPITUM_WORKER_SECRET",
+            None => "this worker refused the coordinator: no PULPITUM_WORKER_SECRET was presented",
+        };
+        self.metrics.requests_refused.inc();
+        Err(tonic::Status::unauthenticated(refusal))
     }
 }
 
@@ -140,13 +161,15 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Channels {
     cache: Arc<Mutex<HashMap<Url, BoxCloneSyncChannel>>>,
     secret: Option<WorkerSecret>,
+    tls: Option<WorkerTls>,
 }
 
 impl Channels {
-    pub(crate) fn new(secret: Option<WorkerSecret>) -> Self {
+    pub(crate) fn new(secret: Option<WorkerSecret>, tls: Option<WorkerTls>) -> Self {
         Self {
             cache: Arc::default(),
             secret,
+            tls,
         }
     }
 
@@ -155,8 +178,16 @@ impl Channels {
         if let Some(c) = cache.get(url) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(url.to_string())
-            .map_err(|e| DataFusionError::Configuration(format!("worker {url}: {e}")))?
+        // Checked here too, not only when the list is read: a directory may list anything.
+        check_scheme(url, self.tls.is_some())?;
+        let mut endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|e| DataFusionError::Configuration(format!("worker {url}: {e}")))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.client())
+                .map_err(|e| DataFusionError::Configuration(format!("worker {url}: {e}")))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
@@ -275,5 +306,15 @@ mod tests {
         assert!(!format!("{s:?}").contains("horse"));
         let short = WorkerSecret::new("tooshort").unwrap_err().to_string();
         assert!(!short.contains("tooshort"), "{short}");
+        for placeholder in [
+            "xxxxxxxxxxxxxxxxxxxxxxxx",
+            "abababababababababab",
+            "abcdabcdabcdabcdabcd",
+        ] {
+            let e = WorkerSecret::new(placeholder).unwrap_err().to_string();
+            assert!(e.contains("different characters"), "{e}");
+            assert!(!e.contains(placeholder), "{e}");
+        }
+        assert!(WorkerSecret::new("abcdeabcdeabcdeabcde").is_ok());
     }
 }

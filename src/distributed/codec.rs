@@ -30,6 +30,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use serde::{Deserialize, Serialize};
 
+use super::metrics::WorkerMetrics;
 use super::tasks::TaskScanExec;
 use super::DistributedError;
 use crate::archive::ArchiveStore;
@@ -72,12 +73,21 @@ impl std::fmt::Debug for Tiers {
 #[derive(Debug, Clone)]
 pub struct ScanCodec {
     tiers: Tiers,
+    meter: Option<Arc<WorkerMetrics>>,
 }
 
 impl ScanCodec {
     /// A codec whose decoded scans read through `tiers`.
     pub fn new(tiers: Tiers) -> Self {
-        Self { tiers }
+        Self { tiers, meter: None }
+    }
+
+    /// A worker's codec: the split scans it decodes count their runs on `meter`.
+    pub(crate) fn metered(tiers: Tiers, meter: Arc<WorkerMetrics>) -> Self {
+        Self {
+            tiers,
+            meter: Some(meter),
+        }
     }
 }
 
@@ -96,7 +106,11 @@ impl PhysicalExtensionCodec for ScanCodec {
             ))
             .into());
         }
-        Ok(decode(buf, &self.tiers)?)
+        let plan = decode(buf, &self.tiers)?;
+        match (&self.meter, plan.downcast_ref::<TaskScanExec>()) {
+            (Some(meter), Some(split)) => Ok(Arc::new(split.metered(meter.clone()))),
+            _ => Ok(plan),
+        }
     }
 
     fn try_encode(

@@ -21,7 +21,9 @@
 pub mod auth;
 pub mod codec;
 mod explain;
+pub mod metrics;
 pub mod tasks;
+pub mod tls;
 pub mod worker;
 
 use std::fmt;
@@ -34,7 +36,9 @@ use url::Url;
 
 pub use auth::WorkerSecret;
 pub use codec::{ScanCodec, Tiers};
+pub use metrics::WorkerMetrics;
 pub use tasks::TaskScanExec;
+pub use tls::WorkerTls;
 pub use worker::{serve_worker, WorkerOptions};
 
 /// Buckets one task reads, unless the settings say otherwise.
@@ -55,6 +59,9 @@ pub enum DistributedError {
     /// A scan plan could not be encoded, or a received one is malformed.
     #[error("distributed scan plan: {0}")]
     Plan(String),
+    /// The mutual TLS settings are incomplete, or a file is unreadable or does not fit.
+    #[error("worker TLS: {0}")]
+    Tls(String),
     /// A worker's settings are refused, or its listener failed.
     #[error("worker: {0}")]
     Worker(String),
@@ -80,11 +87,11 @@ pub trait WorkerDirectory: Send + Sync + fmt::Debug + 'static {
 pub struct StaticWorkers(Vec<Url>);
 
 impl StaticWorkers {
-    /// Parses `http://host:port,https://host:port,...`: every entry a URL with a scheme of
-    /// `http` or `https`, a host and a port, and nothing else (no user, path or query; a
-    /// password in a URL would end up in logs).
+    /// Parses `http://host:port,...` (or all `https://`, for mutual TLS): every entry a URL
+    /// with a host and a port and nothing else (no user, path or query; a password in a URL
+    /// would end up in logs), all of one scheme.
     pub fn parse(list: &str) -> Result<Self, DistributedError> {
-        let mut urls = Vec::new();
+        let mut urls: Vec<Url> = Vec::new();
         for (i, entry) in list.split(',').enumerate() {
             let entry = entry.trim();
             let n = i + 1;
@@ -98,17 +105,19 @@ impl StaticWorkers {
                     "entry {n} is not a URL ({e}); write http://HOST:PORT"
                 ))
             })?;
-            if url.scheme() == "https" {
+            if url.scheme() != "http" && url.scheme() != "https" {
                 return Err(DistributedError::WorkerList(format!(
-                    "entry {n} is https://, but this build speaks to workers over plain HTTP/2 \
-                     only (it would send the secret unencrypted to a TLS port); write http:// \
-                     and encrypt on the network (docs/distributed.md, Security)"
+                    "entry {n} has scheme {:?}; a worker is reached over http:// (or https:// \
+                     with mutual TLS)",
+                    url.scheme()
                 )));
             }
-            if url.scheme() != "http" {
+            if urls.first().is_some_and(|u| u.scheme() != url.scheme()) {
                 return Err(DistributedError::WorkerList(format!(
-                    "entry {n} has scheme {:?}; a worker is reached over http://",
-                    url.scheme()
+                    "entry {n} is {}:// but entry 1 is {}://; every worker is reached the same \
+                     way",
+                    url.scheme(),
+                    urls[0].scheme()
                 )));
             }
             if !url.username().is_empty() || url.password().is_some() {
@@ -231,8 +240,9 @@ impl WorkerDirectory for DnsWorkers {
     }
 }
 
-/// What a coordinator needs to distribute: where the workers are, the secret they share,
-/// and how many archived buckets make one task.
+/// What a coordinator needs to distribute: where the workers are, how it proves itself to
+/// them (the secret they share, mutual TLS, or both), and how many archived buckets make
+/// one task.
 #[derive(Debug, Clone)]
 pub struct DistributedSettings {
     /// The workers.
@@ -240,17 +250,25 @@ pub struct DistributedSettings {
     /// The shared secret; `None` sends none (only workers started with
     /// `--insecure-no-auth` on loopback accept that).
     pub secret: Option<WorkerSecret>,
+    /// Mutual TLS: worker URLs are then `https://`, and `http://` ones are refused.
+    pub tls: Option<WorkerTls>,
     /// Archived buckets per task (at least 1): a scan of fewer stays in one task.
     pub buckets_per_task: usize,
 }
 
 impl DistributedSettings {
     /// Settings over `--workers` (see [`workers_of`]), with the secret from
-    /// [`auth::SECRET_ENV`].
-    pub async fn from_list(list: &str) -> Result<Self, DistributedError> {
+    /// [`auth::SECRET_ENV`] and `tls`; a listed worker whose scheme does not match `tls` is
+    /// refused now, before any query.
+    pub async fn from_list(list: &str, tls: Option<WorkerTls>) -> Result<Self, DistributedError> {
+        let workers = workers_of(list).await?;
+        for url in workers.urls().unwrap_or_default() {
+            tls::check_scheme(&url, tls.is_some())?;
+        }
         Ok(Self {
-            workers: workers_of(list).await?,
+            workers,
             secret: WorkerSecret::from_env()?,
+            tls,
             buckets_per_task: DEFAULT_BUCKETS_PER_TASK,
         })
     }
@@ -269,14 +287,19 @@ pub async fn workers_of(list: &str) -> Result<Arc<dyn WorkerDirectory>, Distribu
             "a dns+http:// entry names every worker by itself; give it alone".into(),
         ));
     }
-    // Checked as the plain URL it stands for (http://, host, port, nothing else): the
-    // same entry twice passes the two-worker check, which applies to what it resolves to.
-    let parsed = StaticWorkers::parse(&format!("{plain},{plain}"))
-        .or_else(|_| StaticWorkers::parse(&format!("{plain},http://check.invalid:1")))?;
+    // Checked as the plain URL it stands for (a scheme, host, port, nothing else), beside a
+    // stand-in of the same scheme: the two-worker check applies to what the name resolves
+    // to, not to the one entry.
+    let scheme = if plain.starts_with("https:") {
+        "https"
+    } else {
+        "http"
+    };
+    let parsed = StaticWorkers::parse(&format!("{plain},{scheme}://check.invalid:1"))?;
     let url = &parsed.urls()[0];
     let host = url.host_str().expect("checked by parse");
     let port = url.port_or_known_default().expect("an http URL has a port");
-    Ok(Arc::new(DnsWorkers::start("http", host, port).await))
+    Ok(Arc::new(DnsWorkers::start(url.scheme(), host, port).await))
 }
 
 /// datafusion-distributed's view of a [`WorkerDirectory`].
@@ -308,7 +331,10 @@ pub fn install(
 ) -> SessionStateBuilder {
     let mut builder = builder
         .with_distributed_worker_resolver(Resolver(settings.workers.clone()))
-        .with_distributed_channel_resolver(auth::Channels::new(settings.secret.clone()))
+        .with_distributed_channel_resolver(auth::Channels::new(
+            settings.secret.clone(),
+            settings.tls.clone(),
+        ))
         .with_distributed_planner()
         .with_distributed_user_codec(ScanCodec::new(tiers))
         .with_distributed_desired_task_count_handler(tasks::desired_task_count)
@@ -333,6 +359,8 @@ mod tests {
                 .all(|u| u.scheme() == "http" && u.port() == Some(7600)),
             "{urls:?}"
         );
+        let tls = workers_of("dns+https://localhost:7600").await.unwrap();
+        assert!(tls.urls().unwrap().iter().all(|u| u.scheme() == "https"));
         let e = workers_of("dns+http://a:1,http://b:2").await.unwrap_err();
         assert!(e.to_string().contains("alone"), "{e}");
         let none = workers_of("dns+http://no-such-worker.invalid:7600")
@@ -347,6 +375,8 @@ mod tests {
         let ok = StaticWorkers::parse("http://10.0.0.1:7600, http://w2.internal").unwrap();
         assert_eq!(ok.urls().len(), 2);
         assert_eq!(ok.urls()[1].port_or_known_default(), Some(80));
+        let tls = StaticWorkers::parse("https://w1.internal:7600,https://w2.internal").unwrap();
+        assert_eq!(tls.urls()[1].port_or_known_default(), Some(443));
         for (list, says) in [
             ("http://a:1,,http://b:2", "entry 2 is empty"),
             ("a:1", "entry 1 has scheme"),
@@ -355,7 +385,10 @@ mod tests {
             ("http://u:hunter22@a:1", "credentials"),
             ("http://a:1", "at least two"),
             ("http://a:1,http://a:1", "at least two"),
-            ("https://a:1,http://b:2", "plain HTTP/2"),
+            (
+                "https://a:1,http://b:2",
+                "entry 2 is http:// but entry 1 is https://",
+            ),
             ("http://a:1/x", "path"),
         ] {
             let e = StaticWorkers::parse(list).unwrap_err().to_string();

@@ -38,7 +38,9 @@ use datafusion_distributed::{
     DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedTaskContext,
     ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
 };
+use futures::StreamExt;
 
+use super::metrics::{Raised, WorkerMetrics};
 use super::{DistributedError, DistributedSettings};
 use crate::provider::{PulpitumScanExec, ScanSpec};
 use crate::table::{plan_groups, KeyBuckets};
@@ -117,12 +119,14 @@ pub fn split(spec: &ScanSpec, tasks: usize) -> Result<TaskScanExec, DistributedE
 /// A scan cut into tasks: on a worker running task `i` of its stage, the partitions of the
 /// `i`th part. Every task has the same partition count (the largest part's); a part with
 /// fewer groups answers its extra partitions with no rows.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TaskScanExec {
     /// The scan as planned, over all its buckets (what `EXPLAIN` and the codec describe).
     whole: Arc<PulpitumScanExec>,
     tasks: Vec<Arc<PulpitumScanExec>>,
     props: Arc<PlanProperties>,
+    /// On a worker, its counters: each partition run is counted with its rows.
+    meter: Option<Arc<WorkerMetrics>>,
 }
 
 impl TaskScanExec {
@@ -151,7 +155,16 @@ impl TaskScanExec {
             whole: Arc::new(whole),
             tasks: tasks.into_iter().map(Arc::new).collect(),
             props: Arc::new(props),
+            meter: None,
         })
+    }
+
+    /// The same scan, counting its runs on `meter` (a worker's).
+    pub(crate) fn metered(&self, meter: Arc<WorkerMetrics>) -> Self {
+        Self {
+            meter: Some(meter),
+            ..self.clone()
+        }
     }
 
     /// The scan as planned.
@@ -241,6 +254,7 @@ impl ExecutionPlan for TaskScanExec {
             whole: self.whole.clone(),
             tasks,
             props: self.props.clone(),
+            meter: self.meter.clone(),
         }))
     }
 
@@ -278,6 +292,27 @@ impl ExecutionPlan for TaskScanExec {
                 futures::stream::empty(),
             )));
         }
-        part.execute(partition, context)
+        let stream = part.execute(partition, context)?;
+        let Some(meter) = &self.meter else {
+            return Ok(stream);
+        };
+        meter.scan_tasks.inc();
+        let active = Raised::new(&meter.scan_tasks_active);
+        let meter = meter.clone();
+        let schema = stream.schema();
+        let counted = stream.map(move |item| {
+            // Lowered when the stream is dropped, finished or abandoned.
+            let _running = &active;
+            match &item {
+                Ok(batch) => {
+                    meter.scan_rows.inc_by(batch.num_rows() as u64);
+                }
+                Err(_) => {
+                    meter.scan_errors.inc();
+                }
+            }
+            item
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, counted)))
     }
 }
