@@ -47,8 +47,43 @@ use crate::provider::{PulpitumScanExec, QueryLimits, ScanSpec};
 use crate::store::{HotStore, TableDefinition};
 use crate::table::{BucketCounts, DurableTable, KeyBuckets, Route, RouteCacheConfig};
 
-/// The wire format this build writes and reads.
-pub const PLAN_FORMAT: u32 = 1;
+/// The wire format this build writes and reads: 2 is format 1's JSON, compressed with zstd.
+pub const PLAN_FORMAT: u32 = 2;
+
+/// The largest plan a worker decompresses. A plan lists every bucket of its scan with its
+/// route (about 130 bytes each as JSON), so this admits scans of about two million buckets
+/// while a malformed or hostile frame cannot make a worker allocate without bound.
+pub const MAX_PLAN_BYTES: u64 = 256 << 20;
+
+/// zstd's level for plans: a plan is sent once per task and repeats its table id, bucket
+/// key prefixes and object key prefixes in every entry, so even a fast level shrinks it
+/// several-fold (the stage's plan bytes go to every task of the stage).
+const PLAN_ZSTD_LEVEL: i32 = 3;
+
+/// `json` as it travels.
+pub(crate) fn compress(json: &[u8]) -> Result<Vec<u8>, DistributedError> {
+    zstd::bulk::compress(json, PLAN_ZSTD_LEVEL)
+        .map_err(|e| DistributedError::Plan(format!("compressing a scan: {e}")))
+}
+
+/// The JSON a received plan holds, refusing one that is not a zstd frame or that would
+/// decompress past [`MAX_PLAN_BYTES`].
+pub(crate) fn decompress(buf: &[u8]) -> Result<Vec<u8>, DistributedError> {
+    use std::io::Read;
+    let refuse = |why: String| DistributedError::Plan(format!("not a Pulpitum scan plan: {why}"));
+    let decoder = zstd::stream::read::Decoder::new(buf).map_err(|e| refuse(e.to_string()))?;
+    let mut json = Vec::new();
+    decoder
+        .take(MAX_PLAN_BYTES + 1)
+        .read_to_end(&mut json)
+        .map_err(|e| refuse(e.to_string()))?;
+    if json.len() as u64 > MAX_PLAN_BYTES {
+        return Err(DistributedError::Plan(format!(
+            "a scan plan larger than {MAX_PLAN_BYTES} bytes decompressed"
+        )));
+    }
+    Ok(json)
+}
 
 /// What a decoded scan reads through: this process's own hot store and archive.
 #[derive(Clone)]
@@ -150,8 +185,9 @@ pub(crate) fn encode(node: &Arc<dyn ExecutionPlan>) -> DFResult<Vec<u8>> {
             node.name()
         )));
     };
-    serde_json::to_vec(&wire)
-        .map_err(|e| DistributedError::Plan(format!("encoding a scan: {e}")).into())
+    let json = serde_json::to_vec(&wire)
+        .map_err(|e| DistributedError::Plan(format!("encoding a scan: {e}")))?;
+    Ok(compress(&json)?)
 }
 
 /// Decodes a scan node against `tiers`.
@@ -159,7 +195,8 @@ pub(crate) fn decode(
     buf: &[u8],
     tiers: &Tiers,
 ) -> Result<Arc<dyn ExecutionPlan>, DistributedError> {
-    let wire: WirePlan = serde_json::from_slice(buf)
+    let json = decompress(buf)?;
+    let wire: WirePlan = serde_json::from_slice(&json)
         .map_err(|e| DistributedError::Plan(format!("not a Pulpitum scan plan: {e}")))?;
     if wire.format != PLAN_FORMAT {
         return Err(DistributedError::Plan(format!(

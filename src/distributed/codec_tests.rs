@@ -142,18 +142,84 @@ async fn a_scan_crosses_to_a_worker_unchanged() {
     }
 
     // Malformed plans.
-    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let json = |b: &[u8]| -> serde_json::Value {
+        serde_json::from_slice(&decompress(b).unwrap()).unwrap()
+    };
+    let plan = |v: &serde_json::Value| compress(&serde_json::to_vec(v).unwrap()).unwrap();
+    let mut v = json(&bytes);
     v["format"] = 99.into();
-    let e = decode(&serde_json::to_vec(&v).unwrap(), &tiers).unwrap_err();
+    let e = decode(&plan(&v), &tiers).unwrap_err();
     assert!(e.to_string().contains("format 99"), "{e}");
-    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let mut v = json(&bytes);
     v["tasks"][0][0][0]["partition"] = "zz".into();
-    let e = decode(&serde_json::to_vec(&v).unwrap(), &tiers).unwrap_err();
+    let e = decode(&plan(&v), &tiers).unwrap_err();
     assert!(e.to_string().contains("partition key"), "{e}");
-    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let mut v = json(&bytes);
     v["scan"]["projection"][0] = 99.into();
-    let e = decode(&serde_json::to_vec(&v).unwrap(), &tiers).unwrap_err();
+    let e = decode(&plan(&v), &tiers).unwrap_err();
     assert!(e.to_string().contains("projection"), "{e}");
     let e = decode(b"\x00garbage", &tiers).unwrap_err();
     assert!(e.to_string().contains("not a Pulpitum scan plan"), "{e}");
+    // Uncompressed JSON (a format-1 coordinator) and a truncated frame.
+    let e = decode(&serde_json::to_vec(&json(&bytes)).unwrap(), &tiers).unwrap_err();
+    assert!(e.to_string().contains("not a Pulpitum scan plan"), "{e}");
+    let e = decode(&bytes[..bytes.len() / 2], &tiers).unwrap_err();
+    assert!(e.to_string().contains("not a Pulpitum scan plan"), "{e}");
+    // A frame that would decompress past the bound is refused before it is held whole.
+    let bomb = zstd::bulk::compress(&vec![b' '; (MAX_PLAN_BYTES + 1) as usize], 1).unwrap();
+    assert!(bomb.len() < 1 << 20);
+    let e = decode(&bomb, &tiers).unwrap_err();
+    assert!(e.to_string().contains("larger than"), "{e}");
+
+    // What a long scan costs per task: 100 partitions x 64 archived buckets, as one task of
+    // a split scan receives them, each object key with 16 random hex digits (a segment's
+    // key carries such an id; the worst case for compression).
+    let mut v = json(&encode(&split).unwrap());
+    let key = v["tasks"][0][0][0].clone();
+    let mut keys = Vec::new();
+    for p in 0..100u64 {
+        let mut k = key.clone();
+        let partition = format!("{:016x}", 0x8000_0000_0000_0001u64 + p * 7919);
+        k["partition"] = partition.clone().into();
+        let mut buckets = Vec::new();
+        for b in 0..64u64 {
+            let day = format!("day:2024-{:02}-{:02}", 1 + b / 28, 1 + b % 28);
+            let id: u64 = rand::random();
+            buckets.push(serde_json::json!({
+                "key": day,
+                "archived": {
+                    "object_key": format!("v4/events/{partition}/{day}/g{}/{id:016x}/manifest.json", 1 + b % 3),
+                    "age_us": rand::random::<u32>(),
+                },
+            }));
+        }
+        k["buckets"] = serde_json::Value::Array(buckets);
+        keys.push(k);
+    }
+    v["tasks"] = serde_json::json!([[keys]]);
+    let raw = serde_json::to_vec(&v).unwrap();
+    let sent = plan(&v);
+    eprintln!(
+        "6,400 archived buckets: {} bytes of JSON, {} sent ({:.1}x smaller, {:.1} bytes a bucket)",
+        raw.len(),
+        sent.len(),
+        raw.len() as f64 / sent.len() as f64,
+        sent.len() as f64 / 6400.0
+    );
+    assert!(
+        sent.len() * 3 < raw.len(),
+        "{} of {}",
+        sent.len(),
+        raw.len()
+    );
+    // And it decodes: every bucket key, partition key and route is valid.
+    let back = decode(&sent, &tiers).unwrap();
+    let back = back.downcast_ref::<TaskScanExec>().unwrap();
+    let listed: usize = back.tasks()[0]
+        .spec()
+        .keys
+        .iter()
+        .map(|k| k.buckets.len())
+        .sum();
+    assert_eq!(listed, 6400);
 }
