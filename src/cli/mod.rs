@@ -14,6 +14,7 @@ use std::io::Write;
 pub mod erasure;
 pub mod script;
 pub mod serve;
+pub mod shell;
 pub mod worker;
 
 use crate::store::migrate::Migrated;
