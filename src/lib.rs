@@ -22,6 +22,7 @@ pub mod locator;
 pub mod logging;
 mod lru;
 pub mod model;
+mod pem;
 pub mod prepared;
 pub mod provider;
 pub mod server;

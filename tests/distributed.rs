@@ -499,7 +499,7 @@ async fn a_refused_or_lost_worker_fails_the_query_naming_it() {
     .await;
     let addr = small.url.trim_start_matches("http://").to_string();
     let held_a = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let _held_b = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let held_b = tokio::net::TcpStream::connect(&addr).await.unwrap();
     async fn closed_at_once(addr: &str) -> bool {
         use tokio::io::AsyncReadExt;
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -531,7 +531,17 @@ async fn a_refused_or_lost_worker_fails_the_query_naming_it() {
         !closed_at_once(&addr).await,
         "a free slot was not given to a new connection"
     );
-    drop(small);
+    // SIGTERM with a connection that never speaks still open: the worker exits after its
+    // drain period instead of waiting for that connection forever (break-it finding).
+    let mut small = small;
+    // SAFETY: signals a child process this test started.
+    unsafe { libc::kill(small.child.id().unwrap() as i32, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(60), small.child.wait())
+        .await
+        .expect("a stopping worker exited within 60 s despite an idle connection")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    drop(held_b);
 
     // A worker that is gone before the query.
     let coord = f.coordinator(&f.list(), Some(SECRET)).await;

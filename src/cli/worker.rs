@@ -78,8 +78,11 @@ pub async fn settings(
     Ok(Some(settings))
 }
 
+/// How long a stopping worker lets running tasks finish.
+pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Serves plan fragments on `listener` (bound by [`worker::bind`]) until SIGTERM or
-/// SIGINT, announcing its address on standard error, with its metrics and `/healthz` on
+/// SIGINT (then at most [`DRAIN`] more), announcing its address on standard error, with its metrics and `/healthz` on
 /// `metrics_addr` when given.
 pub async fn serve(
     listener: TcpListener,
@@ -101,11 +104,31 @@ pub async fn serve(
         }
     };
     eprintln!("pulpitum: worker listening on {addr}");
-    let stop = async {
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = async move {
         super::serve::wait_for_stop_signal().await;
         eprintln!("pulpitum: worker stopping");
+        let _ = stopping.send(());
     };
-    let served = worker::serve_worker(listener, opts, tiers, metrics, stop).await;
+    // Tasks running at the signal get DRAIN to finish; a connection that never speaks (or
+    // a coordinator holding one open) does not keep the process alive past it.
+    let drained = async {
+        if stopped.await.is_ok() {
+            tokio::time::sleep(DRAIN).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let served = tokio::select! {
+        served = worker::serve_worker(listener, opts, tiers, metrics, stop) => served,
+        () = drained => {
+            eprintln!(
+                "pulpitum: worker stopped with connections still open {} s after the signal",
+                DRAIN.as_secs()
+            );
+            Ok(())
+        }
+    };
     if let Some(task) = exposition {
         task.abort();
     }

@@ -290,7 +290,7 @@ pub async fn workers_of(list: &str) -> Result<Arc<dyn WorkerDirectory>, Distribu
     // Checked as the plain URL it stands for (a scheme, host, port, nothing else), beside a
     // stand-in of the same scheme: the two-worker check applies to what the name resolves
     // to, not to the one entry.
-    let scheme = if plain.starts_with("https:") {
+    let scheme = if plain.to_ascii_lowercase().starts_with("https:") {
         "https"
     } else {
         "http"
@@ -359,8 +359,10 @@ mod tests {
                 .all(|u| u.scheme() == "http" && u.port() == Some(7600)),
             "{urls:?}"
         );
-        let tls = workers_of("dns+https://localhost:7600").await.unwrap();
-        assert!(tls.urls().unwrap().iter().all(|u| u.scheme() == "https"));
+        for list in ["dns+https://localhost:7600", "dns+HTTPS://localhost:7600"] {
+            let tls = workers_of(list).await.unwrap();
+            assert!(tls.urls().unwrap().iter().all(|u| u.scheme() == "https"));
+        }
         let e = workers_of("dns+http://a:1,http://b:2").await.unwrap_err();
         assert!(e.to_string().contains("alone"), "{e}");
         let none = workers_of("dns+http://no-such-worker.invalid:7600")

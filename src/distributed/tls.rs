@@ -24,6 +24,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 use super::auth::CONNECT_TIMEOUT;
 use super::DistributedError;
+use crate::pem::problem;
 
 /// The environment variables (and `--worker-tls-*` flags) naming the three files.
 pub const TLS_CA_ENV: &str = "PULPITUM_WORKER_TLS_CA";
@@ -55,35 +56,50 @@ fn bad(setting: &str, path: &Path, what: impl fmt::Display) -> DistributedError 
     DistributedError::Tls(format!("{setting} {}: {what}", path.display()))
 }
 
-fn certificates(setting: &str, path: &Path) -> Result<Vec<u8>, DistributedError> {
+/// The certificates of a PEM file, each parsed (a file of PEM-shaped garbage is refused
+/// here, not at the first handshake). Errors name the kind of problem, never the bytes.
+fn certificates(
+    setting: &str,
+    path: &Path,
+) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), DistributedError> {
     let bytes = std::fs::read(path).map_err(|e| bad(setting, path, e))?;
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<_, _>>()
-        .map_err(|e| bad(setting, path, e))?;
+        .map_err(|e| bad(setting, path, problem(&e)))?;
     if certs.is_empty() {
         return Err(bad(setting, path, "holds no PEM certificate"));
     }
-    Ok(bytes)
+    let mut roots = rustls::RootCertStore::empty();
+    for (i, c) in certs.iter().enumerate() {
+        roots.add(c.clone()).map_err(|e| {
+            bad(
+                setting,
+                path,
+                format!(
+                    "certificate {} is not a usable X.509 certificate ({e})",
+                    i + 1
+                ),
+            )
+        })?;
+    }
+    Ok((bytes, certs))
 }
 
 impl WorkerTls {
     /// Reads and checks the CA bundle, this process's certificate chain and its private key
     /// (PKCS#8, PKCS#1 or SEC1), all PEM.
     pub fn load(ca: &Path, cert: &Path, key: &Path) -> Result<Self, DistributedError> {
-        let ca_pem = certificates("--worker-tls-ca", ca)?;
-        let cert_pem = certificates("--worker-tls-cert", cert)?;
+        let (ca_pem, _) = certificates("--worker-tls-ca", ca)?;
+        let (cert_pem, chain) = certificates("--worker-tls-cert", cert)?;
         let key_pem = std::fs::read(key).map_err(|e| bad("--worker-tls-key", key, e))?;
-        // The key's bytes never reach a message, only its path.
+        // The key's bytes never reach a message, only its path and the kind of problem.
         let parsed = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
             bad(
                 "--worker-tls-key",
                 key,
-                format!("no usable private key ({e})"),
+                format!("no usable private key ({})", problem(&e)),
             )
         })?;
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
-            .collect::<Result<_, _>>()
-            .map_err(|e| bad("--worker-tls-cert", cert, e))?;
         rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -317,6 +333,36 @@ mod tests {
         assert!(e.contains("absent.pem"), "{e}");
         let e = WorkerTls::load(&ca, &cert, &cert).unwrap_err().to_string();
         assert!(e.contains("no usable private key"), "{e}");
+        // A key whose line breaks were lost (as in a one-line environment value), given as
+        // the key, the certificate or the CA (break-it finding: rustls's error quoted the
+        // whole key as bytes): refused, and no byte of it printed.
+        for (i, mangled) in [key_text.replace('\n', "\\n"), key_text.replace('\n', " ")]
+            .into_iter()
+            .enumerate()
+        {
+            let m = dir.join(format!("mangled{i}.key"));
+            std::fs::write(&m, &mangled).unwrap();
+            for e in [
+                WorkerTls::load(&ca, &cert, &m),
+                WorkerTls::load(&ca, &m, &key),
+                WorkerTls::load(&m, &cert, &key),
+            ] {
+                let e = e.unwrap_err().to_string();
+                assert!(e.contains("mangled"), "{e}");
+                assert!(!e.contains(body) && !e.contains("45, 45"), "{e}");
+            }
+        }
+        // PEM-shaped garbage as the CA is refused at load, not at the first handshake.
+        let garbage = dir.join("garbage-ca.pem");
+        std::fs::write(
+            &garbage,
+            "-----BEGIN CERTIFICATE-----\nAAECAwQFBgcICQoLDA0ODxAREhM=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let e = WorkerTls::load(&garbage, &cert, &key)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a usable X.509 certificate"), "{e}");
         std::fs::remove_dir_all(&dir).ok();
     }
 

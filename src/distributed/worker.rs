@@ -103,8 +103,9 @@ pub(crate) fn plan_worker(
     })
 }
 
-/// The gRPC server, pinging its coordinators: a coordinator that vanished without closing
-/// its connections stops holding the tasks it started.
+/// The gRPC server, pinging its coordinators: the connection of a coordinator that vanished
+/// without closing it is closed. (Scan tasks it started may still read on for a while:
+/// docs/production-readiness.md, distributed gaps.)
 fn server() -> Server {
     Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -172,10 +173,11 @@ fn held_connections(
     max: usize,
     metrics: Arc<WorkerMetrics>,
 ) -> impl futures::Stream<Item = std::io::Result<Held>> {
-    let slots = Arc::new(Semaphore::new(max.max(1)));
+    let max = max.max(1);
+    let slots = Arc::new(Semaphore::new(max));
     futures::stream::unfold(
         (listener, slots, metrics),
-        |(listener, slots, metrics)| async move {
+        move |(listener, slots, metrics)| async move {
             loop {
                 let stream = match listener.accept().await {
                     Ok((stream, _)) => stream,
@@ -186,8 +188,18 @@ fn held_connections(
                     }
                 };
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    metrics.connections_refused.inc();
+                    let refused = metrics.connections_refused.inc() + 1;
                     drop(stream);
+                    // Said once per hundred refusals, so a flood cannot flood the log too.
+                    if refused % 100 == 1 {
+                        warn!(
+                            max,
+                            refused,
+                            "worker: holding --max-connections connections, closing new ones \
+                             (a stranger holding unfinished handshakes or idle connections, or \
+                             more coordinators and workers than the limit allows)"
+                        );
+                    }
                     continue;
                 };
                 let _ = stream.set_nodelay(true);

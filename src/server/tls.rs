@@ -12,6 +12,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
 use super::ServerError;
+use crate::pem::problem;
 
 fn bad(reason: String) -> ServerError {
     ServerError::Config {
@@ -23,16 +24,22 @@ fn bad(reason: String) -> ServerError {
 /// Builds the acceptor from a certificate chain and a private key (PKCS#8, PKCS#1 or SEC1),
 /// both PEM. Advertises ALPN `postgresql` so PostgreSQL 17's direct TLS works too.
 pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, ServerError> {
+    // PEM errors are described by kind only: rustls's own text quotes the file's bytes.
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| bad(format!("{}: {e}", cert.display())))?
+        .map_err(|e| bad(format!("{}: {}", cert.display(), problem(&e))))?
         .collect::<Result<_, _>>()
-        .map_err(|e| bad(format!("{}: {e}", cert.display())))?;
+        .map_err(|e| bad(format!("{}: {}", cert.display(), problem(&e))))?;
     if chain.is_empty() {
         return Err(bad(format!("{} holds no certificate", cert.display())));
     }
     // The key's bytes never reach a message, only its path.
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| bad(format!("{}: no usable private key ({e})", key.display())))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        bad(format!(
+            "{}: no usable private key ({})",
+            key.display(),
+            problem(&e)
+        ))
+    })?;
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
