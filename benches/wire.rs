@@ -5,7 +5,7 @@
 //! PostgreSQL table with a primary key on `(channel_id, ts, id)`. One tokio-postgres client
 //! asks each for the latest 50 messages of channel 1:
 //!
-//! 1. `wire prepared`: `pulpitum serve` (in process, loopback), a prepared statement
+//! 1. `wire prepared`: `pulpitum serve` (its own process by default, loopback), a prepared statement
 //!    (extended protocol, binary results): the driver's usual path;
 //! 2. `direct`: PostgreSQL, the same prepared shape on the plain table: the baseline;
 //! 3. `wire ad hoc`: the page as a simple-protocol query with a literal, run as its prepared
@@ -27,7 +27,12 @@
 //! the server's memory does not grow with the result, the hot page stays usable beside it.
 //! Run: `cargo bench --bench wire` (release: DataFusion optimised; about 25 minutes cold);
 //! `WIRE_BENCH_ROUNDS` (default 500), `WIRE_BENCH_CLIENTS` (32), `WIRE_BENCH_PAGES` (pages
-//! per client, 100), `WIRE_BENCH_BIG_GB` (5; 0 skips the big read).
+//! per client, 100), `WIRE_BENCH_BIG_GB` (5; 0 skips the big read), `WIRE_BENCH_SERVER`
+//! (`process`, the default: `pulpitum serve` in a process of its own, as deployed, so the
+//! client's tasks do not share the server's threads; `caller`: the server in this process,
+//! its connections on this runtime as the binary runs them; `own`: in this process, on a
+//! runtime of the server's own, the library's default and the shape of every figure before
+//! 2026-12-06).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,7 +43,7 @@ use tokio_postgres::{Client, NoTls};
 
 use pulpitum::archive::ArchiveStore;
 use pulpitum::model::{encode_i64, EventTime, PartitionKey, Record, SortKey, TableId};
-use pulpitum::server::{Server, ServerConfig};
+use pulpitum::server::{ConnectionRuntime, Server, ServerConfig};
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
 use pulpitum::store::{Appends, HotStore};
@@ -115,9 +120,16 @@ async fn concurrent(
     (n as f64 / elapsed.as_secs_f64(), percentiles(all).1)
 }
 
-/// This process's resident set, in bytes (Linux).
+/// The server's resident set, in bytes (Linux): this process's, or the `pulpitum serve`
+/// process's when the server runs in one.
 fn rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    let pid = SERVER_PID.load(std::sync::atomic::Ordering::Relaxed);
+    let path = if pid == 0 {
+        "/proc/self/status".to_string()
+    } else {
+        format!("/proc/{pid}/status")
+    };
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -209,8 +221,79 @@ async fn big_read(wire_info: &str, hot: &Client, page: &tokio_postgres::Statemen
     );
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() {
+/// Where the server runs.
+enum Serving {
+    /// In this process, on its runtime (`WIRE_BENCH_SERVER=caller` or `own`).
+    Task(tokio::task::JoinHandle<()>),
+    /// `pulpitum serve` (the default).
+    Process(std::process::Child),
+}
+
+/// The `pulpitum serve` process's id (0: the server runs in this process).
+static SERVER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// `pulpitum serve` in a process of its own, over this run's schema and an archive in
+/// memory (the page reads only the hot store): the deployment's shape, with the client in
+/// another process than the server. Returns the child and its port.
+fn serve_process(schema: &str) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let url = format!(
+        "host=127.0.0.1 port=5432 user=postgres dbname=test options='-c search_path={schema}'"
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["serve", "--insecure-no-auth", "--listen", "127.0.0.1:0"])
+        .args(["--statement-timeout-ms", "0"])
+        .env("PULPITUM_DATABASE_URL", url)
+        .env("PULPITUM_ARCHIVE_URL", "memory://")
+        .env("PULPITUM_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("pulpitum serve starts");
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("serve announces its address").unwrap();
+        if let Some(a) = line.split("serving PostgreSQL clients on ").nth(1) {
+            break a.trim().to_string();
+        }
+    };
+    // Its later lines (warnings) go on to this process's standard error.
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            eprintln!("serve: {line}");
+        }
+    });
+    let port = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+    SERVER_PID.store(child.id(), std::sync::atomic::Ordering::Relaxed);
+    (child, port)
+}
+
+/// The server in this process: `WIRE_BENCH_SERVER=caller` runs its connections on the
+/// runtime that drives its store connections too, as `pulpitum serve` does; `own` on a
+/// runtime of the server's own, the library's default.
+fn server_config() -> ServerConfig {
+    let runtime = match std::env::var("WIRE_BENCH_SERVER").as_deref() {
+        Ok("own") => ConnectionRuntime::Own,
+        _ => ConnectionRuntime::Caller,
+    };
+    ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        insecure_no_auth: true,
+        statement_timeout: None,
+        runtime,
+        ..ServerConfig::default()
+    }
+}
+
+/// On the runtime the `pulpitum` binary builds (its workers have the server's stack).
+fn main() {
+    pulpitum::server::runtime_builder()
+        .build()
+        .unwrap()
+        .block_on(bench());
+}
+
+async fn bench() {
     let schema = format!("bench_wire_{}", rand::random::<u32>());
     let store = Arc::new(PgStore::connect_with_schema(PG_URL, &schema).await.unwrap());
     let archive = Arc::new(ArchiveStore::from_url("memory://").unwrap());
@@ -274,20 +357,20 @@ async fn main() {
     }
     raw.batch_execute("ANALYZE wire_ref").await.unwrap();
 
-    let server = Server::bind(
-        ctx,
-        ServerConfig {
-            listen: "127.0.0.1:0".into(),
-            insecure_no_auth: true,
-            statement_timeout: None,
-            ..ServerConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let port = server.local_addr().unwrap().port();
+    // The same prepared page in this process, without the wire (variant `inproc`).
+    let inproc = pulpitum::prepared::prepare(&ctx, PAGE).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
-    let serving = tokio::spawn(server.run(stop.clone()));
+    let (port, mut serving) = match std::env::var("WIRE_BENCH_SERVER").as_deref() {
+        Ok("caller") | Ok("own") => {
+            let server = Server::bind(ctx, server_config()).await.unwrap();
+            let port = server.local_addr().unwrap().port();
+            (port, Serving::Task(tokio::spawn(server.run(stop.clone()))))
+        }
+        _ => {
+            let (child, port) = serve_process(&schema);
+            (port, Serving::Process(child))
+        }
+    };
     let wire_info = format!("host=127.0.0.1 port={port} user=bench dbname=pulpitum");
     let direct_info = format!(
         "host=127.0.0.1 port=5432 user=postgres dbname=test options='-c search_path={schema}'"
@@ -323,10 +406,17 @@ async fn main() {
     assert_eq!(a.len(), 50);
 
     let rounds = env_usize("WIRE_BENCH_ROUNDS", 500);
-    let mut times: [Vec<Duration>; 4] = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut times: [Vec<Duration>; 7] = Default::default();
+    let wire_floor = wire.prepare("SELECT $1::BIGINT").await.unwrap();
+    let direct_floor = direct.prepare("SELECT $1::BIGINT").await.unwrap();
     // `WIRE_BENCH_VARIANTS=prepared,direct` (say) runs a subset, to profile: the ad-hoc
     // variant's planning shares the server's cores and caches with the others.
-    let names = ["prepared", "direct", "adhoc", "written"];
+    // `floor` and `pgfloor` (a prepared `SELECT $1::BIGINT` through the server and to
+    // PostgreSQL) and `inproc` (the page prepared in this process, no wire) run only when
+    // named: they split the wire's cost into its round trip and its query.
+    let names = [
+        "prepared", "direct", "adhoc", "written", "floor", "pgfloor", "inproc",
+    ];
     let mut order: Vec<usize> = match std::env::var("WIRE_BENCH_VARIANTS") {
         Ok(v) => v
             .split(',')
@@ -348,6 +438,16 @@ async fn main() {
                     let msgs = wire.simple_query(adhoc).await.unwrap();
                     assert!(msgs.len() >= 50);
                 }
+                4 => assert_eq!(wire.query(&wire_floor, &[&1i64]).await.unwrap().len(), 1),
+                5 => assert_eq!(
+                    direct.query(&direct_floor, &[&1i64]).await.unwrap().len(),
+                    1
+                ),
+                6 => {
+                    let one = datafusion::scalar::ScalarValue::Int64(Some(1));
+                    let batches = inproc.execute(&[one]).await.unwrap();
+                    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 50);
+                }
                 _ => {
                     let msgs = wire.simple_query(as_written).await.unwrap();
                     assert!(msgs.len() >= 50);
@@ -359,7 +459,17 @@ async fn main() {
             }
         }
     }
-    let [w, d, s, x] = times.map(percentiles);
+    let [w, d, s, x, f, pf, ip] = times.map(percentiles);
+    for (name, (p50, p99)) in [("floor", f), ("pgfloor", pf), ("inproc", ip)] {
+        if p50 > Duration::ZERO {
+            println!(
+                "  {name:<15} p50 {:.3} ms  p99 {:.3} ms  = {:.2}x direct",
+                ms(p50),
+                ms(p99),
+                p50.as_secs_f64() / d.0.as_secs_f64()
+            );
+        }
+    }
     println!(
         "wire bench: latest 50 of a hot channel with a year of daily buckets, {rounds} rounds"
     );
@@ -404,6 +514,12 @@ async fn main() {
     }
     drop(wire);
     stop.cancel();
-    serving.await.unwrap();
+    match &mut serving {
+        Serving::Task(t) => t.await.unwrap(),
+        Serving::Process(child) => {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
     store.drop_schema().await.unwrap();
 }

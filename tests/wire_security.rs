@@ -947,18 +947,7 @@ async fn statements_too_deep_or_too_costly_to_plan_are_refused() {
             );
         }
     }
-    // Just under the limits: planned and answered on the server's threads.
-    let n: i64 = c.query_one(&chain(900), &[]).await.unwrap().get(0);
-    assert_eq!(n, 900);
-    let rows = c.simple_query(&unions(400)).await.unwrap();
-    assert_eq!(
-        rows.iter()
-            .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
-            .count(),
-        400
-    );
-    let n: i64 = c.query_one(&nested(16), &[]).await.unwrap().get(0);
-    assert_eq!(n, 1);
+    just_under_the_limits(&c).await;
     // U+00A0 is part of an identifier to PostgreSQL's tokenizer and whitespace to
     // DataFusion's generic one: the prepared path once re-parsed the text with the latter,
     // so the extended protocol answered `k AND k` (and a 100,000-term one overflowed the
@@ -973,6 +962,30 @@ async fn statements_too_deep_or_too_costly_to_plan_are_refused() {
     );
     c.query(&nbsp, &[]).await.expect_err("no such column");
     c.simple_query(&nbsp).await.expect_err("no such column");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        count(&connect(&s, "alice").await, "SELECT count(*) FROM chat").await,
+        10
+    );
+}
+
+/// Statements just under the shape limits, planned and answered on the threads that run
+/// the server's connections (each needs most of [`pulpitum::server::CONNECTION_STACK_BYTES`]).
+async fn just_under_the_limits(c: &Client) {
+    let chain = |n: usize| format!("SELECT {}", vec!["1"; n].join("+"));
+    let unions = |n: usize| vec!["SELECT 1"; n].join(" UNION ALL ");
+    let nested = |n: usize| format!("SELECT {}1{}", "coalesce(".repeat(n), ")".repeat(n));
+    let n: i64 = c.query_one(&chain(900), &[]).await.unwrap().get(0);
+    assert_eq!(n, 900);
+    let rows = c.simple_query(&unions(400)).await.unwrap();
+    assert_eq!(
+        rows.iter()
+            .filter(|m| matches!(m, SimpleQueryMessage::Row(_)))
+            .count(),
+        400
+    );
+    let n: i64 = c.query_one(&nested(16), &[]).await.unwrap().get(0);
+    assert_eq!(n, 1);
     // Just under the depth limit (each term is one operator, or two for IS NOT).
     for (each, n) in [
         (" IS NULL", 990),
@@ -983,11 +996,28 @@ async fn statements_too_deep_or_too_costly_to_plan_are_refused() {
         c.query(&sql, &[]).await.unwrap();
         c.simple_query(&sql).await.unwrap();
     }
-    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
-    assert_eq!(
-        count(&connect(&s, "alice").await, "SELECT count(*) FROM chat").await,
-        10
-    );
+}
+
+/// `ConnectionRuntime::Caller` on a runtime built as the `pulpitum` binary builds its own
+/// (`server::runtime_builder`): the deepest statements the shape limits let through are
+/// planned on the caller's threads without overflowing their stacks. (A runtime with
+/// tokio's default 2 MiB stacks aborts this test.)
+#[test]
+fn the_callers_runtime_built_for_the_server_runs_the_deepest_statements() {
+    pulpitum::server::runtime_builder()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let s = serve(ServerConfig {
+                runtime: pulpitum::server::ConnectionRuntime::Caller,
+                ..with_users()
+            })
+            .await;
+            let c = connect(&s, "carol").await;
+            just_under_the_limits(&c).await;
+            assert_eq!(PANICS.load(Ordering::SeqCst), 0);
+            s.stop.cancel();
+        });
 }
 
 /// A cursor's query runs the plan that was judged (a text re-parsed by another dialect

@@ -143,6 +143,9 @@ pub async fn run(
         statement_timeout: (args.statement_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(args.statement_timeout_ms)),
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_seconds),
+        // The binary's runtime is built by `server::runtime_builder` (large stacks), and it
+        // drives the hot store's connections too: one runtime saves every statement a hop.
+        runtime: crate::server::ConnectionRuntime::Caller,
     };
     let opts = crate::session::SessionOptions {
         reader: Some("serve"),

@@ -120,6 +120,38 @@ pub struct ServerConfig {
     pub query_memory_limit: usize,
     /// Longest Query, Parse, Bind or CopyData message, in bytes.
     pub max_message_bytes: usize,
+    /// Which threads run the connections.
+    pub runtime: ConnectionRuntime,
+}
+
+/// Which tokio runtime runs the connections' tasks (and so plans and runs their statements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConnectionRuntime {
+    /// A runtime of the server's own, made by [`runtime_builder`]: safe whatever runtime the
+    /// caller has, at the price of a hop between runtimes on every statement. The hot store's
+    /// connections are driven by the runtime that opened them (the caller's, at start), so
+    /// each statement's request and answer cross from one runtime's threads to the other's
+    /// and back: measured by `cargo bench --bench wire` with `pulpitum serve` as a process,
+    /// 2.78x-2.81x of a direct PostgreSQL page against 2.46x-2.58x on one runtime (see
+    /// docs/benchmarks.md).
+    #[default]
+    Own,
+    /// The runtime [`Server::run`] is called on. Its worker threads must have at least
+    /// [`CONNECTION_STACK_BYTES`] of stack: build it with [`runtime_builder`], as the
+    /// `pulpitum` binary does. A smaller stack can overflow planning a statement that
+    /// [`shape`] lets through, which aborts the process.
+    Caller,
+}
+
+/// A multi-threaded runtime whose worker threads have [`CONNECTION_STACK_BYTES`] of stack:
+/// the one the server makes for itself, and the one to build for
+/// [`ConnectionRuntime::Caller`].
+pub fn runtime_builder() -> tokio::runtime::Builder {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
+        .thread_stack_size(CONNECTION_STACK_BYTES)
+        .enable_all();
+    builder
 }
 
 impl Default for ServerConfig {
@@ -137,6 +169,7 @@ impl Default for ServerConfig {
             memory_limit,
             query_memory_limit: memory_limit / 4,
             max_message_bytes: frames::DEFAULT_MAX_MESSAGE_BYTES,
+            runtime: ConnectionRuntime::Own,
         }
     }
 }
@@ -168,8 +201,9 @@ pub struct Server {
     shared: Arc<Shared>,
     /// Connections between accept and their login (they hold no slot yet).
     handshakes: Arc<handshake::Handshakes>,
-    /// The connections' own runtime, whatever runtime the caller runs `run` on: its threads
-    /// have [`CONNECTION_STACK_BYTES`] of stack.
+    /// The connections' own runtime ([`ConnectionRuntime::Own`]), whatever runtime the
+    /// caller runs `run` on: its threads have [`CONNECTION_STACK_BYTES`] of stack. `None`
+    /// when the caller's runtime runs them.
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -263,14 +297,19 @@ impl Server {
             refusing_hooks,
         ));
         let handshakes = Arc::new(handshake::Handshakes::for_server(config.max_connections));
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .thread_name("pulpitum-conn")
-            .thread_stack_size(CONNECTION_STACK_BYTES)
-            .enable_all()
-            .build()
-            .map_err(|e| ServerError::Io(format!("cannot start the connection threads: {e}")))?;
+        let runtime = match config.runtime {
+            ConnectionRuntime::Own => Some(
+                runtime_builder()
+                    .thread_name("pulpitum-conn")
+                    .build()
+                    .map_err(|e| {
+                        ServerError::Io(format!("cannot start the connection threads: {e}"))
+                    })?,
+            ),
+            ConnectionRuntime::Caller => None,
+        };
         Ok(Self {
-            runtime: Some(runtime),
+            runtime,
             listener: Some(listener),
             shared: Arc::new(Shared {
                 base: ctx,
@@ -300,12 +339,10 @@ impl Server {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut running = JoinSet::new();
         let listener = self.listener.take().expect("run is called once");
-        let handle = self
-            .runtime
-            .as_ref()
-            .expect("the runtime lives until run ends")
-            .handle()
-            .clone();
+        let handle = match &self.runtime {
+            Some(own) => own.handle().clone(),
+            None => tokio::runtime::Handle::current(),
+        };
         let mut backoff = Duration::ZERO;
         loop {
             tokio::select! {
