@@ -579,9 +579,10 @@ fn main() -> ExitCode {
     // TLS on ring (rustls is a direct dependency): install the provider and OpenDAL's HTTP
     // transport once, before anything opens a connection.
     pulpitum::archive::install_http_transport();
-    // Worker threads with the wire server's stack (`serve` runs its connections here, see
-    // `ConnectionRuntime::Caller`); the stack is reserved, not committed, until used.
-    let rt = match pulpitum::server::runtime_builder().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("Error: {e}");

@@ -143,9 +143,11 @@ pub async fn run(
         statement_timeout: (args.statement_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(args.statement_timeout_ms)),
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_seconds),
-        // The binary's runtime is built by `server::runtime_builder` (large stacks), and it
-        // drives the hot store's connections too: one runtime saves every statement a hop.
-        runtime: crate::server::ConnectionRuntime::Caller,
+        // Not `Caller`, though one runtime saves the prepared page about 0.25x of a direct
+        // one: a statement that plans for seconds on one worker of a shared runtime left
+        // the listener, the signal handler and the timers undriven until it finished (a
+        // review found new logins and SIGTERM waiting 11 s). See `ConnectionRuntime`.
+        runtime: crate::server::ConnectionRuntime::Own,
     };
     let opts = crate::session::SessionOptions {
         reader: Some("serve"),

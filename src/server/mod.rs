@@ -137,9 +137,12 @@ pub enum ConnectionRuntime {
     #[default]
     Own,
     /// The runtime [`Server::run`] is called on. Its worker threads must have at least
-    /// [`CONNECTION_STACK_BYTES`] of stack: build it with [`runtime_builder`], as the
-    /// `pulpitum` binary does. A smaller stack can overflow planning a statement that
-    /// [`shape`] lets through, which aborts the process.
+    /// [`CONNECTION_STACK_BYTES`] of stack: build it with [`runtime_builder`]. A smaller
+    /// stack can overflow planning a statement that [`shape`] lets through, which aborts
+    /// the process. And planning does not yield: while one worker plans a slow statement
+    /// and the others are parked, nothing drives that runtime's sockets, timers or signals,
+    /// so the caller's own tasks (the accept loop, a signal handler) wait for it too. The
+    /// `pulpitum` binary uses [`ConnectionRuntime::Own`] for that reason.
     Caller,
 }
 
