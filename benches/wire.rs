@@ -413,7 +413,9 @@ async fn bench() {
     // variant's planning shares the server's cores and caches with the others.
     // `floor` and `pgfloor` (a prepared `SELECT $1::BIGINT` through the server and to
     // PostgreSQL) and `inproc` (the page prepared in this process, no wire) run only when
-    // named: they split the wire's cost into its round trip and its query.
+    // named: they split the wire's cost into its round trip and its query. `floor` is
+    // planned physically at every execution (a plan without a Pulpitum scan is not cached,
+    // see `prepared::reusable`), so it is an upper bound on the server's round trip.
     let names = [
         "prepared", "direct", "adhoc", "written", "floor", "pgfloor", "inproc",
     ];
