@@ -9,10 +9,15 @@
 //! 3. the latest 50 messages of one channel in an archived month: object reads and p50,
 //!    with nothing cached (a fresh archive store per query) and warm (one session);
 //! 4. archival throughput of 10,000 small buckets (100 channels x 100 days): archiving
-//!    alone against archiving followed by compaction, in buckets per second.
+//!    alone against archiving followed by compaction, in buckets per second;
+//! 5. `queries`: issue 30's query set over every compacted month (count, group by channel
+//!    with the sum of lengths, a content `LIKE`, per-day counts, the latest 50 across
+//!    channels, a week across channels), each through SQL warm (p50 of 5 in one session)
+//!    and first in a fresh session and archive store, against DuckDB's `read_parquet` over
+//!    the same segment payloads with 2 threads, in the same run.
 //!
 //! Run: `cargo bench --bench segments` (release). `PULPITUM_BENCH_SCALE=small` uses a short
-//! history for a quick look; `SEGMENTS_BENCH=objects,latest,throughput` picks parts
+//! history for a quick look; `SEGMENTS_BENCH=objects,latest,throughput,queries` picks parts
 //! (`objects` covers parts 1 to 3).
 
 use std::sync::Arc;
@@ -264,8 +269,16 @@ for _ in range(5):
 print(statistics.median(ts))
 "#
     );
+    let out = python(&script)?;
+    let secs: f64 = out.trim().parse().ok()?;
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// What a DuckDB script run by `python3 -c` printed, or `None` (with the reason on standard
+/// error) when it failed, most often because the `duckdb` module is not installed.
+fn python(script: &str) -> Option<String> {
     let out = std::process::Command::new("python3")
-        .args(["-c", &script])
+        .args(["-c", script])
         .output()
         .ok()?;
     if !out.status.success() {
@@ -275,8 +288,133 @@ print(statistics.median(ts))
         );
         return None;
     }
-    let secs: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    Some(Duration::from_secs_f64(secs))
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Part 5: the query set over every compacted month, Pulpitum (warm, and first in a fresh
+/// session) against DuckDB on the same files.
+async fn queries(scale: DemoScale) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let db = format!("sqlite://{}", dir.path().join("hot.sqlite3").display());
+    let store = pulpitum::store::open(&db).await.unwrap();
+    store.migrate().await.unwrap();
+    let archive = Arc::new(ArchiveStore::from_url(&url).unwrap());
+    let report =
+        demo::load_and_archive_with(store.clone(), archive.clone(), scale, false, &|_, _, _| {})
+            .await
+            .unwrap();
+    let (_, segments) = compact_and_collect(&store, &url).await;
+    let end = first_of_month(report.cutoff.to_datetime().date_naive());
+    let week = end - chrono::Duration::days(7);
+    let w = format!("timestamp < '{end}T00:00:00Z'");
+    let set: Vec<(&str, String)> = vec![
+        ("count", format!("SELECT count(*) FROM chat WHERE {w}")),
+        (
+            "group by channel, sum of lengths",
+            format!("SELECT channel_id, count(*), sum(length(content)) FROM chat WHERE {w} GROUP BY channel_id"),
+        ),
+        (
+            "content LIKE",
+            format!("SELECT count(*) FROM chat WHERE {w} AND content LIKE '%lunch%'"),
+        ),
+        (
+            "per-day counts",
+            format!("SELECT date_trunc('day', timestamp) AS d, count(*) FROM chat WHERE {w} GROUP BY d"),
+        ),
+        (
+            "latest 50 across channels",
+            format!("SELECT channel_id, timestamp, id, content FROM chat WHERE {w} ORDER BY timestamp DESC LIMIT 50"),
+        ),
+        (
+            "one week across channels",
+            format!("SELECT channel_id, count(*) FROM chat WHERE timestamp >= '{week}T00:00:00Z' AND {w} GROUP BY channel_id"),
+        ),
+    ];
+    let ctx = session(store.clone(), archive.clone(), SessionOptions::default())
+        .await
+        .unwrap();
+    let duck = duck_queries(dir.path(), end, week);
+    println!(
+        "[queries] {} archived rows, {segments} segments, every month before {end}",
+        report.archived_rows
+    );
+    for (i, (name, sql)) in set.iter().enumerate() {
+        // First in a fresh session over a fresh archive store: manifests, footers and row
+        // groups all read cold (the hot store's pages are the operating system's).
+        let fresh = session(
+            store.clone(),
+            Arc::new(ArchiveStore::from_url(&url).unwrap()),
+            SessionOptions::default(),
+        )
+        .await
+        .unwrap();
+        let t = Instant::now();
+        let first_rows = run(&fresh, sql).await;
+        let first = t.elapsed();
+        let (warm, rows) = timed(&ctx, sql, 5).await;
+        assert_eq!(rows, first_rows, "{name}");
+        let line = format!(
+            "[queries] {name}: warm {:.1} ms, first {:.1} ms ({:.2}x warm), {rows} rows",
+            ms(warm),
+            ms(first),
+            first.as_secs_f64() / warm.as_secs_f64()
+        );
+        match duck.as_ref().and_then(|d| d.get(i)) {
+            Some(&(d, drows)) => {
+                assert_eq!(drows, rows, "{name}: DuckDB's row count");
+                println!(
+                    "{line}; DuckDB {:.1} ms: Pulpitum/DuckDB = {:.2}",
+                    ms(d),
+                    warm.as_secs_f64() / d.as_secs_f64()
+                )
+            }
+            None => println!("{line}"),
+        }
+    }
+}
+
+/// DuckDB's p50 (of 5, after a warm-up, 2 threads) and row count for each query of the set,
+/// over the segment payloads under `root`, if the Python module is installed.
+fn duck_queries(
+    root: &std::path::Path,
+    end: NaiveDate,
+    week: NaiveDate,
+) -> Option<Vec<(Duration, usize)>> {
+    let root = root.display();
+    let script = format!(
+        r#"
+import duckdb, time, statistics
+con = duckdb.connect()
+con.execute("SET threads = 2")
+con.execute("SET TimeZone = 'UTC'")
+con.execute("CREATE VIEW p AS SELECT * FROM read_parquet('{root}/v4/*/segments/*/*/payload.parquet')")
+w = "event_time < TIMESTAMPTZ '{end} 00:00:00+00'"
+qs = [
+  f"SELECT count(*) FROM p WHERE {{w}}",
+  f"SELECT partition_key, count(*), sum(length(decode(value))) FROM p WHERE {{w}} GROUP BY partition_key",
+  f"SELECT count(*) FROM p WHERE {{w}} AND decode(value) LIKE '%lunch%'",
+  f"SELECT date_trunc('day', event_time) AS d, count(*) FROM p WHERE {{w}} GROUP BY d",
+  f"SELECT partition_key, event_time, sort_key, decode(value) FROM p WHERE {{w}} ORDER BY event_time DESC LIMIT 50",
+  f"SELECT partition_key, count(*) FROM p WHERE event_time >= TIMESTAMPTZ '{week} 00:00:00+00' AND {{w}} GROUP BY partition_key",
+]
+for q in qs:
+    rows = len(con.execute(q).fetchall())
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter(); con.execute(q).fetchall(); ts.append(time.perf_counter() - t)
+    print(statistics.median(ts), rows)
+"#
+    );
+    let out = python(&script)?;
+    Some(
+        out.lines()
+            .filter_map(|l| {
+                let (t, n) = l.split_once(' ')?;
+                Some((Duration::from_secs_f64(t.parse().ok()?), n.parse().ok()?))
+            })
+            .collect(),
+    )
 }
 
 /// 10,000 small buckets archived by `Runner::drain`, then (when `compact`) compacted.
@@ -393,6 +531,9 @@ fn main() {
                 };
                 layouts("s3", &url, s3_scale, false).await;
             }
+        }
+        if wanted("queries") {
+            queries(scale).await;
         }
         if wanted("throughput") {
             let plain = throughput(false).await;

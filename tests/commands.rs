@@ -487,3 +487,37 @@ fn the_shell_and_the_archiver_exit_2_for_the_same_refusals() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// The shell refuses a statement past the wire server's shape limits with the server's
+/// message and carries on, where a 10,000-term expression used to overflow its main
+/// thread's stack and abort the process; the deepest statement the limits allow runs.
+#[test]
+fn the_shell_refuses_statements_too_deep_to_plan_and_runs_the_deepest_it_allows() {
+    let shell = |sql: &str| {
+        Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+            .args([
+                "--database-url",
+                "sqlite::memory:",
+                "--archive-url",
+                "memory://",
+            ])
+            .args(["-c", sql])
+            .env("PULPITUM_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let deep = format!("SELECT 1{}", "+1".repeat(10_000));
+    let out = shell(&deep);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("statement too complex"), "{err}");
+    // Just under the depth limit (1,000): planned and answered on the shell's threads.
+    let allowed = format!("SELECT 1{}", "+1".repeat(990));
+    let out = shell(&allowed);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("991"));
+}

@@ -49,7 +49,7 @@ pub use manifest::{
 pub use parquet::ValueColumns;
 pub use parquet::{envelope_schema, records_to_batch, writer_properties, ROW_GROUP_ROWS};
 pub(crate) use route::retry_transient;
-pub use route::RouteManifest;
+pub use route::{RouteManifest, RunStream};
 pub use segment::{
     SegmentManifest, SegmentSpec, SegmentUpload, SegmentWriter, WrittenSegment, SEGMENTS_DIR,
 };

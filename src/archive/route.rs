@@ -148,6 +148,35 @@ impl ArchiveStore {
         Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed())
     }
 
+    /// The rows of several buckets of one partition that all route to the v6 segment
+    /// `route` names, read as one ([`segment::pruned::run_stream`]), each batch with the
+    /// number of buckets it begins; `None` when `route` is not such a segment (a per-bucket
+    /// object, a v5 segment), whose buckets are read one by one.
+    pub fn scan_segment_run(
+        &self,
+        route: &RouteManifest,
+        buckets: &[BucketId],
+        req: &ArchiveScan,
+        metrics: Arc<ArchiveScanMetrics>,
+    ) -> Result<Option<RunStream>, ArchiveError> {
+        let RouteManifest::Segment(m) = route else {
+            return Ok(None);
+        };
+        if m.version < 6 {
+            return Ok(None);
+        }
+        check_scan(req)?;
+        segment::pruned::run_stream(
+            self.op.clone(),
+            self.segments.clone(),
+            m.clone(),
+            buckets,
+            req.clone(),
+            metrics,
+        )
+        .map(Some)
+    }
+
     async fn segment_bucket(
         &self,
         m: &Arc<SegmentManifest>,
@@ -201,6 +230,10 @@ impl ArchiveStore {
         Ok(records)
     }
 }
+
+/// The batches of a run of buckets read as one, each with the number of buckets whose
+/// first returned rows it holds ([`ArchiveStore::scan_segment_run`]).
+pub type RunStream = BoxStream<'static, Result<(RecordBatch, u32), ArchiveError>>;
 
 /// Attempts after the first of one request retried by [`retry_transient`].
 const TRANSIENT_RETRIES: u32 = 8;

@@ -579,16 +579,31 @@ fn main() -> ExitCode {
     // TLS on ring (rustls is a direct dependency): install the provider and OpenDAL's HTTP
     // transport once, before anything opens a connection.
     pulpitum::archive::install_http_transport();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // Statements are parsed and planned on the thread that blocks on the runtime (the
+    // shell) and on its workers: both get the stack the server's shape limits assume.
+    let rt = match pulpitum::server::runtime_builder().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("Error: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let main = std::thread::Builder::new()
+        .name("pulpitum-main".into())
+        .stack_size(pulpitum::server::CONNECTION_STACK_BYTES)
+        .spawn(move || commands(cli, rt));
+    match main.map(|t| t.join()) {
+        Ok(Ok(code)) => code,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The command `cli` names, run on `rt`.
+fn commands(cli: Cli, rt: tokio::runtime::Runtime) -> ExitCode {
     let result = match cli.command {
         None => {
             let format = cli.format.unwrap_or(Format::Table);

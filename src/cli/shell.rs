@@ -73,6 +73,11 @@ impl Shell {
     /// Runs one statement and prints its result.
     pub async fn run_statement(&mut self, sql: &str) -> Result<(), String> {
         let start = Instant::now();
+        // The wire server's limits on a statement's nesting: past them, parsing or planning
+        // could overflow the thread's stack (aborting the shell) or never end.
+        if let Some(why) = crate::server::shape_refusal(sql) {
+            return Err(why);
+        }
         // A query asked again with other values runs its prepared shape.
         if let Some((schema, stream)) = self.shapes.query(&self.ctx, sql).await {
             let batches = datafusion::physical_plan::common::collect(stream)

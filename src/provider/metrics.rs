@@ -66,21 +66,18 @@ impl TierMetrics {
         self.pages_pruned.set(n(s.pages_pruned));
     }
 
-    pub(super) fn record(&self, chunk: &BucketChunk, first_of_bucket: bool, bytes: usize) {
+    pub(super) fn record(&self, chunk: &BucketChunk, bytes: usize) {
         let rows = chunk.batch.num_rows();
+        let buckets = chunk.buckets as usize;
         match chunk.tier {
             Tier::Hot => {
-                if first_of_bucket {
-                    self.hot_buckets.add(1);
-                }
+                self.hot_buckets.add(buckets);
                 self.hot_rows.add(rows);
                 self.hot_pages.add(chunk.pages as usize);
                 self.hot_bytes.add(bytes);
             }
             Tier::Archived => {
-                if first_of_bucket {
-                    self.archived_buckets.add(1);
-                }
+                self.archived_buckets.add(buckets);
                 self.archived_rows.add(rows);
                 self.archived_batches.add(1);
                 self.archived_bytes.add(bytes);

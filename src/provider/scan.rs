@@ -486,7 +486,7 @@ impl ExecutionPlan for PulpitumScanExec {
                 .scan_unit(unit, &req, &unit_limit)
                 .inspect(move |item| {
                     if let Ok(chunk) = item {
-                        metrics.record(chunk, chunk.first_of_bucket, batch_bytes(&chunk.batch));
+                        metrics.record(chunk, batch_bytes(&chunk.batch));
                     }
                     metrics.sync(&objects);
                 })
@@ -668,7 +668,7 @@ mod tests {
             Ok(BucketChunk {
                 tier: Tier::Hot,
                 pages: 1,
-                first_of_bucket: false,
+                buckets: 0,
                 batch: RecordBatch::new_empty(crate::archive::envelope_schema(false)),
             })
         })

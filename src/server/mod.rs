@@ -157,6 +157,20 @@ pub fn runtime_builder() -> tokio::runtime::Builder {
     builder
 }
 
+/// Why `sql` is refused before it is parsed, if it is: the shape check the wire server
+/// applies to every statement ([`shape`]), for front ends that run statements outside it
+/// (the shell), so a text that would overflow a stack or plan for ever is refused there
+/// too, with the server's message.
+pub fn shape_refusal(sql: &str) -> Option<String> {
+    match shape::check(sql) {
+        Ok(_) => None,
+        Err(datafusion_postgres::pgwire::error::PgWireError::UserError(info)) => {
+            Some(info.message.clone())
+        }
+        Err(e) => Some(e.to_string()),
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         let memory_limit = memory::default_server_limit();

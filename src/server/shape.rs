@@ -49,7 +49,7 @@ fn too_complex(what: &str, found: usize, limit: usize) -> PgWireError {
         "ERROR".into(),
         "54001".into(),
         format!(
-            "statement too complex: {what} is {found}, the server takes at most {limit}; \
+            "statement too complex: {what} is {found}, Pulpitum takes at most {limit}; \
              split the statement or use IN lists and joins"
         ),
     )))

@@ -30,7 +30,7 @@ use super::{
     RouteSwitch, RoutedBucket, RowChange, RowMask, StoreResult, StoredSchema, TableDefinition,
     TablePolicy, WindowState, WorkItem,
 };
-use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
+use crate::model::{BucketId, BucketKey, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
 /// Registrations, migrations and the store's clock.
 #[async_trait]
@@ -491,6 +491,28 @@ pub trait Changes: Send + Sync + 'static {
 
     /// Every delete or edit record of one bucket, in clustering order.
     async fn row_masks(&self, bucket: &BucketId) -> StoreResult<Vec<RowMask>>;
+
+    /// The delete and edit records of several buckets of one partition (`buckets`, keys in
+    /// `partition` of `table_id`), each as [`row_masks`](Self::row_masks) gives them: a run
+    /// of archived buckets read as one asks once, not once per bucket. The backends answer
+    /// in one statement; this default asks bucket by bucket (for wrappers).
+    async fn row_masks_of(
+        &self,
+        table_id: &TableId,
+        partition: &PartitionKey,
+        buckets: &[BucketKey],
+    ) -> StoreResult<Vec<RowMask>> {
+        let mut out = Vec::new();
+        for bucket_key in buckets {
+            let bucket = BucketId {
+                table_id: table_id.clone(),
+                partition_key: partition.clone(),
+                bucket_key: *bucket_key,
+            };
+            out.extend(self.row_masks(&bucket).await?);
+        }
+        Ok(out)
+    }
 
     /// Buckets of `table_id` that ended at or before `before` and are Hot or Archived
     /// (an Archiving bucket waits for its publication), oldest first, at most `limit`.

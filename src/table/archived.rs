@@ -13,6 +13,11 @@
 //! before the payload is opened and applied to every batch, for per-bucket objects and
 //! segments alike.
 //!
+//! Adjacent buckets of one key that a listing saw archived in the same segment are read as
+//! one run ([`DurableTable::read_run`]): one manifest, one statement for their masks, each
+//! row group once, and rows that leave a row group at a time; each bucket keeps its own
+//! interval and row count check.
+//!
 //! A route may name an object that is gone: garbage collection deletes an object a
 //! compaction replaced once it has been retired for the archiver's retirement delay, which
 //! covers the readers' bounds, but a reader past them (a cursor held open, a route kept
@@ -31,7 +36,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use super::masks::Masks;
 use super::routes::Step;
 use super::{BucketChunk, BucketScan, DurableTable, Route, TableError, Tier};
-use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics, RouteManifest};
+use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics, RouteManifest, RunStream};
 use crate::model::{BucketId, ScanBounds};
 
 /// One archived read: the bucket, the route's object and when the route was read, the
@@ -137,26 +142,7 @@ impl DurableTable {
         // Read on every archived bucket read, never cached: a DELETE is visible to every
         // read that starts after it returns.
         let masks = Masks::new(self.inner.store.row_masks(bucket).await?);
-        let scan = ArchiveScan {
-            bounds: bounds.clone(),
-            descending: req.descending,
-            include_value: req.include_value,
-            // The exact bounds are applied on these two columns, so bounded reads need them;
-            // so do masks, which name rows by them.
-            include_keys: req.include_keys || *bounds != ScanBounds::all() || !masks.is_empty(),
-            // Sized by the rows the read wanted when it started (`req.limit`), not by what
-            // is left: the limit slices the last batch.
-            batch_rows: req.page_rows.min(req.limit.unwrap_or(usize::MAX)).max(1),
-            value: if masks.has_edits() {
-                // An edit may make a row match whose archived value does not.
-                crate::model::schema::predicate::ValueRead {
-                    filters: Arc::new([]),
-                    ..req.value.clone()
-                }
-            } else {
-                req.value.clone()
-            },
-        };
+        let scan = archive_scan(req, bounds, &masks);
         let batches = self
             .inner
             .archive
@@ -186,6 +172,200 @@ impl DurableTable {
             })
             .boxed())
     }
+}
+
+/// The archive read of `req` within `bounds`, given the masks it will apply.
+fn archive_scan(req: &BucketScan, bounds: &ScanBounds, masks: &Masks) -> ArchiveScan {
+    ArchiveScan {
+        bounds: bounds.clone(),
+        descending: req.descending,
+        include_value: req.include_value,
+        // The exact bounds are applied on these two columns, so bounded reads need them;
+        // so do masks, which name rows by them.
+        include_keys: req.include_keys || *bounds != ScanBounds::all() || !masks.is_empty(),
+        // Sized by the rows the read wanted when it started (`req.limit`), not by what
+        // is left: the limit slices the last batch.
+        batch_rows: req.page_rows.min(req.limit.unwrap_or(usize::MAX)).max(1),
+        value: if masks.has_edits() {
+            // An edit may make a row match whose archived value does not.
+            crate::model::schema::predicate::ValueRead {
+                filters: Arc::new([]),
+                ..req.value.clone()
+            }
+        } else {
+            req.value.clone()
+        },
+    }
+}
+
+impl DurableTable {
+    /// The buckets of a [`ScanUnit::Run`](super::ScanUnit::Run) (one partition, in time
+    /// order, listed as archived in the segment `object_key`), read as one: the manifest
+    /// once, the masks of every bucket in one statement (read when the run starts, so a
+    /// `DELETE` that returned before it is applied), then the segment's row groups once
+    /// each, with every bucket's bounds and row count checked as a bucket read checks them
+    /// ([`crate::archive::ArchiveStore::scan_segment_run`]). A route that is not a v6
+    /// segment, or an object gone before any row of it was returned, falls back to reading
+    /// the buckets one by one (each then follows its own route, as a bucket read does).
+    pub(super) fn read_run(
+        &self,
+        buckets: Vec<BucketId>,
+        (object_key, read_at): (String, Instant),
+        req: BucketScan,
+        limit: super::RowLimit,
+    ) -> BoxStream<'static, Result<BucketChunk, TableError>> {
+        let table = self.clone();
+        stream::once(async move {
+            let opened = table.open_run(&buckets, (&object_key, read_at), &req).await;
+            let one_by_one = move |table: DurableTable, buckets: Vec<BucketId>| {
+                let route = Route::Archived {
+                    object_key: object_key.clone(),
+                    read_at,
+                };
+                stream::iter(buckets)
+                    .map(move |b| {
+                        let bounds = req.bounds.clone();
+                        table.read_bucket(
+                            b,
+                            Some(route.clone()),
+                            bounds,
+                            req.clone(),
+                            limit.clone(),
+                            true,
+                        )
+                    })
+                    .flatten()
+                    .boxed()
+            };
+            match opened {
+                Ok(Some(rows)) => run_chunks(rows, buckets, table, one_by_one),
+                Ok(None) => one_by_one(table, buckets),
+                Err(e) if is_not_found(&e) => one_by_one(table, buckets),
+                Err(e) => stream::once(async move { Err(e) }).boxed(),
+            }
+        })
+        .flatten()
+        .boxed()
+    }
+
+    /// The run's rows with its masks applied, or `None` when its route is not a v6 segment.
+    // The archive's own error type is the stream's, as in `open_archive`.
+    #[allow(clippy::result_large_err)]
+    async fn open_run(
+        &self,
+        buckets: &[BucketId],
+        (object_key, read_at): (&str, Instant),
+        req: &BucketScan,
+    ) -> Result<Option<RunStream>, TableError> {
+        let Some(first) = buckets.first() else {
+            return Ok(None);
+        };
+        let as_table = |source| TableError::Archive {
+            bucket: first.clone(),
+            source: Box::new(source),
+        };
+        let manifest = self.manifest_for(first, object_key, read_at).await?;
+        let keys: Vec<_> = buckets.iter().map(|b| b.bucket_key).collect();
+        let masks = Masks::new(
+            self.inner
+                .store
+                .row_masks_of(&first.table_id, &first.partition_key, &keys)
+                .await?,
+        );
+        let scan = archive_scan(req, &req.bounds, &masks);
+        let metrics = req
+            .archive_metrics
+            .clone()
+            .unwrap_or_else(|| Arc::new(ArchiveScanMetrics::default()));
+        let Some(rows) = self
+            .inner
+            .archive
+            .scan_segment_run(&manifest, buckets, &scan, metrics)
+            .map_err(as_table)?
+        else {
+            return Ok(None);
+        };
+        if masks.is_empty() {
+            return Ok(Some(rows));
+        }
+        Ok(Some(
+            rows.map(move |r| {
+                r.and_then(|(b, n)| {
+                    masks
+                        .apply(b)
+                        .map(|b| (b, n))
+                        .map_err(|e| ArchiveError::decode("<masked batch>", e.to_string()))
+                })
+            })
+            .boxed(),
+        ))
+    }
+}
+
+/// Whether `e` is an archive object not found (see the module comment).
+fn is_not_found(e: &TableError) -> bool {
+    matches!(e, TableError::Archive { source, .. } if matches!(**source, ArchiveError::NotFound { .. }))
+}
+
+/// A run's batches as chunks: empty ones skipped, an error named after the run's first
+/// bucket; an object found gone before any row was returned is read again bucket by bucket
+/// (`one_by_one`), as a bucket read re-reads its route, and after a row it stands.
+fn run_chunks<F>(
+    rows: RunStream,
+    buckets: Vec<BucketId>,
+    table: DurableTable,
+    one_by_one: F,
+) -> BoxStream<'static, Result<BucketChunk, TableError>>
+where
+    F: FnOnce(DurableTable, Vec<BucketId>) -> BoxStream<'static, Result<BucketChunk, TableError>>
+        + Send
+        + 'static,
+{
+    enum State<F> {
+        Reading(RunStream, bool, Vec<BucketId>, DurableTable, F),
+        Rest(BoxStream<'static, Result<BucketChunk, TableError>>),
+    }
+    stream::unfold(
+        Some(State::Reading(rows, false, buckets, table, one_by_one)),
+        |state| async move {
+            match state? {
+                State::Rest(mut rest) => {
+                    let item = rest.next().await?;
+                    Some((item, Some(State::Rest(rest))))
+                }
+                State::Reading(mut rows, returned, buckets, table, one_by_one) => loop {
+                    match rows.next().await? {
+                        Ok((batch, _)) if batch.num_rows() == 0 => continue,
+                        Ok((batch, n)) => {
+                            let chunk = BucketChunk {
+                                tier: Tier::Archived,
+                                pages: 0,
+                                buckets: n,
+                                batch,
+                            };
+                            return Some((
+                                Ok(chunk),
+                                Some(State::Reading(rows, true, buckets, table, one_by_one)),
+                            ));
+                        }
+                        Err(source) => {
+                            let e = TableError::Archive {
+                                bucket: buckets[0].clone(),
+                                source: Box::new(source),
+                            };
+                            if returned || !is_not_found(&e) {
+                                return Some((Err(e), None));
+                            }
+                            let mut rest = one_by_one(table, buckets);
+                            let item = rest.next().await?;
+                            return Some((item, Some(State::Rest(rest))));
+                        }
+                    }
+                },
+            }
+        },
+    )
+    .boxed()
 }
 
 /// Where [`Read::chunks`] is: reading the object (and whether a row of it was returned),
@@ -225,9 +405,7 @@ impl Read {
     /// A failure before any row of the object was returned: a `NotFound` re-reads the route
     /// once and reads the new object from the same bounds; anything else stands.
     async fn failed(self, e: TableError) -> BoxStream<'static, Result<Step, TableError>> {
-        let not_found = matches!(&e, TableError::Archive { source, .. }
-            if matches!(**source, ArchiveError::NotFound { .. }));
-        if !(not_found && self.may_reresolve) {
+        if !(is_not_found(&e) && self.may_reresolve) {
             return stream::once(async move { Err(e) }).boxed();
         }
         match self.table.reresolve(&self.bucket, &self.object_key).await {
@@ -281,7 +459,7 @@ impl Read {
                             let chunk = BucketChunk {
                                 tier: Tier::Archived,
                                 pages: 0,
-                                first_of_bucket: std::mem::take(&mut read.first_of_bucket),
+                                buckets: u32::from(std::mem::take(&mut read.first_of_bucket)),
                                 batch,
                             };
                             let next = Chunks::Reading(batches, read, true);

@@ -168,7 +168,7 @@ fn page_chunk(
     let chunk = BucketChunk {
         tier: Tier::Hot,
         pages: 1,
-        first_of_bucket,
+        buckets: u32::from(first_of_bucket),
         batch: rows,
     };
     Ok((chunk, next))

@@ -5,8 +5,9 @@
 //! ([`RowMask`](crate::store::RowMask)), and every archived read of the bucket applies the
 //! bucket's masks to the batches the archive reader returns: a deleted row is dropped, an
 //! edited row's value replaced. The masks are read from the hot store at the start of each
-//! archived bucket read (never cached), so a statement is visible to every read that starts
-//! after it returns. Masks only ever change values and remove rows; the keys a scan's
+//! archived bucket read, or of each run of buckets read as one (one statement for the run's
+//! buckets), never cached, so a statement is visible to every read that starts after it
+//! returns. Masks only ever change values and remove rows; the keys a scan's
 //! bounds and the archive's pruning work on are never changed, so pruning cannot skip a
 //! row an edit made match (a filter on the value is applied above the scan, and a bucket
 //! with an edit is read without the value predicates an archived read may otherwise apply

@@ -119,8 +119,9 @@ pub struct BucketChunk {
     pub tier: Tier,
     /// Hot-store statements (pages) this chunk cost; 0 for archive batches.
     pub pages: u64,
-    /// Whether this is the first chunk of its bucket (for per-bucket counts).
-    pub first_of_bucket: bool,
+    /// Buckets whose first rows this chunk holds (for per-bucket counts): 0 or 1 for a
+    /// bucket read, any number for a run of archived buckets read as one.
+    pub buckets: u32,
     /// Envelope rows (`partition_key`, `event_time`, `sort_key`, `value` if requested).
     pub batch: RecordBatch,
 }
@@ -379,6 +380,9 @@ impl DurableTable {
             ScanUnit::Bucket(bucket, route) => {
                 let bounds = req.bounds.clone();
                 self.read_bucket(bucket, Some(route), bounds, req, limit.clone(), true)
+            }
+            ScanUnit::Run(buckets, object_key, read_at) => {
+                self.read_run(buckets, (object_key, read_at), req, limit.clone())
             }
         };
         limit.count(rows)

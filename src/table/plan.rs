@@ -84,6 +84,10 @@ pub enum ScanUnit {
     Key(PartitionKey),
     /// One bucket, with the route its listing saw.
     Bucket(BucketId, Route),
+    /// Buckets of one partition key, adjacent in the plan and in time order, whose listing
+    /// saw them all archived in the same segment (the route's object key and when the
+    /// oldest of the routes was read): read as one ([`DurableTable::read_run`]).
+    Run(Vec<BucketId>, String, Instant),
 }
 
 impl DurableTable {
@@ -444,23 +448,73 @@ pub fn plan_groups(keys: &[KeyBuckets], target: usize, whole_keys: bool) -> Vec<
 
 /// What one scan partition reads, in order: its whole keys when buckets are listed at
 /// execution (`deferred`), else its planned buckets, newest first when `descending`.
+/// Adjacent buckets of a key that the listing saw archived in the same object (a segment
+/// holds a window of each of its partitions) become one [`ScanUnit::Run`]: one manifest,
+/// one read of their masks, and rows that leave a row group at a time rather than a
+/// bucket at a time.
 pub fn scan_units(group: Vec<KeyBuckets>, deferred: bool, descending: bool) -> Vec<ScanUnit> {
     let mut units = Vec::new();
     for kb in group {
         if deferred {
             units.push(ScanUnit::Key(kb.partition_key));
-        } else if descending {
-            units.extend(
-                kb.buckets
-                    .into_iter()
-                    .rev()
-                    .map(|(b, r)| ScanUnit::Bucket(b, r)),
-            );
-        } else {
-            units.extend(kb.buckets.into_iter().map(|(b, r)| ScanUnit::Bucket(b, r)));
+            continue;
         }
+        let mut runs = runs_of(kb.buckets);
+        if descending {
+            runs.reverse();
+        }
+        units.extend(runs);
     }
     units
+}
+
+/// One key's buckets (in time order) as units, runs of one object joined.
+fn runs_of(buckets: Vec<(BucketId, Route)>) -> Vec<ScanUnit> {
+    fn object(route: &Route) -> Option<&str> {
+        match route {
+            Route::Archived { object_key, .. } => Some(object_key),
+            Route::Hot => None,
+        }
+    }
+    fn flush(pending: &mut Vec<(BucketId, Route)>, out: &mut Vec<ScanUnit>) {
+        match pending.len() {
+            0 => {}
+            1 => {
+                let (bucket, route) = pending.pop().expect("one bucket");
+                out.push(ScanUnit::Bucket(bucket, route));
+            }
+            _ => {
+                let (mut key, mut at) = (String::new(), None::<Instant>);
+                let mut run = Vec::with_capacity(pending.len());
+                for (bucket, route) in pending.drain(..) {
+                    if let Route::Archived {
+                        object_key,
+                        read_at,
+                    } = route
+                    {
+                        key = object_key;
+                        at = Some(at.map_or(read_at, |a| a.min(read_at)));
+                    }
+                    run.push(bucket);
+                }
+                out.push(ScanUnit::Run(run, key, at.expect("archived routes")));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut pending: Vec<(BucketId, Route)> = Vec::new();
+    for (bucket, route) in buckets {
+        let joins = match (pending.last(), object(&route)) {
+            (Some((_, last)), Some(key)) => object(last) == Some(key),
+            _ => false,
+        };
+        if !joins {
+            flush(&mut pending, &mut out);
+        }
+        pending.push((bucket, route));
+    }
+    flush(&mut pending, &mut out);
+    out
 }
 
 #[cfg(test)]
@@ -501,6 +555,50 @@ mod tests {
             .flatten()
             .flat_map(|k| k.buckets.iter().map(|(b, _)| b.clone()))
             .collect()
+    }
+
+    /// Adjacent buckets of a key listed in one object become one run; a hot bucket, another
+    /// object or another key ends it; a lone bucket stays a bucket; descending scans take
+    /// the units newest first (a run keeps its buckets in time order, its reader reverses).
+    #[test]
+    fn adjacent_buckets_of_one_object_become_runs() {
+        let at = Instant::now();
+        let archived = |k: &str| Route::Archived {
+            object_key: k.to_string(),
+            read_at: at,
+        };
+        let mut ks = keys(&[6, 2]);
+        let routes = [
+            archived("seg/a"),
+            archived("seg/a"),
+            Route::Hot,
+            archived("seg/a"),
+            archived("seg/b"),
+            archived("seg/b"),
+        ];
+        for ((_, r), want) in ks[0].buckets.iter_mut().zip(routes) {
+            *r = want;
+        }
+        for (_, r) in ks[1].buckets.iter_mut() {
+            *r = archived("seg/b");
+        }
+        let b = |k: usize, i: usize| ks[k].buckets[i].0.clone();
+        let want = vec![
+            ScanUnit::Run(vec![b(0, 0), b(0, 1)], "seg/a".into(), at),
+            ScanUnit::Bucket(b(0, 2), Route::Hot),
+            ScanUnit::Bucket(b(0, 3), archived("seg/a")),
+            ScanUnit::Run(vec![b(0, 4), b(0, 5)], "seg/b".into(), at),
+            // The same object under the next key: a run of its own.
+            ScanUnit::Run(vec![b(1, 0), b(1, 1)], "seg/b".into(), at),
+        ];
+        assert_eq!(scan_units(ks.clone(), false, false), want);
+        let mut newest_first: Vec<ScanUnit> = want[..4].iter().rev().cloned().collect();
+        newest_first.push(want[4].clone());
+        assert_eq!(scan_units(ks.clone(), false, true), newest_first);
+        // Listed at execution: whole keys, no runs.
+        assert!(scan_units(ks, true, false)
+            .iter()
+            .all(|u| matches!(u, ScanUnit::Key(_))));
     }
 
     #[test]

@@ -478,3 +478,177 @@ async fn a_partition_spanning_many_row_groups_reads_back_whole() {
         }
     }
 }
+
+/// The rows of a run read as one, with the number of buckets each batch begins.
+async fn run_all(
+    store: &ArchiveStore,
+    route: &RouteManifest,
+    run: &[BucketId],
+    req: &ArchiveScan,
+) -> Result<(Vec<Record>, u32, usize), ArchiveError> {
+    let stream = store
+        .scan_segment_run(route, run, req, Arc::new(ArchiveScanMetrics::default()))?
+        .expect("a v6 segment is read as a run");
+    let items: Vec<(_, u32)> = stream
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let begun = items.iter().map(|(_, n)| n).sum();
+    let batches: Vec<_> = items.into_iter().map(|(b, _)| b).collect();
+    Ok((batches_to_records(&batches)?, begun, batches.len()))
+}
+
+/// A run of buckets (the unit a window-wide scan reads a segment by) returns exactly its
+/// buckets' rows, in either order and under bounds, in batches of many buckets, and never
+/// the rows of a bucket between two of its buckets that it does not name (that bucket's
+/// route may lead elsewhere); a bucket of another partition, or one the segment does not
+/// hold, is refused; a manifest that misstates a bucket's rows is refused as a bucket read
+/// refuses it.
+#[tokio::test]
+async fn a_run_of_buckets_reads_exactly_its_buckets_in_few_batches() {
+    for be in backends("segment_runs").await {
+        let rows = window_rows(3);
+        let written = be
+            .store
+            .write_segment(&spec(1, 0), &flat(&rows))
+            .await
+            .unwrap();
+        for pk in 0..3u8 {
+            let mine: Vec<&(BucketId, Vec<Record>)> = rows
+                .iter()
+                .filter(|(b, _)| b.partition_key == bucket("2024-03-01", pk).partition_key)
+                .collect();
+            let run: Vec<BucketId> = mine.iter().map(|(b, _)| b.clone()).collect();
+            let route = be
+                .store
+                .open_route(&written.manifest_key, &run[0])
+                .await
+                .unwrap();
+            let want: Vec<Record> = mine.iter().flat_map(|(_, r)| r.clone()).collect();
+            let (got, begun, batches) = run_all(&be.store, &route, &run, &ArchiveScan::default())
+                .await
+                .unwrap();
+            assert_eq!(got, want, "{}: partition {pk}", be.name);
+            assert_eq!(begun, 3, "{}: every bucket counted once", be.name);
+            if pk > 0 {
+                // Three small buckets in one row group leave as one batch, not three.
+                assert_eq!(batches, 1, "{}: partition {pk}", be.name);
+            }
+            // Newest first, bounded, in small batches: the reference filter, reversed.
+            let t = want[want.len() / 2].event_time;
+            let req = ArchiveScan {
+                bounds: ScanBounds {
+                    time_upper: Bound::Included(t),
+                    ..ScanBounds::all()
+                },
+                descending: true,
+                batch_rows: 7,
+                ..ArchiveScan::default()
+            };
+            let (got, _, _) = run_all(&be.store, &route, &run, &req).await.unwrap();
+            let mut expect: Vec<Record> =
+                want.iter().filter(|r| r.event_time <= t).cloned().collect();
+            expect.reverse();
+            assert_eq!(got, expect, "{}: partition {pk}, descending", be.name);
+            // The middle bucket left out: none of its rows, though they lie between.
+            let ends = [run[0].clone(), run[2].clone()];
+            let (got, begun, _) = run_all(&be.store, &route, &ends, &ArchiveScan::default())
+                .await
+                .unwrap();
+            let expect: Vec<Record> = [&mine[0].1, &mine[2].1]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+            assert_eq!(
+                got, expect,
+                "{}: partition {pk} without its middle bucket",
+                be.name
+            );
+            assert_eq!(begun, 2, "{}", be.name);
+        }
+        // A run across partitions, or naming a bucket the segment lacks, is refused.
+        let route = be
+            .store
+            .open_route(&written.manifest_key, &rows[0].0)
+            .await
+            .unwrap();
+        let across = [rows[0].0.clone(), rows[3].0.clone()];
+        assert!(
+            run_all(&be.store, &route, &across, &ArchiveScan::default())
+                .await
+                .is_err(),
+            "{}: a run spanning partitions",
+            be.name
+        );
+        let absent = [rows[0].0.clone(), bucket("2024-03-15", 0)];
+        let err = run_all(&be.store, &route, &absent, &ArchiveScan::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ArchiveError::IdentityMismatch {
+                    field: "bucket_key",
+                    ..
+                }
+            ),
+            "{}: {err}",
+            be.name
+        );
+    }
+}
+
+/// A manifest whose bucket row counts were swapped (the partition's total still right)
+/// is caught by a run's per-bucket count, as by a bucket read: the run's rows are checked
+/// bucket by bucket, not only as a whole.
+#[tokio::test]
+async fn a_run_checks_each_buckets_count_against_the_manifest() {
+    for be in backends("segment_run_counts").await {
+        let (b1, b2) = (bucket("2024-03-01", 4), bucket("2024-03-02", 4));
+        let (r1, r2) = (records(&b1, 10, 4), records(&b2, 25, 4));
+        let all: Vec<Record> = r1.iter().chain(&r2).cloned().collect();
+        let written = be.store.write_segment(&spec(1, 0), &all).await.unwrap();
+        let op = be.store.operator();
+        let text =
+            String::from_utf8(op.read(&written.manifest_key).await.unwrap().to_vec()).unwrap();
+        let mut doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let buckets = doc["partitions"][0]["buckets"].as_array_mut().unwrap();
+        assert_eq!(buckets.len(), 2);
+        let (a, b) = (buckets[0]["rows"].clone(), buckets[1]["rows"].clone());
+        buckets[0]["rows"] = b;
+        buckets[1]["rows"] = a;
+        // Over the real manifest (a fresh store: the first keeps the parsed one cached).
+        op.delete(&written.manifest_key).await.unwrap();
+        op.write(&written.manifest_key, serde_json::to_vec(&doc).unwrap())
+            .await
+            .unwrap();
+        let forged = ArchiveStore::from_operator(op.clone(), be.store.prefix());
+        let route = forged.open_route(&written.manifest_key, &b1).await.unwrap();
+        let err = run_all(
+            &forged,
+            &route,
+            &[b1.clone(), b2.clone()],
+            &ArchiveScan::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, ArchiveError::RowCountMismatch { key, expected: 25, actual: 10 } if key.contains("2024-03-01")),
+            "{}: {err}",
+            be.name
+        );
+        // The honest manifest reads both.
+        op.delete(&written.manifest_key).await.unwrap();
+        op.write(&written.manifest_key, text.into_bytes())
+            .await
+            .unwrap();
+        let honest = ArchiveStore::from_operator(op.clone(), be.store.prefix());
+        let route = honest.open_route(&written.manifest_key, &b1).await.unwrap();
+        let (got, _, _) = run_all(&honest, &route, &[b1, b2], &ArchiveScan::default())
+            .await
+            .unwrap();
+        assert_eq!(got, all, "{}", be.name);
+    }
+}

@@ -369,6 +369,15 @@ impl pulpitum::store::Changes for Hooked {
         self.inner.row_masks(b).await
     }
 
+    async fn row_masks_of(
+        &self,
+        t: &TableId,
+        p: &pulpitum::model::PartitionKey,
+        keys: &[pulpitum::model::BucketKey],
+    ) -> StoreResult<Vec<pulpitum::store::RowMask>> {
+        self.inner.row_masks_of(t, p, keys).await
+    }
+
     async fn expired_buckets(
         &self,
         t: &TableId,

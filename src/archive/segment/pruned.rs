@@ -22,7 +22,10 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::ProjectionMask;
 
 use super::manifest::{GroupSlice, PartitionEntry, SegmentManifest};
-use super::read::{bucket_batches, check_range, footer, ranged, SegmentCache, VerifiedRanges};
+use super::read::{
+    bucket_batches, bucket_interval, check_range, footer, range_batches, ranged, time_range,
+    SegmentCache, VerifiedRanges,
+};
 use crate::archive::{ArchiveError, ArchiveScan, ArchiveScanMetrics};
 use crate::model::envelope::{COL_PARTITION, COL_SORT, COL_TIME};
 use crate::model::{envelope_schema, BucketId, EventTime};
@@ -117,6 +120,24 @@ pub(crate) async fn slice_rows(
     Ok(rows)
 }
 
+/// [`slice_rows`] with the value fields `req` reads (none when it takes no value).
+async fn read_slice(
+    op: &opendal::Operator,
+    cache: &SegmentCache,
+    m: &SegmentManifest,
+    entry: &PartitionEntry,
+    slice: &GroupSlice,
+    metrics: &ArchiveScanMetrics,
+    req: &ArchiveScan,
+) -> Result<RecordBatch, ArchiveError> {
+    let only = if req.include_value {
+        req.value.fields.as_deref()
+    } else {
+        Some(&[][..])
+    };
+    slice_rows(op, cache, m, entry, slice, metrics, only).await
+}
+
 /// Every row is the partition's, in strictly increasing `(event_time, sort_key)` order,
 /// and the first and last are the manifest's bounds of this group.
 fn check_slice(
@@ -183,34 +204,28 @@ fn pick(
     bucket: &BucketId,
     req: &ArchiveScan,
 ) -> Result<(Vec<GroupSlice>, bool), ArchiveError> {
-    let (bs, be) = bucket.bucket_key.bounds();
-    let last = EventTime::from_micros(be.as_micros() - 1)?;
-    let Some((lo, hi)) = req.bounds.time_interval() else {
+    let Some((lo, hi, whole)) = bucket_interval(bucket, req)? else {
         return Ok((Vec::new(), false));
     };
-    let (lo, hi) = (lo.max(bs), hi.min(last));
-    if lo > hi {
-        return Ok((Vec::new(), false));
-    }
-    let whole = lo == bs
-        && hi == last
-        && req.bounds.sort_lower == std::ops::Bound::Unbounded
-        && req.bounds.sort_upper == std::ops::Bound::Unbounded
-        && req.bounds.after.is_none()
-        && req.bounds.before.is_none();
-    let mut picked: Vec<GroupSlice> = entry
-        .slices
-        .iter()
-        .filter(|s| match &s.bounds {
-            Some(((ft, _), (lt, _))) => *ft <= hi && *lt >= lo,
-            None => true,
-        })
-        .cloned()
-        .collect();
+    let mut picked = meeting(entry, &[(lo, hi)]);
     if req.descending {
         picked.reverse();
     }
     Ok((picked, whole))
+}
+
+/// The slices of `entry` whose rows may fall in one of `intervals` (all of them in a v5
+/// manifest, which has no bounds per slice), in file order.
+fn meeting(entry: &PartitionEntry, intervals: &[(EventTime, EventTime)]) -> Vec<GroupSlice> {
+    entry
+        .slices
+        .iter()
+        .filter(|s| match &s.bounds {
+            Some(((ft, _), (lt, _))) => intervals.iter().any(|(lo, hi)| ft <= hi && lt >= lo),
+            None => true,
+        })
+        .cloned()
+        .collect()
 }
 
 /// One bucket's rows matching `req`, streamed group by group (see the module comment).
@@ -239,23 +254,7 @@ pub(crate) fn bucket_stream(
     // in them, so a superset of this one's rows) exclude a match are not fetched. The
     // bucket's rows are then not all seen, so they are not counted.
     Ok(stream::once(async move {
-        let key = m.payload_key.clone();
-        let meta = footer(&op, &cache, &m, &metrics).await?;
-        let arrow = ArrowReaderMetadata::try_new(meta.clone(), ArrowReaderOptions::new())
-            .map_err(|e| ArchiveError::decode(&key, e))?;
-        let out = crate::archive::parquet::excluded_by_values(
-            &key,
-            &meta,
-            arrow.schema(),
-            &req.value.filters,
-        )?;
-        let before = picked.len();
-        let picked: Vec<GroupSlice> = picked
-            .into_iter()
-            .filter(|s| !out.get(s.row_group).copied().unwrap_or(false))
-            .collect();
-        let skipped = before - picked.len();
-        ArchiveScanMetrics::add(&metrics.row_groups_pruned, skipped as u64);
+        let (picked, skipped) = by_values(&op, &cache, &m, &req, &metrics, picked).await?;
         let whole = whole && skipped == 0;
         Ok::<_, ArchiveError>(slices_stream(
             op, cache, m, entry, bucket, req, metrics, picked, whole, want,
@@ -263,6 +262,234 @@ pub(crate) fn bucket_stream(
     })
     .try_flatten()
     .boxed())
+}
+
+/// `picked` without the row groups whose statistics exclude every match of the read's
+/// value predicates, and how many were left out (counted as pruned).
+async fn by_values(
+    op: &opendal::Operator,
+    cache: &SegmentCache,
+    m: &SegmentManifest,
+    req: &ArchiveScan,
+    metrics: &ArchiveScanMetrics,
+    picked: Vec<GroupSlice>,
+) -> Result<(Vec<GroupSlice>, usize), ArchiveError> {
+    let key = m.payload_key.as_str();
+    let meta = footer(op, cache, m, metrics).await?;
+    let arrow = ArrowReaderMetadata::try_new(meta.clone(), ArrowReaderOptions::new())
+        .map_err(|e| ArchiveError::decode(key, e))?;
+    let out = crate::archive::parquet::excluded_by_values(
+        key,
+        &meta,
+        arrow.schema(),
+        &req.value.filters,
+    )?;
+    let before = picked.len();
+    let picked: Vec<GroupSlice> = picked
+        .into_iter()
+        .filter(|s| !out.get(s.row_group).copied().unwrap_or(false))
+        .collect();
+    let skipped = before - picked.len();
+    ArchiveScanMetrics::add(&metrics.row_groups_pruned, skipped as u64);
+    Ok((picked, skipped))
+}
+
+/// Rows of a run and how many buckets begin in them (see [`run_stream`]).
+pub(crate) type RunBatch = (RecordBatch, u32);
+
+/// One bucket of a run: its interval as the read covers it, the manifest's row count, and
+/// whether the read takes all of it (then its rows are counted against that).
+struct Span {
+    bucket: BucketId,
+    lo: EventTime,
+    hi: EventTime,
+    want: u64,
+    whole: bool,
+}
+
+/// The rows of several buckets of one partition in one segment, read as one: every row
+/// group the buckets' intervals meet is fetched, verified and checked once (as a bucket
+/// read does, through the same cache), and each group's rows of all the buckets, which are
+/// adjacent when the buckets are, leave as one run of batches instead of a few rows per
+/// bucket. Each bucket whose whole interval the read takes has its rows counted against
+/// the manifest at the end, so a bucket the manifest misstates is refused as a bucket read
+/// refuses it. Rows of a bucket not in `buckets` are never returned, even when it lies
+/// between two of them in the segment (its route may lead elsewhere now). Each batch comes
+/// with the number of buckets whose first returned rows are in it (for per-bucket counts).
+pub(crate) fn run_stream(
+    op: opendal::Operator,
+    cache: Arc<SegmentCache>,
+    m: Arc<SegmentManifest>,
+    buckets: &[BucketId],
+    req: ArchiveScan,
+    metrics: Arc<ArchiveScanMetrics>,
+) -> Result<BoxStream<'static, Result<RunBatch, ArchiveError>>, ArchiveError> {
+    let Some(first) = buckets.first() else {
+        return Ok(stream::empty().boxed());
+    };
+    let key = m.payload_key.clone();
+    let (entry, _) = m.entry_for(&key, first)?;
+    let entry = Arc::new(entry.clone());
+    let mut spans = Vec::with_capacity(buckets.len());
+    for b in buckets {
+        if b.partition_key != first.partition_key {
+            return Err(ArchiveError::decode(
+                &key,
+                format!(
+                    "a run of buckets spans partitions {} and {}",
+                    first.partition_key.to_hex(),
+                    b.partition_key.to_hex()
+                ),
+            ));
+        }
+        let (_, want) = m.entry_for(&key, b)?;
+        if let Some((lo, hi, whole)) = bucket_interval(b, &req)? {
+            spans.push(Span {
+                bucket: b.clone(),
+                lo,
+                hi,
+                want,
+                whole,
+            });
+        }
+    }
+    spans.sort_by_key(|s| s.lo);
+    if let Some(w) = spans.windows(2).find(|w| w[0].hi >= w[1].lo) {
+        return Err(ArchiveError::decode(
+            &key,
+            format!("a run names bucket {} twice", w[1].bucket.bucket_key),
+        ));
+    }
+    let intervals: Vec<(EventTime, EventTime)> = spans.iter().map(|s| (s.lo, s.hi)).collect();
+    let mut picked = meeting(&entry, &intervals);
+    ArchiveScanMetrics::add(&metrics.row_groups_total, entry.slices.len() as u64);
+    ArchiveScanMetrics::add(
+        &metrics.row_groups_pruned,
+        (entry.slices.len() - picked.len()) as u64,
+    );
+    if req.descending {
+        picked.reverse();
+    }
+    Ok(stream::once(async move {
+        let mut spans = spans;
+        if !(req.value.filters.is_empty() || m.table_schema_version.is_none() || picked.is_empty())
+        {
+            let (kept, skipped) = by_values(&op, &cache, &m, &req, &metrics, picked).await?;
+            picked = kept;
+            if skipped > 0 {
+                // Rows were left unread: no bucket's count can be checked.
+                spans.iter_mut().for_each(|s| s.whole = false);
+            }
+        }
+        Ok::<_, ArchiveError>(run_slices(op, cache, m, entry, spans, req, metrics, picked))
+    })
+    .try_flatten()
+    .boxed())
+}
+
+/// What [`run_slices`] carries from group to group: the rows seen of each span, and which
+/// spans have returned a row.
+struct RunState {
+    seen: Vec<u64>,
+    started: Vec<bool>,
+}
+
+/// The picked slices of a run, in order, as batches with the buckets they begin; then each
+/// whole bucket's count checked.
+#[allow(clippy::too_many_arguments)]
+fn run_slices(
+    op: opendal::Operator,
+    cache: Arc<SegmentCache>,
+    m: Arc<SegmentManifest>,
+    entry: Arc<PartitionEntry>,
+    spans: Vec<Span>,
+    req: ArchiveScan,
+    metrics: Arc<ArchiveScanMetrics>,
+    picked: Vec<GroupSlice>,
+) -> BoxStream<'static, Result<RunBatch, ArchiveError>> {
+    let spans = Arc::new(spans);
+    let state = Arc::new(std::sync::Mutex::new(RunState {
+        seen: vec![0; spans.len()],
+        started: vec![false; spans.len()],
+    }));
+    let rows = {
+        let (m, spans, state) = (m.clone(), spans.clone(), state.clone());
+        stream::iter(picked).then(move |slice| {
+            let (op, cache, m, entry) = (op.clone(), cache.clone(), m.clone(), entry.clone());
+            let (spans, state, req, metrics) =
+                (spans.clone(), state.clone(), req.clone(), metrics.clone());
+            async move {
+                let rows = read_slice(&op, &cache, &m, &entry, &slice, &metrics, &req).await?;
+                let key = m.payload_key.as_str();
+                // Each span's rows in this group, then adjacent ones joined: the buckets of
+                // a run usually follow one another, so a group's rows leave as one range.
+                let mut ranges: Vec<(std::ops::Range<usize>, Vec<usize>)> = Vec::new();
+                {
+                    let mut st = state.lock().expect("run state");
+                    for (i, s) in spans.iter().enumerate() {
+                        let r = time_range(key, &rows, (s.lo, s.hi))?;
+                        if r.is_empty() {
+                            continue;
+                        }
+                        st.seen[i] += r.len() as u64;
+                        match ranges.last_mut() {
+                            Some((last, members)) if last.end == r.start => {
+                                last.end = r.end;
+                                members.push(i);
+                            }
+                            _ => ranges.push((r, vec![i])),
+                        }
+                    }
+                }
+                if req.descending {
+                    ranges.reverse();
+                }
+                let mut out = Vec::new();
+                for (range, members) in ranges {
+                    let batches = range_batches(key, &rows, range, &req)?;
+                    if batches.is_empty() {
+                        continue;
+                    }
+                    // The buckets this range begins are counted on its first batch (with
+                    // row-by-row bounds a member may have kept no row; it is counted as
+                    // read all the same).
+                    let mut st = state.lock().expect("run state");
+                    let begun = members
+                        .iter()
+                        .filter(|&&i| !std::mem::replace(&mut st.started[i], true))
+                        .count() as u32;
+                    drop(st);
+                    let n: usize = batches.iter().map(|b| b.num_rows()).sum();
+                    ArchiveScanMetrics::add(&metrics.rows_returned, n as u64);
+                    out.extend(
+                        batches
+                            .into_iter()
+                            .enumerate()
+                            .map(|(j, b)| (b, if j == 0 { begun } else { 0 })),
+                    );
+                }
+                Ok::<_, ArchiveError>(out)
+            }
+        })
+    };
+    let key = m.payload_key.clone();
+    let check = stream::once(async move {
+        let st = state.lock().expect("run state");
+        for (i, s) in spans.iter().enumerate() {
+            if s.whole && st.seen[i] != s.want {
+                return Err(ArchiveError::RowCountMismatch {
+                    key: format!("{key} (bucket {})", s.bucket.bucket_key),
+                    expected: s.want,
+                    actual: st.seen[i],
+                });
+            }
+        }
+        Ok(Vec::new())
+    });
+    rows.chain(check)
+        .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
+        .try_flatten()
+        .boxed()
 }
 
 /// The rows of the picked slices, streamed in order; with `whole`, counted against `want`
@@ -291,12 +518,7 @@ fn slices_stream(
             let (bucket, req, seen, metrics) =
                 (bucket.clone(), req.clone(), seen.clone(), metrics.clone());
             async move {
-                let only = if req.include_value {
-                    req.value.fields.as_deref()
-                } else {
-                    Some(&[][..])
-                };
-                let rows = slice_rows(&op, &cache, &m, &entry, &slice, &metrics, only).await?;
+                let rows = read_slice(&op, &cache, &m, &entry, &slice, &metrics, &req).await?;
                 if whole {
                     let t = rows
                         .column(COL_TIME)

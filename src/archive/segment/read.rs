@@ -486,41 +486,80 @@ pub(super) async fn ranged(
     Ok(bytes)
 }
 
+/// The part of `bucket` a read with `req`'s time bounds covers, as an inclusive interval of
+/// event times, and whether that is the whole bucket with no other bound (then every row of
+/// the bucket is returned, and the rows seen can be counted against the manifest); `None`
+/// when the read takes nothing of it.
+pub(crate) fn bucket_interval(
+    bucket: &BucketId,
+    req: &ArchiveScan,
+) -> Result<Option<(EventTime, EventTime, bool)>, ArchiveError> {
+    let (bs, be) = bucket.bucket_key.bounds();
+    let last = EventTime::from_micros(be.as_micros() - 1)?;
+    let Some((lo, hi)) = req.bounds.time_interval() else {
+        return Ok(None);
+    };
+    let (lo, hi) = (lo.max(bs), hi.min(last));
+    if lo > hi {
+        return Ok(None);
+    }
+    let whole = lo == bs && hi == last && !exact_bounds(req);
+    Ok(Some((lo, hi, whole)))
+}
+
+/// Whether `req` has bounds beyond a time interval (sort-key ranges, cursors), which are
+/// applied row by row.
+fn exact_bounds(req: &ArchiveScan) -> bool {
+    req.bounds.sort_lower != std::ops::Bound::Unbounded
+        || req.bounds.sort_upper != std::ops::Bound::Unbounded
+        || req.bounds.after.is_some()
+        || req.bounds.before.is_some()
+}
+
+/// The rows of `rows` (one partition, in time order) whose event time lies in `lo..=hi`,
+/// found by binary search.
+pub(crate) fn time_range(
+    key: &str,
+    rows: &RecordBatch,
+    (lo, hi): (EventTime, EventTime),
+) -> Result<std::ops::Range<usize>, ArchiveError> {
+    let values = times(key, rows)?.values();
+    let (lo, hi) = (lo.as_nanos(), hi.as_nanos());
+    let from = values.partition_point(|&v| v < lo);
+    let to = values.partition_point(|&v| v <= hi).max(from);
+    Ok(from..to)
+}
+
 /// One bucket's rows matching the scan, from its partition's rows: the bucket's time range
-/// is found by binary search (rows are in time order), the remaining bounds (sort-key
-/// ranges, cursors) are applied row by row, then the columns are projected, the order
-/// reversed for descending scans, and the result cut into batches.
+/// is found by binary search (rows are in time order), then [`range_batches`] applies the
+/// rest of the scan.
 pub(crate) fn bucket_batches(
     key: &str,
     rows: &RecordBatch,
     bucket: &BucketId,
     req: &ArchiveScan,
 ) -> Result<Vec<RecordBatch>, ArchiveError> {
-    let t = times(key, rows)?;
-    let (bs, be) = bucket.bucket_key.bounds();
-    let (lo, hi) = match req.bounds.time_interval() {
-        Some((lo, hi)) => (
-            lo.max(bs),
-            hi.min(EventTime::from_micros(be.as_micros() - 1)?),
-        ),
-        None => return Ok(Vec::new()),
+    let Some((lo, hi, _)) = bucket_interval(bucket, req)? else {
+        return Ok(Vec::new());
     };
-    if lo > hi {
+    let range = time_range(key, rows, (lo, hi))?;
+    range_batches(key, rows, range, req)
+}
+
+/// Rows `range` of `rows` (one partition, in time order) as the scan returns them: the
+/// bounds beyond time (sort-key ranges, cursors) applied row by row, the columns projected,
+/// the order reversed for descending scans, and the result cut into batches.
+pub(crate) fn range_batches(
+    key: &str,
+    rows: &RecordBatch,
+    range: std::ops::Range<usize>,
+    req: &ArchiveScan,
+) -> Result<Vec<RecordBatch>, ArchiveError> {
+    if range.is_empty() {
         return Ok(Vec::new());
     }
-    let (lo, hi) = (lo.as_nanos(), hi.as_nanos());
-    let values = t.values();
-    let from = values.partition_point(|&v| v < lo);
-    let to = values.partition_point(|&v| v <= hi);
-    if from >= to {
-        return Ok(Vec::new());
-    }
-    let mut slice = rows.slice(from, to - from);
-    let exact = req.bounds.sort_lower != std::ops::Bound::Unbounded
-        || req.bounds.sort_upper != std::ops::Bound::Unbounded
-        || req.bounds.after.is_some()
-        || req.bounds.before.is_some();
-    if exact {
+    let mut slice = rows.slice(range.start, range.len());
+    if exact_bounds(req) {
         let st = times(key, &slice)?;
         let sk = binary(key, &slice, COL_SORT)?;
         let mut keep = Vec::with_capacity(slice.num_rows());

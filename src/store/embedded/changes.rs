@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension};
 
-use crate::model::{BucketId, EventTime, PartitionKey, SortKey, TableId};
+use crate::model::{BucketId, BucketKey, EventTime, PartitionKey, SortKey, TableId};
 use crate::store::changes::{by_bucket, check_masks, conflict, operation};
 use crate::store::{
     ChangeOutcome, Changes, ExpiredBucket, RowChange, RowMask, StoreError, StoreResult,
@@ -176,37 +176,49 @@ impl Changes for SqliteStore {
     }
 
     async fn row_masks(&self, bucket: &BucketId) -> StoreResult<Vec<RowMask>> {
-        let bucket = bucket.clone();
+        self.row_masks_of(
+            &bucket.table_id,
+            &bucket.partition_key,
+            std::slice::from_ref(&bucket.bucket_key),
+        )
+        .await
+    }
+
+    async fn row_masks_of(
+        &self,
+        table_id: &TableId,
+        partition: &PartitionKey,
+        buckets: &[BucketKey],
+    ) -> StoreResult<Vec<RowMask>> {
+        let (table, partition) = (table_id.clone(), partition.clone());
+        let keys: Vec<String> = buckets.iter().map(ToString::to_string).collect();
+        // One read transaction, one cached statement per bucket: in process, a statement
+        // costs microseconds, and the per-bucket form keeps the primary key's lookups.
         self.run("row_masks", Mode::Read, move |tx, _| {
             let mut stmt = tx.prepare_cached(&format!(
                 "SELECT m.event_time, m.sort_key, m.value FROM pulpitum_v4_row_masks AS m \
                  WHERE {BUCKET_PK} AND {CURRENT_INCARNATION} ORDER BY event_time, sort_key"
             ))?;
-            let rows = stmt
-                .query_map(
-                    params![
-                        bucket.table_id.as_str(),
-                        bucket.partition_key.as_bytes(),
-                        bucket.bucket_key.to_string()
-                    ],
-                    |r| {
+            let mut out = Vec::new();
+            for key in &keys {
+                let rows = stmt
+                    .query_map(params![table.as_str(), partition.as_bytes(), key], |r| {
                         Ok((
                             r.get::<_, i64>(0)?,
                             r.get::<_, Vec<u8>>(1)?,
                             r.get::<_, Option<Vec<u8>>>(2)?,
                         ))
-                    },
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            rows.into_iter()
-                .map(|(t, s, value)| {
-                    Ok(RowMask {
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                for (t, s, value) in rows {
+                    out.push(RowMask {
                         event_time: time(t, "mask event time")?,
                         sort_key: SortKey::new(s).map_err(|e| corrupt(e.to_string()))?,
                         value,
-                    })
-                })
-                .collect::<TxResult<Vec<_>>>()
+                    });
+                }
+            }
+            Ok(out)
         })
         .await
     }

@@ -242,17 +242,37 @@ impl Changes for PgStore {
                     ],
                 )
                 .await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let t: DateTime<Utc> = r.try_get(0)?;
-                let s: Vec<u8> = r.try_get(1)?;
-                out.push(RowMask {
-                    event_time: event_time(t, "mask event_time")?,
-                    sort_key: SortKey::new(s).map_err(|e| corrupt("mask sort key", e))?,
-                    value: r.try_get(2)?,
-                });
-            }
-            Ok(out)
+            rows.iter().map(mask_of_row).collect()
+        })
+        .await
+    }
+
+    async fn row_masks_of(
+        &self,
+        table_id: &TableId,
+        partition: &PartitionKey,
+        buckets: &[BucketKey],
+    ) -> StoreResult<Vec<RowMask>> {
+        if buckets.is_empty() {
+            return Ok(Vec::new());
+        }
+        // CURRENT_INCARNATION per mask's own bucket: the same rule as `row_masks`.
+        let sql = format!(
+            "SELECT m.event_time, m.sort_key, m.value FROM {MASKS} m \
+             WHERE m.table_id = $1 AND m.partition_key = $2 AND m.bucket_key = ANY($3) \
+               AND NOT EXISTS (SELECT 1 FROM {META} b \
+                   WHERE b.table_id = $1 AND b.partition_key = $2 \
+                     AND b.bucket_key = m.bucket_key AND b.created_at > m.created_at) \
+             ORDER BY m.event_time, m.sort_key"
+        );
+        let keys: Vec<String> = buckets.iter().map(ToString::to_string).collect();
+        self.run("row_masks_of", || async {
+            let client = self.pooled().await?;
+            let stmt = client.prepare_cached(&sql).await?;
+            let rows = client
+                .query(&stmt, &[&table_id.as_str(), &partition.as_bytes(), &keys])
+                .await?;
+            rows.iter().map(mask_of_row).collect()
         })
         .await
     }
@@ -413,4 +433,15 @@ pub(super) fn abandoned(operation: &'static str) -> StoreError {
         operation,
         detail: "abandoned by its caller; rolled back".into(),
     }
+}
+
+/// A mask from a row of `event_time, sort_key, value`.
+fn mask_of_row(r: &tokio_postgres::Row) -> Result<RowMask, TxError> {
+    let t: DateTime<Utc> = r.try_get(0)?;
+    let s: Vec<u8> = r.try_get(1)?;
+    Ok(RowMask {
+        event_time: event_time(t, "mask event_time")?,
+        sort_key: SortKey::new(s).map_err(|e| corrupt("mask sort key", e))?,
+        value: r.try_get(2)?,
+    })
 }
