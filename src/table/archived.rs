@@ -260,10 +260,7 @@ impl DurableTable {
         let Some(first) = buckets.first() else {
             return Ok(None);
         };
-        let as_table = |source| TableError::Archive {
-            bucket: first.clone(),
-            source: Box::new(source),
-        };
+        let as_table = |source| run_error(buckets, source);
         let manifest = self.manifest_for(first, object_key, read_at).await?;
         let keys: Vec<_> = buckets.iter().map(|b| b.bucket_key).collect();
         let masks = Masks::new(
@@ -304,11 +301,20 @@ impl DurableTable {
 
 /// Whether `e` is an archive object not found (see the module comment).
 fn is_not_found(e: &TableError) -> bool {
-    matches!(e, TableError::Archive { source, .. } if matches!(**source, ArchiveError::NotFound { .. }))
+    matches!(e, TableError::Archive { source, .. } | TableError::ArchiveRun { source, .. }
+        if matches!(**source, ArchiveError::NotFound { .. }))
 }
 
-/// A run's batches as chunks: empty ones skipped, an error named after the run's first
-/// bucket; an object found gone before any row was returned is read again bucket by bucket
+/// `source` as the error of the run `buckets` (not empty).
+fn run_error(buckets: &[BucketId], source: ArchiveError) -> TableError {
+    TableError::ArchiveRun {
+        first: buckets[0].clone(),
+        last: buckets[buckets.len() - 1].bucket_key,
+        source: Box::new(source),
+    }
+}
+
+/// A run's batches as chunks: empty ones skipped, an error named after the run; an object found gone before any row was returned is read again bucket by bucket
 /// (`one_by_one`), as a bucket read re-reads its route, and after a row it stands.
 fn run_chunks<F>(
     rows: RunStream,
@@ -349,10 +355,7 @@ where
                             ));
                         }
                         Err(source) => {
-                            let e = TableError::Archive {
-                                bucket: buckets[0].clone(),
-                                source: Box::new(source),
-                            };
+                            let e = run_error(&buckets, source);
                             if returned || !is_not_found(&e) {
                                 return Some((Err(e), None));
                             }

@@ -91,6 +91,19 @@ pub enum TableError {
         #[source]
         source: Box<ArchiveError>,
     },
+    /// The archive failed while reading a run of one partition's buckets read as one
+    /// ([`ScanUnit::Run`]): the run is named by its first and last bucket, and the error
+    /// names the bucket or row group at fault where it knows it.
+    #[error("archived buckets {first} to {last}: {source}")]
+    ArchiveRun {
+        /// The run's first bucket.
+        first: BucketId,
+        /// The run's last bucket key.
+        last: crate::model::BucketKey,
+        /// The cold-tier error.
+        #[source]
+        source: Box<ArchiveError>,
+    },
 }
 
 impl TableError {
@@ -98,7 +111,7 @@ impl TableError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Store(e) => e.is_retryable(),
-            Self::Archive { source, .. } => source.is_retryable(),
+            Self::Archive { source, .. } | Self::ArchiveRun { source, .. } => source.is_retryable(),
         }
     }
 }

@@ -1147,6 +1147,67 @@ pub async fn masks_are_work_until_a_rewrite_marks_them(store: Store) {
 /// retention) keeps them, marked rewritten, for readers still on its old route; a bucket
 /// created again under the same key by a late append does not inherit them: its re-inserted
 /// row is not hidden, and a change of it is checked and masked afresh.
+/// `row_masks_of` (a run's masks in one statement) gives exactly the masks `row_masks` gives
+/// for each named bucket: none of a bucket between them it does not name, of another
+/// partition, or of a bucket created again since its mask.
+pub async fn the_masks_of_several_buckets_are_each_buckets_own(store: Store) {
+    use pulpitum::model::{PartitionKey, SortKey};
+    use pulpitum::store::RowChange;
+    let tbl = table(&store, "events", DAY).await;
+    let days = [
+        "2024-03-01T10:00:00Z",
+        "2024-03-02T10:00:00Z",
+        "2024-03-03T10:00:00Z",
+        "2024-03-11T10:00:00Z",
+    ];
+    let mut a = Vec::new();
+    for (i, at) in days.iter().enumerate() {
+        a.push(archived(&store, &tbl, "a", at, &format!("t/a/{i}/m.json"), true).await);
+    }
+    let b = archived(&store, &tbl, "b", days[1], "t/b/1/m.json", true).await;
+    let delete = |partition: &str, at: &str| RowChange {
+        partition_key: PartitionKey::new(partition.as_bytes().to_vec()).unwrap(),
+        event_time: t(at),
+        sort_key: SortKey::new(b"k".to_vec()).unwrap(),
+        old_value: b"v".to_vec(),
+        new_value: None,
+    };
+    let read_at = store.now().await.unwrap();
+    let changes: Vec<RowChange> = days
+        .iter()
+        .map(|at| delete("a", at))
+        .chain([delete("b", days[1])])
+        .collect();
+    store.apply_changes(&tbl, read_at, &changes).await.unwrap();
+    let pk = PartitionKey::new(b"a".to_vec()).unwrap();
+    let of = |ids: &[&BucketId]| ids.iter().map(|b| b.bucket_key).collect::<Vec<_>>();
+    let times = |masks: Vec<pulpitum::store::RowMask>| {
+        let mut t: Vec<_> = masks.into_iter().map(|m| m.event_time).collect();
+        t.sort();
+        t
+    };
+    // Days 1 and 11, not 2 and 3 in between, nor partition b's day 2.
+    let got = store
+        .row_masks_of(&tbl, &pk, &of(&[&a[0], &a[3]]))
+        .await
+        .unwrap();
+    assert_eq!(times(got), vec![t(days[0]), t(days[3])]);
+    let all = store
+        .row_masks_of(&tbl, &pk, &of(&[&a[0], &a[1], &a[2], &a[3]]))
+        .await
+        .unwrap();
+    assert_eq!(times(all), days.iter().map(|d| t(d)).collect::<Vec<_>>());
+    for bucket in a.iter().chain([&b]) {
+        let one = store
+            .row_masks_of(&bucket.table_id, &bucket.partition_key, &of(&[bucket]))
+            .await
+            .unwrap();
+        assert_eq!(one, store.row_masks(bucket).await.unwrap(), "{bucket}");
+        assert_eq!(one.len(), 1, "{bucket}");
+    }
+    assert!(store.row_masks_of(&tbl, &pk, &[]).await.unwrap().is_empty());
+}
+
 pub async fn a_bucket_created_again_does_not_inherit_its_namesakes_masks(store: Store) {
     use pulpitum::store::RowChange;
     let tbl = table(&store, "events", DAY).await;
@@ -1199,6 +1260,14 @@ pub async fn a_bucket_created_again_does_not_inherit_its_namesakes_masks(store: 
     assert!(
         store.row_masks(&a).await.unwrap().is_empty(),
         "the new bucket does not inherit the old mask"
+    );
+    assert!(
+        store
+            .row_masks_of(&tbl, &a.partition_key, &[a.bucket_key])
+            .await
+            .unwrap()
+            .is_empty(),
+        "nor does a run of it"
     );
     // Archived again (a new object), its row is changed afresh: the old mask neither
     // refuses the change nor survives it.

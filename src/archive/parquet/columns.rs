@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, BinaryBuilder};
+use datafusion::arrow::array::{ArrayRef, AsArray, BinaryArray, BinaryBuilder};
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 
@@ -345,16 +345,20 @@ pub(crate) fn envelope_batch(
 }
 
 /// The file columns a decode of a columnar payload reads for `only` (every column when
-/// `None`): the keys, the typed columns of those fields, the residual. `None` for a file in
-/// the binary envelope, which is always read whole.
+/// `None`): the keys, the typed columns of those fields, the residual. A file in the binary
+/// envelope is read whole (`None`), or without its value column when `only` names no field
+/// (a count, an aggregate of keys: the value is most of the bytes to decode).
 pub(crate) fn projected_columns(
     key: &str,
     file_schema: &Schema,
     only: Option<&[u32]>,
 ) -> Result<Option<Vec<usize>>, ArchiveError> {
-    let (Some(only), true) = (only, is_columnar(file_schema)) else {
+    let Some(only) = only else {
         return Ok(None);
     };
+    if !is_columnar(file_schema) {
+        return Ok(only.is_empty().then(|| (0..COL_VALUE).collect()));
+    }
     let cols = value_columns(key, file_schema)?;
     let mut out: Vec<usize> = (0..COL_VALUE).collect();
     out.extend(
@@ -400,7 +404,16 @@ pub(crate) fn decoded_envelope(
     }
     // Relabel with the one envelope schema (the decoder may attach Parquet field metadata),
     // which also checks the column types.
-    RecordBatch::try_new(envelope_schema(true), batch.columns().to_vec())
+    let mut columns = batch.columns().to_vec();
+    if only.is_some_and(<[u32]>::is_empty) && columns.len() == COL_VALUE {
+        // The value column was not decoded (no field of it is read): empty values keep the
+        // envelope's shape, and the reader projects them away.
+        let n = batch.num_rows();
+        columns.push(Arc::new(BinaryArray::from_iter_values(
+            std::iter::repeat_n(&b""[..], n),
+        )));
+    }
+    RecordBatch::try_new(envelope_schema(true), columns)
         .map_err(|e| ArchiveError::decode(key, format!("not the record schema v2 envelope: {e}")))
 }
 
@@ -413,6 +426,7 @@ fn values(b: &RecordBatch) -> &datafusion::arrow::array::BinaryArray {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::envelope::COL_TIME;
     use crate::model::schema::row::RowEncoder;
     use crate::model::schema::{KeyColumn, KeyType, SchemaChange, Value};
     use crate::model::{records_to_batch, EventTime, PartitionKey, Record, SortKey};
@@ -533,10 +547,20 @@ mod tests {
             RowDecoder::new(&schema, &[0, 2]).decode(values(b)).unwrap()
         };
         assert_eq!(decode(&back), decode(&full));
-        // A file in the binary envelope is always read whole.
+        // A file in the binary envelope is read whole for any field, without its value for
+        // none (and then decodes with empty values).
         assert!(projected_columns("k", &env.schema(), Some(&only))
             .unwrap()
             .is_none());
+        assert_eq!(
+            projected_columns("k", &env.schema(), Some(&[])).unwrap(),
+            Some((0..COL_VALUE).collect::<Vec<_>>())
+        );
+        let keys = env.project(&[0, 1, 2]).unwrap();
+        let back = decoded_envelope("k", &env.schema(), &keys, false, Some(&[])).unwrap();
+        assert_eq!(back.num_columns(), COL_VALUE + 1);
+        assert!(values(&back).iter().all(|v| v == Some(&b""[..])));
+        assert_eq!(back.column(COL_TIME), env.column(COL_TIME));
         // A damaged residual is an error, not a row.
         let mut broken: Vec<ArrayRef> = payload.columns().to_vec();
         let n = broken.len();

@@ -394,6 +394,35 @@ struct RunState {
     started: Vec<bool>,
 }
 
+/// How many buckets begin in each of the `batches` batches [`range_batches`] cut `range`
+/// into, `members` being the buckets' rows in it: a bucket is counted once in the run, on
+/// the batch holding its first row in the read's order. With row-by-row bounds (which may
+/// drop rows) they are all counted on the range's first batch.
+fn begun_per_batch(
+    state: &std::sync::Mutex<RunState>,
+    req: &ArchiveScan,
+    range: &std::ops::Range<usize>,
+    members: &[(usize, std::ops::Range<usize>)],
+    batches: usize,
+) -> Vec<u32> {
+    let step = req.batch_rows.max(1);
+    let exact = super::read::exact_bounds(req);
+    let mut begun = vec![0u32; batches];
+    let mut st = state.lock().expect("run state");
+    for (i, r) in members {
+        if std::mem::replace(&mut st.started[*i], true) {
+            continue;
+        }
+        let first = match (exact, req.descending) {
+            (true, _) => 0,
+            (false, false) => r.start - range.start,
+            (false, true) => range.end - r.end,
+        };
+        begun[(first / step).min(batches - 1)] += 1;
+    }
+    begun
+}
+
 /// The picked slices of a run, in order, as batches with the buckets they begin; then each
 /// whole bucket's count checked.
 #[allow(clippy::too_many_arguments)]
@@ -423,7 +452,8 @@ fn run_slices(
                 let key = m.payload_key.as_str();
                 // Each span's rows in this group, then adjacent ones joined: the buckets of
                 // a run usually follow one another, so a group's rows leave as one range.
-                let mut ranges: Vec<(std::ops::Range<usize>, Vec<usize>)> = Vec::new();
+                type Members = Vec<(usize, std::ops::Range<usize>)>;
+                let mut ranges: Vec<(std::ops::Range<usize>, Members)> = Vec::new();
                 {
                     let mut st = state.lock().expect("run state");
                     for (i, s) in spans.iter().enumerate() {
@@ -435,9 +465,9 @@ fn run_slices(
                         match ranges.last_mut() {
                             Some((last, members)) if last.end == r.start => {
                                 last.end = r.end;
-                                members.push(i);
+                                members.push((i, r));
                             }
-                            _ => ranges.push((r, vec![i])),
+                            _ => ranges.push((r.clone(), vec![(i, r)])),
                         }
                     }
                 }
@@ -446,27 +476,14 @@ fn run_slices(
                 }
                 let mut out = Vec::new();
                 for (range, members) in ranges {
-                    let batches = range_batches(key, &rows, range, &req)?;
+                    let batches = range_batches(key, &rows, range.clone(), &req)?;
                     if batches.is_empty() {
                         continue;
                     }
-                    // The buckets this range begins are counted on its first batch (with
-                    // row-by-row bounds a member may have kept no row; it is counted as
-                    // read all the same).
-                    let mut st = state.lock().expect("run state");
-                    let begun = members
-                        .iter()
-                        .filter(|&&i| !std::mem::replace(&mut st.started[i], true))
-                        .count() as u32;
-                    drop(st);
+                    let begun = begun_per_batch(&state, &req, &range, &members, batches.len());
                     let n: usize = batches.iter().map(|b| b.num_rows()).sum();
                     ArchiveScanMetrics::add(&metrics.rows_returned, n as u64);
-                    out.extend(
-                        batches
-                            .into_iter()
-                            .enumerate()
-                            .map(|(j, b)| (b, if j == 0 { begun } else { 0 })),
-                    );
+                    out.extend(batches.into_iter().zip(begun));
                 }
                 Ok::<_, ArchiveError>(out)
             }

@@ -509,7 +509,7 @@ pub(crate) fn bucket_interval(
 
 /// Whether `req` has bounds beyond a time interval (sort-key ranges, cursors), which are
 /// applied row by row.
-fn exact_bounds(req: &ArchiveScan) -> bool {
+pub(super) fn exact_bounds(req: &ArchiveScan) -> bool {
     req.bounds.sort_lower != std::ops::Bound::Unbounded
         || req.bounds.sort_upper != std::ops::Bound::Unbounded
         || req.bounds.after.is_some()

@@ -191,34 +191,46 @@ impl Changes for SqliteStore {
         buckets: &[BucketKey],
     ) -> StoreResult<Vec<RowMask>> {
         let (table, partition) = (table_id.clone(), partition.clone());
-        let keys: Vec<String> = buckets.iter().map(ToString::to_string).collect();
-        // One read transaction, one cached statement per bucket: in process, a statement
-        // costs microseconds, and the per-bucket form keeps the primary key's lookups.
+        let keys: std::collections::HashSet<String> =
+            buckets.iter().map(ToString::to_string).collect();
+        let (Some(lo), Some(hi)) = (keys.iter().min().cloned(), keys.iter().max().cloned()) else {
+            return Ok(Vec::new());
+        };
+        // One range of the primary key from the least to the greatest key (as text), the
+        // masks of keys in between that are not the run's dropped here: one statement
+        // whatever the run's length, where a statement per bucket cost a run of a month
+        // thirty lookups. The incarnation rule is the one `row_masks` applies, per mask.
         self.run("row_masks", Mode::Read, move |tx, _| {
-            let mut stmt = tx.prepare_cached(&format!(
-                "SELECT m.event_time, m.sort_key, m.value FROM pulpitum_v4_row_masks AS m \
-                 WHERE {BUCKET_PK} AND {CURRENT_INCARNATION} ORDER BY event_time, sort_key"
-            ))?;
-            let mut out = Vec::new();
-            for key in &keys {
-                let rows = stmt
-                    .query_map(params![table.as_str(), partition.as_bytes(), key], |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, Vec<u8>>(1)?,
-                            r.get::<_, Option<Vec<u8>>>(2)?,
-                        ))
-                    })?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
-                for (t, s, value) in rows {
-                    out.push(RowMask {
+            let mut stmt = tx.prepare_cached(
+                "SELECT m.bucket_key, m.event_time, m.sort_key, m.value \
+                 FROM pulpitum_v4_row_masks AS m \
+                 WHERE m.table_id = ?1 AND m.partition_key = ?2 \
+                   AND m.bucket_key >= ?3 AND m.bucket_key <= ?4 \
+                   AND NOT EXISTS (SELECT 1 FROM pulpitum_v4_bucket_metadata b \
+                       WHERE b.table_id = ?1 AND b.partition_key = ?2 \
+                         AND b.bucket_key = m.bucket_key AND b.created_at > m.created_at) \
+                 ORDER BY m.event_time, m.sort_key",
+            )?;
+            let rows = stmt
+                .query_map(params![table.as_str(), partition.as_bytes(), lo, hi], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, Vec<u8>>(2)?,
+                        r.get::<_, Option<Vec<u8>>>(3)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter()
+                .filter(|(key, ..)| keys.contains(key))
+                .map(|(_, t, s, value)| {
+                    Ok(RowMask {
                         event_time: time(t, "mask event time")?,
                         sort_key: SortKey::new(s).map_err(|e| corrupt(e.to_string()))?,
                         value,
-                    });
-                }
-            }
-            Ok(out)
+                    })
+                })
+                .collect()
         })
         .await
     }
