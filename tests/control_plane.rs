@@ -225,6 +225,20 @@ async fn a_pause_mid_run_stops_new_claims_at_once() {
     }
     run(&ctx, "SYSTEM STOP MOVES chat").await;
     let paused_at = store.now().await.unwrap();
+    // A worker writes its job's start row in a statement of its own after its claim
+    // commits, so a claim committed just before the pause can carry a start time after it
+    // (seen in CI). Such a bucket was no longer hot when the pause returned.
+    let claimed_before: std::collections::BTreeSet<pulpitum::model::BucketId> = store
+        .list_buckets(
+            &TableId::new("chat").unwrap(),
+            &pulpitum::store::BucketFilter::default(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| !matches!(m.state, BucketState::Hot))
+        .map(|m| m.id)
+        .collect();
     // Claims committed before the pause finish (or defer) within a few slowed uploads.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let settled = bucket_states(&ctx).await;
@@ -246,8 +260,9 @@ async fn a_pause_mid_run_stops_new_claims_at_once() {
         .unwrap();
     assert!(
         late.iter()
-            .all(|j| j.kind != pulpitum::store::JobKind::Archive),
-        "archive jobs started after the pause: {late:?}"
+            .all(|j| j.kind != pulpitum::store::JobKind::Archive
+                || claimed_before.contains(&j.bucket)),
+        "archive jobs of buckets claimed after the pause: {late:?}"
     );
     let reasons = run(
         &ctx,
