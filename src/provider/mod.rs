@@ -7,10 +7,15 @@
 //! [`crate::table`]) and turns envelope rows into SQL columns ([`surface`]). Inserts go
 //! through [`sink::PulpitumSink`], `DELETE` and `UPDATE` through [`change::ChangeExec`], and tables are created by SQL through
 //! [`factory::PulpitumTableFactory`].
+//! Two things the scan tells the optimiser: its exact row count when the manifests know it
+//! (`count(*)` then reads nothing: [`DurableTable::exact_rows`]), and, for a TopK across
+//! channels, a newest-first order that lets the TopK's dynamic filter skip buckets
+//! (`dynamic`).
 //! Errors of this layer are one enum, [`ProviderError`], converted to `DataFusionError`
 //! only where DataFusion calls in.
 
 pub mod change;
+mod dynamic;
 pub mod factory;
 pub mod filters;
 pub mod literals;
@@ -41,6 +46,7 @@ pub use literals::ExactTimeLiterals;
 pub use numbers::ExactDecimalLiterals;
 pub use scan::{PulpitumScanExec, ScanSpec};
 pub use sink::PulpitumSink;
+use surface::Role;
 pub use surface::Surface;
 
 use crate::model::ModelError;
@@ -235,6 +241,33 @@ impl PulpitumTable {
         &self.surface
     }
 
+    /// The rows `spec` returns, stated for the optimiser (`count(*)` answered from the
+    /// manifests: [`DurableTable::exact_rows`]) when the scan takes no value column: a scan
+    /// that reads values reads its objects anyway, and the check costs a statement. A scan
+    /// listed at execution, a page (a limit), one with value predicates applied early or a
+    /// change's read states nothing.
+    async fn exact_rows(&self, spec: &ScanSpec) -> Result<Option<u64>, ProviderError> {
+        let takes_values = spec
+            .projection
+            .iter()
+            .any(|&i| self.surface.role_of(self.schema.field(i).name()) == Some(Role::Value));
+        if takes_values
+            || spec.deferred
+            || spec.limit.is_some()
+            || spec.local_only
+            || !spec.value_filters.is_empty()
+        {
+            return Ok(None);
+        }
+        if spec.pushed.empty {
+            return Ok(Some(0));
+        }
+        Ok(self
+            .table
+            .exact_rows(&spec.keys, &spec.pushed.bounds)
+            .await?)
+    }
+
     async fn plan_scan(
         &self,
         target_partitions: usize,
@@ -329,7 +362,10 @@ impl TableProvider for PulpitumTable {
                 .splittable_buckets()
                 .is_some_and(|n| n > split.buckets_per_task.max(1));
         }
-        Ok(Arc::new(PulpitumScanExec::try_new(spec)?))
+        let rows = self.exact_rows(&spec).await?;
+        Ok(Arc::new(
+            PulpitumScanExec::try_new(spec)?.with_exact_rows(rows),
+        ))
     }
 
     async fn insert_into(

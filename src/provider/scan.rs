@@ -26,14 +26,21 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation, PushedDown,
+};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -189,6 +196,15 @@ pub struct PulpitumScanExec {
     props: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     shared: Arc<QueryCounters>,
+    /// The rows the whole scan returns, when its manifests tell exactly
+    /// ([`DurableTable::exact_rows`]): what DataFusion answers `count(*)` from. Only the node
+    /// the provider plans carries it; any node derived from it (a pushed limit, a reversed
+    /// or split scan) states nothing.
+    exact_rows: Option<u64>,
+    /// Filters a TopK above publishes as it runs (see `super::dynamic`): units whose times
+    /// they reject are not read. Dropped when the plan is re-armed for another execution,
+    /// whose TopK starts a filter of its own.
+    dynamic: Arc<[Arc<dyn PhysicalExpr>]>,
 }
 
 /// Counters shared by all partitions of one execution, for the per-query limits.
@@ -233,12 +249,39 @@ impl PulpitumScanExec {
             props: Arc::new(props),
             metrics: ExecutionPlanMetricsSet::new(),
             shared: Arc::new(QueryCounters::default()),
+            exact_rows: None,
+            dynamic: Arc::new([]),
         })
+    }
+
+    /// This node stating that it returns exactly `rows` rows (see [`Self::exact_rows`]).
+    pub fn with_exact_rows(mut self, rows: Option<u64>) -> Self {
+        self.exact_rows = rows;
+        self
+    }
+
+    /// The rows this scan returns, when known exactly before it runs.
+    pub fn exact_rows(&self) -> Option<u64> {
+        self.exact_rows
     }
 
     /// The plan's inputs (for tests and tools).
     pub fn spec(&self) -> &ScanSpec {
         &self.spec
+    }
+
+    /// The same scan with fresh counters and metrics, asking `dynamic` before each unit.
+    fn fresh(&self, dynamic: Arc<[Arc<dyn PhysicalExpr>]>) -> Self {
+        Self {
+            spec: self.spec.clone(),
+            groups: self.groups.clone(),
+            schema: self.schema.clone(),
+            props: self.props.clone(),
+            metrics: ExecutionPlanMetricsSet::new(),
+            shared: Arc::new(QueryCounters::default()),
+            exact_rows: self.exact_rows,
+            dynamic,
+        }
     }
 
     fn with_spec(&self, spec: ScanSpec) -> Arc<dyn ExecutionPlan> {
@@ -390,14 +433,49 @@ impl ExecutionPlan for PulpitumScanExec {
     fn reset_state(self: Arc<Self>) -> DFResult<Arc<dyn ExecutionPlan>> {
         // Fresh limit counters and metrics for a new execution of the same plan; the rest
         // is immutable and shared (a prepared statement re-arms its cached plan this way).
-        Ok(Arc::new(Self {
-            spec: self.spec.clone(),
-            groups: self.groups.clone(),
-            schema: self.schema.clone(),
-            props: self.props.clone(),
-            metrics: ExecutionPlanMetricsSet::new(),
-            shared: Arc::new(QueryCounters::default()),
-        }))
+        Ok(Arc::new(self.fresh(Arc::new([]))))
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> DFResult<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        // Every filter stays with its parent (the scan only skips units by it); the
+        // dynamic ones, TopK's, are kept to ask before each unit.
+        let filters: Vec<Arc<dyn PhysicalExpr>> = child_pushdown_result
+            .parent_filters
+            .into_iter()
+            .map(|f| f.filter)
+            .collect();
+        let answer = vec![PushedDown::No; filters.len()];
+        let dynamic: Vec<_> = filters
+            .into_iter()
+            .filter(|f| {
+                phase == FilterPushdownPhase::Post
+                    && f.downcast_ref::<DynamicFilterPhysicalExpr>().is_some()
+            })
+            .collect();
+        let mut out = FilterPushdownPropagation::with_parent_pushdown_result(answer);
+        if !dynamic.is_empty() {
+            let dynamic = self.dynamic.iter().cloned().chain(dynamic).collect();
+            out = out.with_updated_node(Arc::new(self.fresh(dynamic)) as Arc<dyn ExecutionPlan>);
+        }
+        Ok(out)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> DFResult<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.schema);
+        // The whole scan only: its partitions' shares are not known apart.
+        if let (None, Some(Ok(rows))) = (args.partition(), self.exact_rows.map(usize::try_from)) {
+            stats.num_rows = Precision::Exact(rows);
+        }
+        Ok(Arc::new(stats))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -441,7 +519,22 @@ impl ExecutionPlan for PulpitumScanExec {
                 inner: Arc::new(reversed),
             });
         }
-        Ok(SortOrderPushdownResult::Unsupported)
+        // Newest (or oldest) first across channels: no order of ours satisfies it, but
+        // reading each channel in that direction lets a TopK above settle on its rows
+        // early and skip the rest by its dynamic filter (`super::dynamic`).
+        let by_time = order.first().and_then(|o| {
+            let c = o.expr.downcast_ref::<Column>()?;
+            let i = *self.spec.projection.get(c.index())?;
+            (self.spec.surface.role_at(i) == Role::Time).then_some(o.options.descending)
+        });
+        match by_time {
+            Some(descending) if descending != self.spec.descending => {
+                Ok(SortOrderPushdownResult::Inexact {
+                    inner: Arc::new(reversed),
+                })
+            }
+            _ => Ok(SortOrderPushdownResult::Unsupported),
+        }
     }
 
     fn execute(
@@ -477,7 +570,9 @@ impl ExecutionPlan for PulpitumScanExec {
                 filters: spec.value_filters.clone(),
             },
         };
-        let prefetch = spec.limit.is_none() && units.len() > 1;
+        // With a TopK's filter, a unit is opened only when the previous one has been read
+        // (the filter tightens as the TopK takes rows), not ahead of it.
+        let prefetch = spec.limit.is_none() && units.len() > 1 && self.dynamic.is_empty();
         let unit_limit = limit.clone();
         let open = move |unit: ScanUnit| {
             let (metrics, at_end) = (metrics.clone(), metrics.clone());
@@ -504,7 +599,18 @@ impl ExecutionPlan for PulpitumScanExec {
             let unit = units.pop().expect("one unit");
             return Ok(self.surface_stream(open(unit), limit, started));
         }
-        let per_unit = stream::iter(units).map(open);
+        let dynamic = self.dynamic.clone();
+        let time = spec
+            .projection
+            .iter()
+            .position(|&i| spec.surface.role_at(i) == Role::Time);
+        let per_unit = stream::iter(units)
+            .filter(move |unit| {
+                let read = dynamic.is_empty()
+                    || super::dynamic::may_pass(&dynamic, time, super::dynamic::unit_span(unit));
+                std::future::ready(read)
+            })
+            .map(open);
         let chunks = if prefetch {
             // A scan without a limit reads every unit, so the next one starts (its route,
             // manifest, first block read and verified) while this one is decoded, as

@@ -514,6 +514,24 @@ pub trait Changes: Send + Sync + 'static {
         Ok(out)
     }
 
+    /// The buckets of `table_id` whose keys lie in `first..=last` (compared as text, which
+    /// orders the keys of one strategy by time), in any partition, that hold at least one
+    /// delete record, purged or not and of any incarnation: at most `limit`, in no order.
+    /// A scan asks before it states an exact row count from manifests (an edit keeps its
+    /// row, a delete does not); a bucket missing from the answer has no delete record when
+    /// the statement ran. `None`: this store cannot tell (the default, for wrappers), and
+    /// no count is stated.
+    async fn buckets_with_deletes(
+        &self,
+        table_id: &TableId,
+        first: &BucketKey,
+        last: &BucketKey,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<(PartitionKey, BucketKey)>>> {
+        let _ = (table_id, first, last, limit);
+        Ok(None)
+    }
+
     /// Buckets of `table_id` that ended at or before `before` and are Hot or Archived
     /// (an Archiving bucket waits for its publication), oldest first, at most `limit`.
     async fn expired_buckets(

@@ -101,7 +101,7 @@ impl DurableTable {
     /// The validated manifest of an Archived route: from the cache when fresh and naming the
     /// same object, else read from the archive (checked against the bucket) and cached for
     /// what is left of the route's bound from `read_at`.
-    async fn manifest_for(
+    pub(super) async fn manifest_for(
         &self,
         bucket: &BucketId,
         object_key: &str,

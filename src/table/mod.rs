@@ -17,6 +17,8 @@
 //! - [`routes`]: the one route type of every tier ([`Route`]) and the archived-route cache.
 //! - `hot`: the hot tier's reader (pages that carry their route, head reads).
 //! - `archived`: the archived tier's reader (manifest, then payload).
+//! - `counts`: exact row counts of a planned scan from manifests
+//!   ([`DurableTable::exact_rows`]), for the optimiser's statistics.
 //!
 //! A third tier is one reader file, a [`Route`] variant (and a [`Tier`] for its chunks)
 //! and one arm in `DurableTable::reader`.
@@ -49,6 +51,7 @@
 //! are counted in that one place, and nothing is read once the limit is spent.
 
 mod archived;
+mod counts;
 mod hot;
 mod masks;
 pub mod plan;

@@ -378,6 +378,16 @@ impl pulpitum::store::Changes for Hooked {
         self.inner.row_masks_of(t, p, keys).await
     }
 
+    async fn buckets_with_deletes(
+        &self,
+        t: &TableId,
+        first: &pulpitum::model::BucketKey,
+        last: &pulpitum::model::BucketKey,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<(pulpitum::model::PartitionKey, pulpitum::model::BucketKey)>>> {
+        self.inner.buckets_with_deletes(t, first, last, limit).await
+    }
+
     async fn expired_buckets(
         &self,
         t: &TableId,

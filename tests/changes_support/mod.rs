@@ -22,12 +22,17 @@ pub const DAY_US: i64 = 86_400_000_000;
 
 /// Message `id` of channel `ch` at `t` (µs), with the body `m<id>`.
 pub fn record(ch: i64, id: i64, t: i64) -> pulpitum::model::Record {
+    message(ch, id, t, &format!("m{id}"))
+}
+
+/// Message `id` of channel `ch` at `t` (µs) with the body `content`.
+pub fn message(ch: i64, id: i64, t: i64, content: &str) -> pulpitum::model::Record {
     use pulpitum::model::{encode_i64, PartitionKey, Record, SortKey};
     Record {
         partition_key: PartitionKey::from_i64(ch),
         event_time: EventTime::from_micros(t).unwrap(),
         sort_key: SortKey::new(encode_i64(id).to_vec()).unwrap(),
-        value: format!("m{id}").into_bytes(),
+        value: content.as_bytes().to_vec(),
     }
 }
 pub const START: &str = "2021-03-01T00:00:00Z";

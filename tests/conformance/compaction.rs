@@ -1147,13 +1147,12 @@ pub async fn masks_are_work_until_a_rewrite_marks_them(store: Store) {
 /// retention) keeps them, marked rewritten, for readers still on its old route; a bucket
 /// created again under the same key by a late append does not inherit them: its re-inserted
 /// row is not hidden, and a change of it is checked and masked afresh.
-/// `row_masks_of` (a run's masks in one statement) gives exactly the masks `row_masks` gives
-/// for each named bucket: none of a bucket between them it does not name, of another
-/// partition, or of a bucket created again since its mask.
-pub async fn the_masks_of_several_buckets_are_each_buckets_own(store: Store) {
-    use pulpitum::model::{PartitionKey, SortKey};
-    use pulpitum::store::RowChange;
-    let tbl = table(&store, "events", DAY).await;
+/// The days the mask cases use: partition `a` archived on days 1, 2, 3 and 11 of March
+/// 2024 (one row each, at 10:00), partition `b` on day 2.
+async fn four_days_and_a_neighbour(
+    store: &Store,
+    tbl: &TableId,
+) -> ([&'static str; 4], Vec<BucketId>, BucketId) {
     let days = [
         "2024-03-01T10:00:00Z",
         "2024-03-02T10:00:00Z",
@@ -1162,9 +1161,20 @@ pub async fn the_masks_of_several_buckets_are_each_buckets_own(store: Store) {
     ];
     let mut a = Vec::new();
     for (i, at) in days.iter().enumerate() {
-        a.push(archived(&store, &tbl, "a", at, &format!("t/a/{i}/m.json"), true).await);
+        a.push(archived(store, tbl, "a", at, &format!("t/a/{i}/m.json"), true).await);
     }
-    let b = archived(&store, &tbl, "b", days[1], "t/b/1/m.json", true).await;
+    let b = archived(store, tbl, "b", days[1], "t/b/1/m.json", true).await;
+    (days, a, b)
+}
+
+/// `row_masks_of` (a run's masks in one statement) gives exactly the masks `row_masks` gives
+/// for each named bucket: none of a bucket between them it does not name, of another
+/// partition, or of a bucket created again since its mask.
+pub async fn the_masks_of_several_buckets_are_each_buckets_own(store: Store) {
+    use pulpitum::model::{PartitionKey, SortKey};
+    use pulpitum::store::RowChange;
+    let tbl = table(&store, "events", DAY).await;
+    let (days, a, b) = four_days_and_a_neighbour(&store, &tbl).await;
     let delete = |partition: &str, at: &str| RowChange {
         partition_key: PartitionKey::new(partition.as_bytes().to_vec()).unwrap(),
         event_time: t(at),
@@ -1206,6 +1216,69 @@ pub async fn the_masks_of_several_buckets_are_each_buckets_own(store: Store) {
         assert_eq!(one.len(), 1, "{bucket}");
     }
     assert!(store.row_masks_of(&tbl, &pk, &[]).await.unwrap().is_empty());
+}
+
+/// `buckets_with_deletes` names every bucket in the key range (any partition) that holds a
+/// delete record and no other: not one with only an edit, not one outside the range, not
+/// another table's; and it stops at its limit.
+pub async fn the_buckets_with_deletes_are_exactly_those_with_delete_records(store: Store) {
+    use pulpitum::model::{BucketKey, PartitionKey, SortKey};
+    use pulpitum::store::RowChange;
+    let tbl = table(&store, "events", DAY).await;
+    let other = table(&store, "others", DAY).await;
+    let (days, a, b) = four_days_and_a_neighbour(&store, &tbl).await;
+    let o = archived(&store, &other, "a", days[2], "o/a/2/m.json", true).await;
+    let change = |partition: &str, at: &str, new_value: Option<Vec<u8>>| RowChange {
+        partition_key: PartitionKey::new(partition.as_bytes().to_vec()).unwrap(),
+        event_time: t(at),
+        sort_key: SortKey::new(b"k".to_vec()).unwrap(),
+        old_value: b"v".to_vec(),
+        new_value,
+    };
+    let read_at = store.now().await.unwrap();
+    // Deletes on a's first and last days and b's day 2; an edit on a's day 2.
+    let changes = [
+        change("a", days[0], None),
+        change("a", days[1], Some(b"edited".to_vec())),
+        change("a", days[3], None),
+        change("b", days[1], None),
+    ];
+    store.apply_changes(&tbl, read_at, &changes).await.unwrap();
+    store
+        .apply_changes(&other, read_at, &[change("a", days[2], None)])
+        .await
+        .unwrap();
+    let key = |b: &BucketId| (b.partition_key.clone(), b.bucket_key);
+    let ask = |first: BucketKey, last: BucketKey, limit: usize| {
+        let (store, tbl) = (store.clone(), tbl.clone());
+        async move {
+            let mut got = store
+                .buckets_with_deletes(&tbl, &first, &last, limit)
+                .await
+                .unwrap()
+                .expect("the store can tell");
+            got.sort();
+            got
+        }
+    };
+    let mut want = vec![key(&a[0]), key(&a[3]), key(&b)];
+    want.sort();
+    assert_eq!(ask(a[0].bucket_key, a[3].bucket_key, 100).await, want);
+    // Days 2 and 3 only: b's delete, not a's edit.
+    assert_eq!(
+        ask(a[1].bucket_key, a[2].bucket_key, 100).await,
+        vec![key(&b)]
+    );
+    // The other table's delete on day 3 is not this table's.
+    assert!(ask(a[2].bucket_key, a[2].bucket_key, 100).await.is_empty());
+    assert_eq!(
+        store
+            .buckets_with_deletes(&other, &o.bucket_key, &o.bucket_key, 100)
+            .await
+            .unwrap(),
+        Some(vec![key(&o)])
+    );
+    assert_eq!(ask(a[0].bucket_key, a[3].bucket_key, 2).await.len(), 2);
 }
 
 pub async fn a_bucket_created_again_does_not_inherit_its_namesakes_masks(store: Store) {

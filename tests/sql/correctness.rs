@@ -134,7 +134,31 @@ fn queries(msgs: &[Msg], channels: &[i64], n: usize, seed: u64) -> Vec<String> {
         let offset = rng.random_range(0..10);
         let span =
             rng.random_range(0..40i64) * 86_400_000_000 + rng.random_range(0..86_400_000_000i64);
-        let q = match i % 16 {
+        // Whole days around the drawn times: a count over them may be answered from the
+        // manifests when every bucket in it is archived.
+        let day = 86_400_000_000i64;
+        let (day_lo, day_hi) = (lo.div_euclid(day) * day, (hi.div_euclid(day) + 1) * day);
+        let q = match i % 19 {
+            16 => format!(
+                "SELECT {cols} FROM chat WHERE \"timestamp\" < {} ORDER BY \"timestamp\" DESC, id DESC, channel_id DESC LIMIT {limit}",
+                ts(hi)
+            ),
+            17 => format!(
+                "SELECT channel_id, \"timestamp\", id FROM chat WHERE \"timestamp\" > {} ORDER BY \"timestamp\", id, channel_id LIMIT {limit}",
+                ts(lo)
+            ),
+            18 => {
+                let only = if rng.random_bool(0.5) {
+                    format!("channel_id = {ch} AND ")
+                } else {
+                    String::new()
+                };
+                format!(
+                    "SELECT count(*) AS n FROM chat WHERE {only}\"timestamp\" >= {} AND \"timestamp\" < {}",
+                    ts(day_lo),
+                    ts(day_hi)
+                )
+            }
             0 => format!("SELECT {cols} FROM chat WHERE channel_id = {ch} ORDER BY \"timestamp\", id"),
             1 => format!(
                 "SELECT {cols} FROM chat WHERE channel_id = {ch} AND \"timestamp\" >= {} AND \"timestamp\" < {} ORDER BY \"timestamp\", id",

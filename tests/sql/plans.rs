@@ -261,3 +261,64 @@ async fn explain_analyze(env: &Env, sql: &str) -> String {
     let batches = env.sql(&format!("EXPLAIN ANALYZE {sql}")).await;
     pretty(&batches)
 }
+
+/// `(channel_id, timestamp in µs, id)` of every row of `batches`, in their order.
+fn keyed_rows(batches: &[datafusion::arrow::record_batch::RecordBatch]) -> Vec<(i64, i64, i64)> {
+    use datafusion::arrow::array::{Int64Array, TimestampMicrosecondArray};
+    let mut out = Vec::new();
+    for b in batches {
+        let ch = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        let t = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .unwrap();
+        let id = b.column(2).as_any().downcast_ref::<Int64Array>().unwrap();
+        for i in 0..b.num_rows() {
+            out.push((ch.value(i), t.value(i), id.value(i)));
+        }
+    }
+    out
+}
+
+/// The newest (and the oldest) rows across channels: no channel's order answers them, so a
+/// TopK stays above the scan; the scan reads each channel in the TopK's direction and skips
+/// every bucket the TopK's filter rejects once it holds its rows. The page read a fraction
+/// of the buckets a full scan reads, and is the page the whole table sorted gives. With one
+/// scan partition for all four channels the partition's rows are in no time order, so the
+/// TopK cannot stop it early: only the skipping keeps it from reading everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_across_channels_skips_the_buckets_its_topk_rejects() {
+    let env = plan_env().await;
+    let every = keyed_rows(&env.sql("SELECT channel_id, timestamp, id FROM chat").await);
+    let full = explain_analyze(&env, "SELECT count(id) FROM chat").await;
+    let total = metric(&full, "hot_buckets") + metric(&full, "archived_buckets");
+    for (order, newest, partitions) in [
+        ("DESC", true, 4),
+        ("ASC", false, 4),
+        ("DESC", true, 1),
+        ("ASC", false, 1),
+    ] {
+        env.sql(&format!(
+            "SET datafusion.execution.target_partitions = {partitions}"
+        ))
+        .await;
+        let sql = format!(
+            "SELECT channel_id, timestamp, id FROM chat ORDER BY timestamp {order}, id {order} LIMIT 10"
+        );
+        let mut want = every.clone();
+        want.sort_by_key(|&(_, t, id)| (t, id));
+        if newest {
+            want.reverse();
+        }
+        want.truncate(10);
+        assert_eq!(keyed_rows(&env.sql(&sql).await), want, "{sql}");
+        let text = explain_analyze(&env, &sql).await;
+        let read = metric(&text, "hot_buckets") + metric(&text, "archived_buckets");
+        assert!(
+            read * 4 <= total,
+            "{sql} ({partitions} partitions) read {read} of {total} buckets:\n{text}"
+        );
+    }
+    env.cleanup().await;
+}

@@ -235,6 +235,43 @@ impl Changes for SqliteStore {
         .await
     }
 
+    async fn buckets_with_deletes(
+        &self,
+        table_id: &TableId,
+        first: &BucketKey,
+        last: &BucketKey,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<(PartitionKey, BucketKey)>>> {
+        let table = table_id.clone();
+        let (first, last) = (first.to_string(), last.to_string());
+        let n = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        // Every delete record counts, purged or not and whatever its incarnation: the
+        // answer only ever withholds a count (see the trait).
+        self.run("buckets_with_deletes", Mode::Read, move |tx, _| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT DISTINCT partition_key, bucket_key FROM pulpitum_v4_row_masks \
+                 WHERE table_id = ?1 AND bucket_key >= ?2 AND bucket_key <= ?3 \
+                   AND kind = 'delete' \
+                 LIMIT ?4",
+            )?;
+            let rows = stmt
+                .query_map(params![table.as_str(), first, last, n], |r| {
+                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter()
+                .map(|(pk, key)| {
+                    Ok((
+                        PartitionKey::new(pk).map_err(|e| corrupt(e.to_string()))?,
+                        BucketKey::parse_any(&key).map_err(|e| corrupt(e.to_string()))?,
+                    ))
+                })
+                .collect::<TxResult<Vec<_>>>()
+                .map(Some)
+        })
+        .await
+    }
+
     async fn expired_buckets(
         &self,
         table_id: &TableId,

@@ -277,6 +277,42 @@ impl Changes for PgStore {
         .await
     }
 
+    async fn buckets_with_deletes(
+        &self,
+        table_id: &TableId,
+        first: &BucketKey,
+        last: &BucketKey,
+        limit: usize,
+    ) -> StoreResult<Option<Vec<(PartitionKey, BucketKey)>>> {
+        // Every delete record counts, purged or not and whatever its incarnation: the
+        // answer only ever withholds a count, so erring towards "has deletes" is safe.
+        let sql = format!(
+            "SELECT DISTINCT partition_key, bucket_key FROM {MASKS} \
+             WHERE table_id = $1 AND bucket_key >= $2 AND bucket_key <= $3 AND kind = 'delete' \
+             LIMIT $4"
+        );
+        let (first, last) = (first.to_string(), last.to_string());
+        let n = limit_param(limit);
+        self.run("buckets_with_deletes", || async {
+            let client = self.pooled().await?;
+            let stmt = client.prepare_cached(&sql).await?;
+            let rows = client
+                .query(&stmt, &[&table_id.as_str(), &first, &last, &n])
+                .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let pk: Vec<u8> = r.try_get(0)?;
+                let key: String = r.try_get(1)?;
+                out.push((
+                    PartitionKey::new(pk).map_err(|e| corrupt("partition key", e))?,
+                    BucketKey::parse_any(&key).map_err(|e| corrupt("bucket key", e))?,
+                ));
+            }
+            Ok(Some(out))
+        })
+        .await
+    }
+
     async fn expired_buckets(
         &self,
         table_id: &TableId,
