@@ -28,6 +28,14 @@ pub enum RouteManifest {
     Segment(Arc<SegmentManifest>),
 }
 
+impl RouteManifest {
+    /// Whether [`ArchiveStore::scan_segment_run`] reads this route's buckets as one run (a
+    /// v6 segment); otherwise they are read one by one.
+    pub fn reads_runs(&self) -> bool {
+        matches!(self, Self::Segment(m) if m.version >= 6)
+    }
+}
+
 impl ArchiveStore {
     /// Writes one segment from rows sorted by `(partition_key, event_time, sort_key)` with
     /// the default [`SegmentUpload`] settings: encoded into a spill file, uploaded
@@ -162,7 +170,7 @@ impl ArchiveStore {
         let RouteManifest::Segment(m) = route else {
             return Ok(None);
         };
-        if m.version < 6 {
+        if !route.reads_runs() {
             return Ok(None);
         }
         check_scan(req)?;

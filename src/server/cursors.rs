@@ -69,12 +69,19 @@ pub(super) async fn run(
                 let plan = plan_of(ctx, &Statement::Query(query.clone())).await?;
                 let need = guard::plan_need(&plan)?;
                 authorize(role, need, "this cursor's query")?;
-                let df = ctx.execute_logical_plan(plan).await.map_err(api)?;
+                let df = ctx.execute_logical_plan(plan.clone()).await.map_err(api)?;
                 let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
                 let rows = encode_dataframe(df, &Format::UnifiedText, Some(options)).await?;
+                // The plan goes with the cursor's portal, so a Describe of the portal (how
+                // libpq drivers such as psycopg learn a server-side cursor's columns)
+                // answers its row description: it answered NoData, and psycopg's binary
+                // module crashed on the rows that followed.
                 let stored = Arc::new(StoredStatement::new(
                     name.clone(),
-                    (query.to_string(), None),
+                    (
+                        query.to_string(),
+                        Some((Statement::Query(query.clone()), plan)),
+                    ),
                     vec![],
                 ));
                 let portal = Portal::new_cursor(name, stored);

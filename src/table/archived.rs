@@ -262,6 +262,11 @@ impl DurableTable {
         };
         let as_table = |source| run_error(buckets, source);
         let manifest = self.manifest_for(first, object_key, read_at).await?;
+        // Not a run (a per-bucket object or a v5 segment): the bucket reads read their own
+        // masks, so none are read here.
+        if !manifest.reads_runs() {
+            return Ok(None);
+        }
         let keys: Vec<_> = buckets.iter().map(|b| b.bucket_key).collect();
         let masks = Masks::new(
             self.inner

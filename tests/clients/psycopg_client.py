@@ -67,4 +67,15 @@ with conn.cursor() as cur:
         raise AssertionError("a missing table was answered")
     except psycopg.errors.UndefinedTable:
         pass
+# A server-side cursor: psycopg declares it, then fetches over the extended protocol,
+# whose Describe must give the cursor's columns (it answered NoData, and psycopg failed).
+with conn.transaction():
+    with conn.cursor(name="pages") as cur:
+        cur.execute("SELECT id, content FROM chat WHERE channel_id = 1 ORDER BY id")
+        first = cur.fetchmany(10)
+        assert [r[0] for r in first] == list(range(1, 11)), first
+        assert first[0][1] == "day 1", first
+        assert [d.name for d in cur.description] == ["id", "content"], cur.description
+        rest = cur.fetchall()
+        assert [r[0] for r in rest] == list(range(11, 32)), rest
 print("psycopg ok")
