@@ -24,6 +24,11 @@ pub const MAX_DEPTH: usize = 1_000;
 pub const MAX_FUNCTION_NESTING: usize = 16;
 /// Most `SELECT`s (subqueries, set operations, common table expressions) in one text.
 pub const MAX_QUERIES: usize = 500;
+/// Most relations (items of `FROM` lists and `JOIN`s, subqueries' included) in one text:
+/// DataFusion plans a join of n relations in time that grows faster than n (200 took 4.7 s
+/// in a debug build, 1,000 took 27 s in a release one), and planning never yields, so no
+/// statement timeout stops it.
+pub const MAX_RELATIONS: usize = 100;
 /// Most tokens in one expression between commas: the backstop for any construct that
 /// nests without an operator counted above (a 5,000-token run is far from the depth that
 /// overflows a connection's stack; a `CASE` of 800 branches fits).
@@ -42,6 +47,8 @@ pub struct Shape {
     pub queries: usize,
     /// The most tokens in one expression (between commas, in one pair of brackets).
     pub longest_run: usize,
+    /// Relations named in `FROM` lists and by `JOIN`s.
+    pub relations: usize,
 }
 
 fn too_complex(what: &str, found: usize, limit: usize) -> PgWireError {
@@ -124,6 +131,23 @@ fn is_operator(t: &Token) -> bool {
     }
 }
 
+/// Clause keywords that end a `FROM` list.
+const ENDS_FROM: &[&str] = &[
+    "WHERE",
+    "GROUP",
+    "HAVING",
+    "ORDER",
+    "LIMIT",
+    "OFFSET",
+    "UNION",
+    "EXCEPT",
+    "INTERSECT",
+    "WINDOW",
+    "QUALIFY",
+    "FETCH",
+    "RETURNING",
+];
+
 /// Scans `sql`'s tokens and refuses a text past the limits. A text that does not tokenize
 /// is let through: the parser will say what is wrong with it.
 pub fn check(sql: &str) -> Result<Shape, PgWireError> {
@@ -139,6 +163,10 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
     let mut frames: Vec<(usize, bool)> = vec![(0, false)];
     // Tokens since the last comma, per frame.
     let mut runs: Vec<usize> = vec![0];
+    // Per frame: whether a query (`SELECT`) began in it, and whether its tokens are in a
+    // `FROM` list now (where a comma names one more relation). A `FROM` in a frame without
+    // a query is a function's (`extract(day FROM t)`) and names none.
+    let mut clauses: Vec<(bool, bool)> = vec![(false, false)];
     let (mut chained, mut functions) = (0usize, 0usize);
     let mut in_statement = false;
     let mut previous_word = false;
@@ -163,15 +191,20 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
                 functions += usize::from(call);
                 frames.push((0, call));
                 runs.push(0);
+                clauses.push((false, false));
             }
             Token::RParen | Token::RBracket if frames.len() > 1 => {
                 runs.pop();
+                clauses.pop();
                 let (count, function) = frames.pop().expect("more than one frame");
                 chained -= count;
                 functions -= usize::from(function);
             }
             Token::RParen | Token::RBracket => {}
             Token::Comma => {
+                if clauses.last().is_some_and(|c| c.1) {
+                    shape.relations += 1;
+                }
                 *runs.last_mut().expect("the outer run") = 0;
                 let top = frames.last_mut().expect("the outer frame");
                 chained -= top.0;
@@ -179,6 +212,7 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
             }
             Token::SemiColon if frames.len() == 1 => {
                 runs[0] = 0;
+                clauses[0] = (false, false);
                 chained -= frames[0].0;
                 frames[0].0 = 0;
                 shape.statements += usize::from(in_statement);
@@ -192,8 +226,22 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
                     chained += 1;
                 }
                 if let Token::Word(w) = other {
-                    if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("SELECT") {
-                        shape.queries += 1;
+                    if w.quote_style.is_none() {
+                        let clause = clauses.last_mut().expect("the outer frame");
+                        let word = w.value.to_ascii_uppercase();
+                        match word.as_str() {
+                            "SELECT" => {
+                                shape.queries += 1;
+                                *clause = (true, false);
+                            }
+                            "FROM" if clause.0 => {
+                                shape.relations += 1;
+                                clause.1 = true;
+                            }
+                            "JOIN" => shape.relations += 1,
+                            w if ENDS_FROM.contains(&w) => clause.1 = false,
+                            _ => {}
+                        }
                     }
                 }
             }
@@ -219,6 +267,13 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
             "its function nesting",
             shape.function_nesting,
             MAX_FUNCTION_NESTING,
+        ));
+    }
+    if shape.relations > MAX_RELATIONS {
+        return Err(too_complex(
+            "its number of relations in FROM lists and JOINs",
+            shape.relations,
+            MAX_RELATIONS,
         ));
     }
     if shape.queries > MAX_QUERIES {
@@ -385,5 +440,38 @@ mod tests {
         // A chain split by commas is not one chain.
         let wide: Vec<String> = (0..MAX_DEPTH).map(|_| "1+1".to_string()).collect();
         assert_eq!(code(&format!("SELECT {}", wide.join(", "))), "ok");
+    }
+
+    /// Relations are counted in FROM lists, JOINs and subqueries, not in a function's
+    /// `FROM` or after the list ends; one past the limit is refused.
+    #[test]
+    fn relations_past_the_limit_are_refused() {
+        let relations = |sql: &str| check(sql).unwrap().relations;
+        assert_eq!(relations("SELECT 1"), 0);
+        assert_eq!(relations("SELECT * FROM a, b JOIN c ON a.x = c.x, d"), 4);
+        assert_eq!(
+            relations("SELECT extract(day FROM t), substring(s FROM 2 FOR 3) FROM a"),
+            1
+        );
+        assert_eq!(
+            relations("SELECT a, b FROM t WHERE x IN (SELECT y FROM u, v) ORDER BY a, b"),
+            3
+        );
+        assert_eq!(
+            relations("SELECT 1 FROM a LEFT JOIN (SELECT 1 FROM b CROSS JOIN c) s USING (k), d"),
+            5
+        );
+        assert_eq!(relations("SELECT 1 FROM a; SELECT 2 FROM b, c"), 3);
+        let list = |n: usize| {
+            let items: Vec<String> = (0..n).map(|i| format!("chat a{i}")).collect();
+            format!("SELECT 1 FROM {}", items.join(", "))
+        };
+        assert_eq!(code(&list(MAX_RELATIONS)), "ok");
+        assert_eq!(code(&list(MAX_RELATIONS + 1)), "54001");
+        assert_eq!(code(&list(1_000)), "54001");
+        let joins: String = (1..=MAX_RELATIONS)
+            .map(|i| format!(" JOIN chat a{i} ON a{i}.id = a0.id"))
+            .collect();
+        assert_eq!(code(&format!("SELECT 1 FROM chat a0{joins}")), "54001");
     }
 }
