@@ -46,7 +46,6 @@ pub use literals::ExactTimeLiterals;
 pub use numbers::ExactDecimalLiterals;
 pub use scan::{PulpitumScanExec, ScanSpec};
 pub use sink::PulpitumSink;
-use surface::Role;
 pub use surface::Surface;
 
 use crate::model::ModelError;
@@ -242,16 +241,14 @@ impl PulpitumTable {
     }
 
     /// The rows `spec` returns, stated for the optimiser (`count(*)` answered from the
-    /// manifests: [`DurableTable::exact_rows`]) when the scan takes no value column: a scan
-    /// that reads values reads its objects anyway, and the check costs a statement. A scan
-    /// listed at execution, a page (a limit), one with value predicates applied early or a
-    /// change's read states nothing.
+    /// manifests: [`DurableTable::exact_rows`]) when the scan takes no column at all: what
+    /// `count(*)` asks for, and the only shape DataFusion answers from a row count. Any
+    /// other scan (a page or a TopK without `content`, a group by) would pay a statement
+    /// and, for per-bucket objects, every listed manifest while planning, for a count
+    /// nothing uses. A scan listed at execution, a page (a limit), one with value
+    /// predicates applied early or a change's read states nothing.
     async fn exact_rows(&self, spec: &ScanSpec) -> Result<Option<u64>, ProviderError> {
-        let takes_values = spec
-            .projection
-            .iter()
-            .any(|&i| self.surface.role_of(self.schema.field(i).name()) == Some(Role::Value));
-        if takes_values
+        if !spec.projection.is_empty()
             || spec.deferred
             || spec.limit.is_some()
             || spec.local_only

@@ -515,20 +515,22 @@ pub trait Changes: Send + Sync + 'static {
     }
 
     /// The buckets of `table_id` whose keys lie in `first..=last` (compared as text, which
-    /// orders the keys of one strategy by time), in any partition, that hold at least one
-    /// delete record, purged or not and of any incarnation: at most `limit`, in no order.
-    /// A scan asks before it states an exact row count from manifests (an edit keeps its
-    /// row, a delete does not); a bucket missing from the answer has no delete record when
-    /// the statement ran. `None`: this store cannot tell (the default, for wrappers), and
-    /// no count is stated.
+    /// orders the keys of one strategy by time), in `partitions` (`None`: any partition),
+    /// that hold at least one delete record, purged or not and of any incarnation: at most
+    /// `limit`, in no order. A scan asks before it states an exact row count from manifests
+    /// (an edit keeps its row, a delete does not); a bucket missing from the answer has no
+    /// delete record when the statement ran. Named partitions are read by the primary key's
+    /// prefix; without them the statement walks the table's delete records in the key
+    /// range. `None`: this store cannot tell (the default, for wrappers), and no count is
+    /// stated.
     async fn buckets_with_deletes(
         &self,
         table_id: &TableId,
-        first: &BucketKey,
-        last: &BucketKey,
+        partitions: Option<&[PartitionKey]>,
+        (first, last): (&BucketKey, &BucketKey),
         limit: usize,
     ) -> StoreResult<Option<Vec<(PartitionKey, BucketKey)>>> {
-        let _ = (table_id, first, last, limit);
+        let _ = (table_id, partitions, first, last, limit);
         Ok(None)
     }
 

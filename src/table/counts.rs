@@ -29,6 +29,10 @@ use crate::model::{BucketId, ScanBounds};
 /// key range states no count rather than reading them all at planning.
 const DELETED_BUCKETS_LIMIT: usize = 4_096;
 
+/// Most partitions named to the delete-record check (each read by the primary key's
+/// prefix); a scan of more asks over the key range alone.
+const NAMED_PARTITIONS: usize = 1_000;
+
 /// Manifests opened at once while counting (most are cached: a segment's is read once).
 const MANIFEST_READS: usize = 16;
 
@@ -81,7 +85,13 @@ impl DurableTable {
         ) else {
             return Ok(Some(0));
         };
-        if self.any_deleted(&buckets, (&first, &last)).await? {
+        let partitions: Vec<_> = keys
+            .iter()
+            .filter(|k| !k.buckets.is_empty())
+            .map(|k| k.partition_key.clone())
+            .collect();
+        let named = (partitions.len() <= NAMED_PARTITIONS).then_some(partitions.as_slice());
+        if self.any_deleted(&buckets, named, (&first, &last)).await? {
             return Ok(None);
         }
         // Owned, so the futures borrow nothing from this one's locals.
@@ -110,6 +120,7 @@ impl DurableTable {
     async fn any_deleted(
         &self,
         buckets: &[&BucketId],
+        partitions: Option<&[crate::model::PartitionKey]>,
         (first, last): (&str, &str),
     ) -> Result<bool, TableError> {
         let Some(b) = buckets.first() else {
@@ -122,7 +133,12 @@ impl DurableTable {
         let Some(deleted) = self
             .inner
             .store
-            .buckets_with_deletes(&b.table_id, &first, &last, DELETED_BUCKETS_LIMIT)
+            .buckets_with_deletes(
+                &b.table_id,
+                partitions,
+                (&first, &last),
+                DELETED_BUCKETS_LIMIT,
+            )
             .await?
         else {
             return Ok(true);

@@ -1253,7 +1253,7 @@ pub async fn the_buckets_with_deletes_are_exactly_those_with_delete_records(stor
         let (store, tbl) = (store.clone(), tbl.clone());
         async move {
             let mut got = store
-                .buckets_with_deletes(&tbl, &first, &last, limit)
+                .buckets_with_deletes(&tbl, None, (&first, &last), limit)
                 .await
                 .unwrap()
                 .expect("the store can tell");
@@ -1273,12 +1273,35 @@ pub async fn the_buckets_with_deletes_are_exactly_those_with_delete_records(stor
     assert!(ask(a[2].bucket_key, a[2].bucket_key, 100).await.is_empty());
     assert_eq!(
         store
-            .buckets_with_deletes(&other, &o.bucket_key, &o.bucket_key, 100)
+            .buckets_with_deletes(&other, None, (&o.bucket_key, &o.bucket_key), 100)
             .await
             .unwrap(),
         Some(vec![key(&o)])
     );
     assert_eq!(ask(a[0].bucket_key, a[3].bucket_key, 2).await.len(), 2);
+    // Named partitions: only theirs.
+    let only_b = store
+        .buckets_with_deletes(
+            &tbl,
+            Some(std::slice::from_ref(&b.partition_key)),
+            (&a[0].bucket_key, &a[3].bucket_key),
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(only_b, Some(vec![key(&b)]));
+    let mut both = store
+        .buckets_with_deletes(
+            &tbl,
+            Some(&[a[0].partition_key.clone(), b.partition_key.clone()]),
+            (&a[0].bucket_key, &a[3].bucket_key),
+            100,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    both.sort();
+    assert_eq!(both, want);
 }
 
 pub async fn a_bucket_created_again_does_not_inherit_its_namesakes_masks(store: Store) {

@@ -290,11 +290,13 @@ impl pulpitum::store::Changes for Counting {
     async fn buckets_with_deletes(
         &self,
         t: &TableId,
-        first: &pulpitum::model::BucketKey,
-        last: &pulpitum::model::BucketKey,
+        partitions: Option<&[pulpitum::model::PartitionKey]>,
+        range: (&pulpitum::model::BucketKey, &pulpitum::model::BucketKey),
         limit: usize,
     ) -> StoreResult<Option<Vec<(pulpitum::model::PartitionKey, pulpitum::model::BucketKey)>>> {
-        self.inner.buckets_with_deletes(t, first, last, limit).await
+        self.inner
+            .buckets_with_deletes(t, partitions, range, limit)
+            .await
     }
 
     async fn expired_buckets(

@@ -238,27 +238,48 @@ impl Changes for SqliteStore {
     async fn buckets_with_deletes(
         &self,
         table_id: &TableId,
-        first: &BucketKey,
-        last: &BucketKey,
+        partitions: Option<&[PartitionKey]>,
+        (first, last): (&BucketKey, &BucketKey),
         limit: usize,
     ) -> StoreResult<Option<Vec<(PartitionKey, BucketKey)>>> {
         let table = table_id.clone();
         let (first, last) = (first.to_string(), last.to_string());
         let n = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let partitions: Option<Vec<Vec<u8>>> =
+            partitions.map(|p| p.iter().map(|k| k.as_bytes().to_vec()).collect());
         // Every delete record counts, purged or not and whatever its incarnation: the
-        // answer only ever withholds a count (see the trait).
+        // answer only ever withholds a count (see the trait). Named partitions are read one
+        // primary-key prefix each, in one read transaction.
         self.run("buckets_with_deletes", Mode::Read, move |tx, _| {
-            let mut stmt = tx.prepare_cached(
-                "SELECT DISTINCT partition_key, bucket_key FROM pulpitum_v4_row_masks \
-                 WHERE table_id = ?1 AND bucket_key >= ?2 AND bucket_key <= ?3 \
-                   AND kind = 'delete' \
-                 LIMIT ?4",
-            )?;
-            let rows = stmt
-                .query_map(params![table.as_str(), first, last, n], |r| {
-                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let row = |r: &rusqlite::Row<'_>| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?));
+            let mut rows = Vec::new();
+            match &partitions {
+                Some(keys) => {
+                    let mut stmt = tx.prepare_cached(
+                        "SELECT DISTINCT partition_key, bucket_key FROM pulpitum_v4_row_masks \
+                         WHERE table_id = ?1 AND partition_key = ?5 \
+                           AND bucket_key >= ?2 AND bucket_key <= ?3 AND kind = 'delete' \
+                         LIMIT ?4",
+                    )?;
+                    for key in keys {
+                        let params = params![table.as_str(), first, last, n, key];
+                        for r in stmt.query_map(params, row)? {
+                            rows.push(r?);
+                        }
+                    }
+                }
+                None => {
+                    let mut stmt = tx.prepare_cached(
+                        "SELECT DISTINCT partition_key, bucket_key FROM pulpitum_v4_row_masks \
+                         WHERE table_id = ?1 AND bucket_key >= ?2 AND bucket_key <= ?3 \
+                           AND kind = 'delete' \
+                         LIMIT ?4",
+                    )?;
+                    for r in stmt.query_map(params![table.as_str(), first, last, n], row)? {
+                        rows.push(r?);
+                    }
+                }
+            }
             rows.into_iter()
                 .map(|(pk, key)| {
                     Ok((

@@ -280,25 +280,39 @@ impl Changes for PgStore {
     async fn buckets_with_deletes(
         &self,
         table_id: &TableId,
-        first: &BucketKey,
-        last: &BucketKey,
+        partitions: Option<&[PartitionKey]>,
+        (first, last): (&BucketKey, &BucketKey),
         limit: usize,
     ) -> StoreResult<Option<Vec<(PartitionKey, BucketKey)>>> {
         // Every delete record counts, purged or not and whatever its incarnation: the
         // answer only ever withholds a count, so erring towards "has deletes" is safe.
+        // Named partitions make the primary key's prefix the access path.
+        let only = if partitions.is_some() {
+            "AND partition_key = ANY($5)"
+        } else {
+            ""
+        };
         let sql = format!(
             "SELECT DISTINCT partition_key, bucket_key FROM {MASKS} \
              WHERE table_id = $1 AND bucket_key >= $2 AND bucket_key <= $3 AND kind = 'delete' \
-             LIMIT $4"
+             {only} LIMIT $4"
         );
         let (first, last) = (first.to_string(), last.to_string());
         let n = limit_param(limit);
+        let keys: Vec<&[u8]> = partitions
+            .unwrap_or_default()
+            .iter()
+            .map(PartitionKey::as_bytes)
+            .collect();
         self.run("buckets_with_deletes", || async {
             let client = self.pooled().await?;
             let stmt = client.prepare_cached(&sql).await?;
-            let rows = client
-                .query(&stmt, &[&table_id.as_str(), &first, &last, &n])
-                .await?;
+            let (t, f, l) = (table_id.as_str(), &first, &last);
+            let rows = if partitions.is_some() {
+                client.query(&stmt, &[&t, f, l, &n, &keys]).await?
+            } else {
+                client.query(&stmt, &[&t, f, l, &n]).await?
+            };
             let mut out = Vec::with_capacity(rows.len());
             for r in &rows {
                 let pk: Vec<u8> = r.try_get(0)?;
