@@ -17,6 +17,9 @@
 //! - `one channel 30 days`: the listing of one partition over 30 days;
 //! - `one day, all channels`: the listing of one day across every partition (its answer
 //!   is N buckets: reported per bucket listed as well);
+//! - `month, all: one by one` and `month, all: segment routes`: four weeks of compacted
+//!   history across every partition, listed a row per (partition, day) and through the
+//!   segment routes (a row per segment, its routed buckets counted by the database);
 //! - the archiver's idle cycle reads: `discover` (cutoff before the due day, cleanups not yet
 //!   due), `backlog`, `expired_buckets` (nothing expired), `archiving_claims`;
 //! - `discover, 1% due`: discovery with the cutoff past the due day (a page of 64);
@@ -124,6 +127,14 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// One segment route per segment key of the fill, with its count (migration 29's table).
+const SEGMENT_ROUTES: &str = "INSERT INTO pulpitum_v4_segment_routes \
+       (table_id, object_key, window_start, window_end, buckets) \
+     SELECT table_id, object_key, min(bucket_start), max(bucket_end), count(*) \
+     FROM pulpitum_v4_bucket_metadata \
+     WHERE object_key LIKE '%/segments/%/s_____-g%/manifest.json' \
+     GROUP BY table_id, object_key";
+
 struct Registry {
     n: i64,
     store: Arc<PgStore>,
@@ -157,10 +168,17 @@ async fn fill(n: i64, days: i64, yesterday: EventTime) -> Registry {
         .execute(FILL, &[&n, &days, &yesterday.to_datetime()])
         .await
         .unwrap();
-    client
-        .batch_execute("VACUUM ANALYZE pulpitum_v4_bucket_metadata")
-        .await
-        .unwrap();
+    // The segments' routes, as the switches that made them record them (each with its
+    // manifest's bucket count: every bucket of the fill's segments is routed to it).
+    client.execute(SEGMENT_ROUTES, &[]).await.unwrap();
+    // One statement per call: several in one text run as one transaction, where VACUUM
+    // is refused.
+    for table in ["pulpitum_v4_bucket_metadata", "pulpitum_v4_segment_routes"] {
+        client
+            .batch_execute(&format!("VACUUM ANALYZE {table}"))
+            .await
+            .unwrap();
+    }
     let fill = started.elapsed();
     let row = client
         .query_one(
@@ -180,7 +198,13 @@ async fn fill(n: i64, days: i64, yesterday: EventTime) -> Registry {
 
 type Figures = Vec<(&'static str, (Duration, Duration))>;
 
-async fn measure(r: &Registry, rounds: usize, yesterday: EventTime, full_gc: bool) -> Figures {
+async fn measure(
+    r: &Registry,
+    rounds: usize,
+    days: i64,
+    yesterday: EventTime,
+    full_gc: bool,
+) -> Figures {
     let store = &r.store;
     let table = TableId::new("chat").unwrap();
     let due_day = EventTime::from_micros(yesterday.as_micros() - DAY).unwrap();
@@ -245,6 +269,45 @@ async fn measure(r: &Registry, rounds: usize, yesterday: EventTime, full_gc: boo
         time_it(rounds.min(10), |_| async {
             let listed = store.list_buckets(&table, &one_day).await.unwrap();
             assert_eq!(listed.len() as i64, r.n);
+        })
+        .await,
+    ));
+    // Four weeks wholly inside the compacted history, across every partition: listed one
+    // row per (partition, day) as before segment routes, and through them (a row per
+    // segment; the buckets routed to each counted by the database).
+    let month = (
+        EventTime::from_micros(yesterday.as_micros() - 59.min(days - 1) * DAY).unwrap(),
+        EventTime::from_micros(yesterday.as_micros() - 31 * DAY - 1).unwrap(),
+    );
+    let month_buckets = (month.1.as_micros() + 1 - month.0.as_micros()) / DAY * r.n;
+    let month_filter = BucketFilter {
+        from: Some(month.0),
+        to: Some(month.1),
+        ..BucketFilter::default()
+    };
+    out.push((
+        "month, all: one by one",
+        time_it(rounds.min(3), |_| async {
+            let listed = store.list_buckets(&table, &month_filter).await.unwrap();
+            assert_eq!(listed.len() as i64, month_buckets);
+        })
+        .await,
+    ));
+    out.push((
+        "month, all: segment routes",
+        time_it(rounds, |_| async {
+            let listed = store
+                .list_across(&table, month.0, month.1)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(
+                listed.buckets.is_empty(),
+                "{} buckets",
+                listed.buckets.len()
+            );
+            let held: u64 = listed.segments.iter().map(|(_, n)| n).sum();
+            assert!(held as i64 >= month_buckets, "{held} < {month_buckets}");
         })
         .await,
     ));
@@ -368,7 +431,7 @@ async fn main() {
     }
     let mut results: Vec<Figures> = Vec::new();
     for r in &registries {
-        results.push(measure(r, rounds, yesterday, true).await);
+        results.push(measure(r, rounds, days, yesterday, true).await);
     }
     // The same idle reads without the indexes of migrations 26 and 27 (the state before it).
     let mut without: Vec<Figures> = Vec::new();

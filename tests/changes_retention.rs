@@ -217,6 +217,111 @@ async fn retention(embedded: bool) {
     assert!(env.store.retired_objects().await.unwrap().is_empty());
 }
 
+/// Retention that takes the first days of a compacted window and leaves the rest: the
+/// window's segment no longer holds a route for every bucket in it, so a query across
+/// channels (which reads a segment whole from its manifest only while every bucket it holds
+/// is routed there) must read the rest bucket by bucket and answer without the expired days.
+async fn part_of_a_compacted_window(embedded: bool) {
+    let env = Env::new(
+        if embedded {
+            "chg_part_sq"
+        } else {
+            "chg_part_pg"
+        },
+        embedded,
+    )
+    .await;
+    let t0 = EventTime::parse_rfc3339(START).unwrap().as_micros();
+    let now = env.store.now().await.unwrap().as_micros();
+    let mut model = Model::new();
+    let mut recs = Vec::new();
+    // Three channels, March 2021's first four days, 3 messages a day.
+    for ch in 1..=3i64 {
+        for day in 0..4i64 {
+            for k in 0..3 {
+                let (id, t) = (ch * 10_000 + day * 10 + k, t0 + day * DAY_US + k);
+                recs.push(record(ch, id, t));
+                model.insert((ch, id), (t, format!("m{id}")));
+            }
+        }
+    }
+    env.store.append_batch(&env.table, &recs).await.unwrap();
+    env.archive_before("2021-04-01T00:00:00Z", PayloadFormat::Parquet, true)
+        .await;
+    let states = env.states().await;
+    assert!(
+        states.iter().all(|s| matches!(s,
+            BucketState::Archived { object_key, .. } if object_key.contains("/segments/"))),
+        "{states:?}"
+    );
+    let (from, to) = (
+        EventTime::from_micros(t0).unwrap(),
+        EventTime::from_micros(t0 + 31 * DAY_US - 1).unwrap(),
+    );
+    let listed = || async {
+        let listing = env.store.list_across(&env.table, from, to).await.unwrap();
+        let listing = listing.expect("segment routes");
+        let n = (listing.segments.len(), listing.buckets.len());
+        (n, format!("{listing:?}"))
+    };
+    let (n, listing) = listed().await;
+    assert_eq!(
+        n,
+        (1, 0),
+        "the compacted month is one whole segment: {listing}"
+    );
+    assert_same(&env.dump().await, &model, "compacted");
+
+    // Retain whole days back to the end of March 1st, rounded down: the bound (now minus
+    // that) falls inside March 2nd, so only the buckets of March 1st end before it.
+    let first_end = t0 + DAY_US;
+    let days = (now - first_end) / DAY_US;
+    let sql = format!("ALTER TABLE chat SET (retain_for = '{days} days')");
+    pulpitum::control::sql(&env.ctx, &sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let mut c = ArchiverConfig::with_defaults();
+    c.cleanup_delay = Duration::ZERO;
+    let runner = Runner::new(env.store.clone(), env.archive.clone(), c).unwrap();
+    let report = runner.retention_pass().await.unwrap();
+    assert_eq!(
+        report.buckets, 3,
+        "the first day of each channel: {report:?}"
+    );
+    model.retain(|(_, id), _| (id % 10_000) / 10 != 0);
+    let (n, listing) = listed().await;
+    assert_eq!(
+        n,
+        (0, 9),
+        "the segment holds 12 buckets, 9 still routed: listed one by one: {listing}"
+    );
+    assert_same(&env.dump().await, &model, "after the first day expired");
+    let b = env.sql("SELECT count(*) FROM chat").await.unwrap();
+    let n = b[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<datafusion::arrow::array::Int64Array>()
+        .expect("count(*) is Int64")
+        .value(0);
+    assert_eq!(
+        n, 27,
+        "count(*) across channels after the first day expired"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_of_part_of_a_compacted_window_on_postgres() {
+    part_of_a_compacted_window(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_of_part_of_a_compacted_window_embedded() {
+    part_of_a_compacted_window(true).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retention_removes_whole_buckets_from_both_tiers_on_postgres() {
     retention(false).await;

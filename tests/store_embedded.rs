@@ -995,7 +995,7 @@ async fn concurrent_migrations_apply_each_version_once() {
         .unwrap();
     assert_eq!(
         versions,
-        (1..=15).collect::<Vec<i64>>(),
+        (1..=16).collect::<Vec<i64>>(),
         "each version once"
     );
 }
@@ -1141,6 +1141,7 @@ async fn a_switch_of_thousands_of_buckets_is_one_transaction() {
             },
             from_object_key: format!("src/{i}/manifest.json"),
             to_object_key: format!("t/segments/month:2024-03/s{:05}-g1/manifest.json", i / 1000),
+            to_buckets: Some(1000),
         })
         .collect();
     let claim = s

@@ -123,6 +123,7 @@ async fn migrations_run_twice_and_concurrently() {
             "pulpitum_v4_retired_objects",
             "pulpitum_v4_row_masks",
             "pulpitum_v4_schema_migrations",
+            "pulpitum_v4_segment_routes",
             "pulpitum_v4_store_control",
             "pulpitum_v4_table_schemas",
             "pulpitum_v4_tables"
@@ -800,6 +801,7 @@ async fn a_switch_of_thousands_of_buckets_is_one_transaction() {
                 "big/segments/month:2024-03/s{:05}-g1/manifest.json",
                 i / 1000
             ),
+            to_buckets: Some(1000),
         })
         .collect();
     let start = EventTime::parse_rfc3339("2024-03-01T00:00:00Z").unwrap();

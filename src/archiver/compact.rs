@@ -580,12 +580,14 @@ impl Runner {
         self.metrics
             .bytes_compacted
             .inc_by(written.manifest.byte_length);
+        let held = written.manifest.buckets().count() as u64;
         Ok(sources
             .into_iter()
             .map(|s| RouteSwitch {
                 bucket: s.bucket,
                 from_object_key: s.object_key,
                 to_object_key: written.manifest_key.clone(),
+                to_buckets: Some(held),
             })
             .collect())
     }

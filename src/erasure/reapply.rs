@@ -227,6 +227,8 @@ async fn repair_routes(
                 bucket: meta.id.clone(),
                 from_object_key: object_key.clone(),
                 to_object_key: to,
+                // The replacement's manifest is not read here: recorded as not known.
+                to_buckets: None,
             }),
             // No stored object holds the bucket at all: the rewrite after the erasure found
             // it empty (every row of it erased) and removed it, which is what is done again.

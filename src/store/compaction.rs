@@ -122,6 +122,11 @@ pub struct RouteSwitch {
     pub from_object_key: String,
     /// The segment manifest that holds the same rows now.
     pub to_object_key: String,
+    /// How many buckets that segment's manifest holds, when the caller knows it (the
+    /// compactor that wrote it does). The switch records it with the segment's route, so a
+    /// listing across partitions can tell when every one of them is routed there; `None`
+    /// records it as not known, and the segment's buckets are listed one by one.
+    pub to_buckets: Option<u64>,
 }
 
 /// An object key a switch replaced, and when (store clock): garbage collection deletes it
@@ -186,6 +191,7 @@ pub(crate) fn check_sources(
             bucket: s.bucket.clone(),
             from_object_key: s.object_key.clone(),
             to_object_key: String::new(),
+            to_buckets: None,
         })
         .collect();
     check_switches(claim, &as_switches)
@@ -198,6 +204,50 @@ pub(crate) fn retired_keys(switches: &[RouteSwitch]) -> Vec<String> {
         .map(|s| s.from_object_key.as_str())
         .collect();
     keys.into_iter().map(str::to_string).collect()
+}
+
+/// A segment's route as a switch records it: the window its switched buckets lie in and
+/// how many buckets its manifest holds (`-1`: not known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SegmentRoute {
+    /// The segment manifest's key.
+    pub object_key: String,
+    /// The earliest start of the buckets switched to it.
+    pub window_start: EventTime,
+    /// The latest end of the buckets switched to it.
+    pub window_end: EventTime,
+    /// Buckets its manifest holds, or -1.
+    pub buckets: i64,
+}
+
+/// The segment routes a switch records, one per distinct target that is a segment (a
+/// replacement of a per-bucket object by another, as after an erasure, records none). When
+/// the switches disagree on a segment's bucket count the largest known one is kept: the
+/// count is a property of the immutable manifest, so any caller that knows it knows the same.
+pub(crate) fn segment_routes(switches: &[RouteSwitch]) -> Vec<SegmentRoute> {
+    let mut by_key: std::collections::BTreeMap<&str, SegmentRoute> = Default::default();
+    for s in switches {
+        if !is_segment_key(&s.to_object_key) {
+            continue;
+        }
+        let (start, end) = s.bucket.bucket_key.bounds();
+        let known = s
+            .to_buckets
+            .and_then(|n| i64::try_from(n).ok())
+            .unwrap_or(-1);
+        let e = by_key
+            .entry(s.to_object_key.as_str())
+            .or_insert_with(|| SegmentRoute {
+                object_key: s.to_object_key.clone(),
+                window_start: start,
+                window_end: end,
+                buckets: known,
+            });
+        e.window_start = e.window_start.min(start);
+        e.window_end = e.window_end.max(end);
+        e.buckets = e.buckets.max(known);
+    }
+    by_key.into_values().collect()
 }
 
 /// The stored claim of a window, as the refusal of a write under a claim reads it.

@@ -24,11 +24,11 @@ use async_trait::async_trait;
 
 use super::migrate::Migrated;
 use super::{
-    AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, ChangeOutcome, Claim,
-    CompactionClaim, CompactionSource, Eligibility, ExpiredBucket, GcPrefix, HeadPage, HotPage,
-    JobEnd, JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, ReaderInfo, RetiredObject,
-    RouteSwitch, RoutedBucket, RowChange, RowMask, StoreResult, StoredSchema, TableDefinition,
-    TablePolicy, WindowState, WorkItem,
+    AcrossListing, AppendOutcome, Backlog, BatchOutcome, BucketFilter, BucketMeta, ChangeOutcome,
+    Claim, CompactionClaim, CompactionSource, Eligibility, ExpiredBucket, GcPrefix, HeadPage,
+    HotPage, JobEnd, JobFilter, JobRecord, JobStart, PageRequest, PolicyUpdate, ReaderInfo,
+    RetiredObject, RouteSwitch, RoutedBucket, RowChange, RowMask, StoreResult, StoredSchema,
+    TableDefinition, TablePolicy, WindowState, WorkItem,
 };
 use crate::model::{BucketId, BucketKey, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 
@@ -111,6 +111,21 @@ pub trait RoutedReads: Send + Sync + 'static {
         table_id: &TableId,
         filter: &BucketFilter,
     ) -> StoreResult<Vec<BucketMeta>>;
+
+    /// Every partition's buckets overlapping `[from, to]`, with the segments that hold
+    /// theirs whole named once instead of bucket by bucket (see [`AcrossListing`]); `None`
+    /// when this store cannot tell, and the caller lists with
+    /// [`list_buckets`](Self::list_buckets). A listing across a table's partitions then
+    /// costs the segments and the buckets outside them, not one row per (partition, bucket).
+    async fn list_across(
+        &self,
+        table_id: &TableId,
+        from: EventTime,
+        to: EventTime,
+    ) -> StoreResult<Option<AcrossListing>> {
+        let _ = (table_id, from, to);
+        Ok(None)
+    }
 
     /// One bucket's metadata.
     async fn bucket(&self, bucket: &BucketId) -> StoreResult<Option<BucketMeta>>;

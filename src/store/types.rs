@@ -204,6 +204,21 @@ pub struct PageRequest {
     pub include_value: bool,
 }
 
+/// Every partition's buckets of one table over an interval, as
+/// [`RoutedReads::list_across`](super::RoutedReads::list_across) answers: the segments that
+/// hold theirs whole, and the other buckets one by one. Read in one snapshot, so a bucket
+/// is named exactly once, by its segment or by its own row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AcrossListing {
+    /// Segments overlapping the interval whose every bucket is still routed to them: each
+    /// segment manifest's key and how many buckets it holds (its manifest must say the
+    /// same). Their buckets are read from the manifests.
+    pub segments: Vec<(String, u64)>,
+    /// Every other bucket overlapping the interval (`bucket_end > from` and
+    /// `bucket_start <= to`), in no particular order.
+    pub buckets: Vec<BucketMeta>,
+}
+
 /// A selection of buckets of one table for [`RoutedReads::list_buckets`](super::RoutedReads::list_buckets).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BucketFilter {

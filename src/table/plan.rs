@@ -43,6 +43,9 @@ pub const HEAD_READS: usize = 2;
 /// the scan never reaches costs little.
 pub const LIST_PAGE: usize = 64;
 
+/// Segment manifests read at once while listing across partitions (each is kept once read).
+const SEGMENT_MANIFEST_READS: usize = 16;
+
 /// The buckets of one partition key that a scan reads, oldest first.
 #[derive(Debug, Clone)]
 pub struct KeyBuckets {
@@ -124,30 +127,38 @@ impl DurableTable {
             };
             // Routes age from before the statement that read them (the cache's bound).
             let read_at = Instant::now();
-            let mut metas = self.list_buckets(&filter).await?;
-            metas.sort_by(|a, b| {
-                (&a.id.partition_key, a.id.bucket_key.start())
-                    .cmp(&(&b.id.partition_key, b.id.bucket_key.start()))
+            let mut listed = match (partitions, interval) {
+                (None, Some((from, to))) => self.list_across(&filter, from, to).await?,
+                _ => self
+                    .list_buckets(&filter)
+                    .await?
+                    .into_iter()
+                    .map(|m| (m.id, m.state))
+                    .collect(),
+            };
+            listed.sort_by(|(a, _), (b, _)| {
+                (&a.partition_key, a.bucket_key.start())
+                    .cmp(&(&b.partition_key, b.bucket_key.start()))
             });
-            for m in metas {
-                let in_set = partitions.is_none_or(|p| p.contains(&m.id.partition_key));
-                if !in_set || !bounds.may_overlap(&m.id.bucket_key) {
+            for (id, state) in listed {
+                let in_set = partitions.is_none_or(|p| p.contains(&id.partition_key));
+                if !in_set || !bounds.may_overlap(&id.bucket_key) {
                     counts.pruned += 1;
                     continue;
                 }
-                match &m.state {
+                match &state {
                     BucketState::Hot => counts.hot += 1,
                     BucketState::Archiving => counts.archiving += 1,
                     BucketState::Archived { .. } => counts.archived += 1,
                 }
                 by_key
-                    .entry(m.id.partition_key.clone())
+                    .entry(id.partition_key.clone())
                     .or_insert_with(|| KeyBuckets {
-                        partition_key: m.id.partition_key.clone(),
+                        partition_key: id.partition_key.clone(),
                         buckets: Vec::new(),
                     })
                     .buckets
-                    .push((m.id, Route::of_state(&m.state, read_at)));
+                    .push((id, Route::of_state(&state, read_at)));
             }
         }
         Ok(BucketPlan {
@@ -155,6 +166,69 @@ impl DurableTable {
             counts,
             deferred,
         })
+    }
+
+    /// Every partition's buckets overlapping `[from, to]` with their states, unordered.
+    ///
+    /// The store names the segments whose every bucket is still routed to them
+    /// ([`crate::store::RoutedReads::list_across`]); their buckets are read from the
+    /// segments' manifests (kept once read: a warm query reads none), so the registry sends
+    /// one row per segment instead of one per (partition, bucket). A manifest that cannot
+    /// be opened, or that holds another table or another number of buckets than its route
+    /// says, is not trusted: the whole listing is then made bucket by bucket, as for a
+    /// store without segment routes, and the reads meet whatever is wrong with the object.
+    async fn list_across(
+        &self,
+        filter: &BucketFilter,
+        from: EventTime,
+        to: EventTime,
+    ) -> Result<Vec<(BucketId, BucketState)>, TableError> {
+        let table = &self.inner.def.table_id;
+        let one_by_one = || async {
+            Ok::<_, TableError>(
+                self.list_buckets(filter)
+                    .await?
+                    .into_iter()
+                    .map(|m| (m.id, m.state))
+                    .collect(),
+            )
+        };
+        let Some(listing) = self.inner.store.list_across(table, from, to).await? else {
+            return one_by_one().await;
+        };
+        let mut out: Vec<(BucketId, BucketState)> = listing
+            .buckets
+            .into_iter()
+            .map(|m| (m.id, m.state))
+            .collect();
+        let archive = &self.inner.archive;
+        let manifests: Vec<_> = stream::iter(listing.segments)
+            .map(|(key, held)| async move {
+                let manifest = archive.read_segment_manifest(&key).await;
+                (key, held, manifest)
+            })
+            .buffer_unordered(SEGMENT_MANIFEST_READS)
+            .collect()
+            .await;
+        for (key, held, manifest) in manifests {
+            let Ok(manifest) = manifest else {
+                return one_by_one().await;
+            };
+            if manifest.table_id != *table || manifest.buckets().count() as u64 != held {
+                return one_by_one().await;
+            }
+            for (id, _) in manifest.buckets() {
+                let (start, end) = id.bucket_key.bounds();
+                if end > from && start <= to {
+                    let state = BucketState::Archived {
+                        object_key: key.clone(),
+                        hot_deleted: true,
+                    };
+                    out.push((id, state));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Streams one partition's matching rows across all its buckets in scan order, at most

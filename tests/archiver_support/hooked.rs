@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use pulpitum::model::{BucketId, ClusteringKey, EventTime, PartitionKey, Record, TableId};
 use pulpitum::store::{
-    AppendOutcome, Appends, Backlog, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim,
-    Compaction, CompactionClaim, Control, Eligibility, HeadPage, HotPage, HotStore, JobEnd,
-    JobFilter, JobRecord, JobStart, Lifecycle, PageRequest, PolicyUpdate, RetiredObject,
+    AcrossListing, AppendOutcome, Appends, Backlog, BatchOutcome, BucketFilter, BucketMeta,
+    Catalog, Claim, Compaction, CompactionClaim, Control, Eligibility, HeadPage, HotPage, HotStore,
+    JobEnd, JobFilter, JobRecord, JobStart, Lifecycle, PageRequest, PolicyUpdate, RetiredObject,
     RouteSwitch, RoutedReads, StoreError, StoreResult, TableDefinition, TablePolicy, WindowState,
     WorkItem,
 };
@@ -182,6 +182,17 @@ impl Appends for Hooked {
 impl RoutedReads for Hooked {
     async fn list_buckets(&self, t: &TableId, f: &BucketFilter) -> StoreResult<Vec<BucketMeta>> {
         let r = self.inner.list_buckets(t, f).await;
+        self.gap().await;
+        r
+    }
+
+    async fn list_across(
+        &self,
+        t: &TableId,
+        from: EventTime,
+        to: EventTime,
+    ) -> StoreResult<Option<AcrossListing>> {
+        let r = self.inner.list_across(t, from, to).await;
         self.gap().await;
         r
     }

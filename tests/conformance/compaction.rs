@@ -79,6 +79,7 @@ fn switch(b: &BucketId, from: &str, to: &str) -> RouteSwitch {
         bucket: b.clone(),
         from_object_key: from.into(),
         to_object_key: to.into(),
+        to_buckets: None,
     }
 }
 
@@ -1683,4 +1684,241 @@ async fn delete_row(store: &Store, tbl: &TableId, bucket: &BucketId, at: &str) {
         )
         .await
         .unwrap();
+}
+
+/// What a listing across partitions names, expanded as a scan does: each whole segment
+/// into the buckets its "manifest" (`held`) holds within the interval, every other bucket
+/// as listed. Panics on a bucket named twice.
+fn expand(
+    listing: &pulpitum::store::AcrossListing,
+    held: &std::collections::BTreeMap<&str, Vec<BucketId>>,
+    (from, to): (pulpitum::model::EventTime, pulpitum::model::EventTime),
+) -> Vec<(BucketId, String)> {
+    let mut out: Vec<(BucketId, String)> = Vec::new();
+    for (key, n) in &listing.segments {
+        let buckets = &held[key.as_str()];
+        assert_eq!(
+            *n,
+            buckets.len() as u64,
+            "{key}: the count its route records"
+        );
+        for b in buckets {
+            let (s, e) = b.bucket_key.bounds();
+            if e > from && s <= to {
+                out.push((b.clone(), key.clone()));
+            }
+        }
+    }
+    for m in &listing.buckets {
+        let route = match &m.state {
+            BucketState::Archived { object_key, .. } => object_key.clone(),
+            other => format!("{other:?}"),
+        };
+        out.push((m.id.clone(), route));
+    }
+    out.sort();
+    let n = out.len();
+    out.dedup_by(|a, b| a.0 == b.0);
+    assert_eq!(out.len(), n, "a bucket named twice: {out:?}");
+    out
+}
+
+/// The same interval listed bucket by bucket, as [`expand`] shapes it.
+async fn listed(
+    store: &Store,
+    tbl: &TableId,
+    (from, to): (pulpitum::model::EventTime, pulpitum::model::EventTime),
+) -> Vec<(BucketId, String)> {
+    let filter = BucketFilter {
+        from: Some(from),
+        to: Some(to),
+        ..BucketFilter::default()
+    };
+    let mut out: Vec<(BucketId, String)> = store
+        .list_buckets(tbl, &filter)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| {
+            let route = match &m.state {
+                BucketState::Archived { object_key, .. } => object_key.clone(),
+                other => format!("{other:?}"),
+            };
+            (m.id, route)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A listing across every partition (`list_across`) names a segment whole exactly while
+/// every bucket its manifest holds is routed to it, and every other bucket of the interval
+/// one by one, each once: expanded through the segments' contents it equals the listing
+/// bucket by bucket after every step that moves routes into or out of segments (a switch, a
+/// switch of part of a segment elsewhere, a drop, a count not known, a segment switched in
+/// two transactions). A store that named a segment whole after a bucket left it would name
+/// that bucket twice, or name one that no longer exists.
+pub async fn a_listing_across_partitions_names_a_segment_only_while_it_holds_every_route(
+    store: Store,
+) {
+    use std::collections::BTreeMap;
+    let tbl = table(&store, "events", DAY).await;
+    let Some(_) = store
+        .list_across(&tbl, t("2024-03-01T00:00:00Z"), t("2024-03-31T23:59:59Z"))
+        .await
+        .unwrap()
+    else {
+        panic!("both stores list across partitions with segment routes");
+    };
+    let mut src = BTreeMap::new();
+    let mut buckets = Vec::new();
+    for (p, day) in [
+        ("a", "01"),
+        ("a", "02"),
+        ("b", "01"),
+        ("c", "01"),
+        ("d", "02"),
+    ] {
+        let key = format!("t/{p}/{day}/m.json");
+        let b = archived(
+            &store,
+            &tbl,
+            p,
+            &format!("2024-03-{day}T10:00:00Z"),
+            &key,
+            true,
+        )
+        .await;
+        src.insert(b.clone(), key);
+        buckets.push(b);
+    }
+    let [a1, a2, b1, c1, d2] = <[BucketId; 5]>::try_from(buckets).unwrap();
+    let hot_e = hot(&store, &tbl, "e", "2024-03-03T10:00:00Z").await;
+    let april = archived(
+        &store,
+        &tbl,
+        "a",
+        "2024-04-02T10:00:00Z",
+        "t/a/apr/m.json",
+        true,
+    )
+    .await;
+    let march = (t("2024-03-01T00:00:00Z"), t("2024-03-31T23:59:59.999999Z"));
+    let day2 = (t("2024-03-02T00:00:00Z"), t("2024-03-02T23:59:59.999999Z"));
+    let all = (t("2024-01-01T00:00:00Z"), t("2024-12-31T00:00:00Z"));
+    let s1 = "t/segments/month:2024-03/s00001-g1/manifest.json";
+    let s2 = "t/segments/month:2024-03/s00002-g1/manifest.json";
+    let s3 = "t/segments/month:2024-03/s00001-g2/manifest.json";
+    let s4 = "t/segments/month:2024-03/s00002-g2/manifest.json";
+    // What each segment's manifest holds (s2's also holds a bucket that was empty and
+    // dropped instead of switched: its manifest says 2, one is ever routed there).
+    let mut held: BTreeMap<&str, Vec<BucketId>> = BTreeMap::new();
+    held.insert(s1, vec![a1.clone(), a2.clone(), b1.clone()]);
+    held.insert(s2, vec![c1.clone(), hot_e.clone()]);
+    held.insert(s3, vec![a1.clone()]);
+    held.insert(s4, vec![d2.clone(), b1.clone()]);
+    let check = |what: &'static str| {
+        let store = store.clone();
+        let tbl = tbl.clone();
+        let held = held.clone();
+        async move {
+            for interval in [march, day2, all] {
+                let listing = store
+                    .list_across(&tbl, interval.0, interval.1)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(
+                    expand(&listing, &held, interval),
+                    listed(&store, &tbl, interval).await,
+                    "{what}: {interval:?}"
+                );
+            }
+            let mut whole: Vec<String> = store
+                .list_across(&tbl, march.0, march.1)
+                .await
+                .unwrap()
+                .unwrap()
+                .segments
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            whole.sort();
+            whole
+        }
+    };
+    assert!(check("per-bucket objects only").await.is_empty());
+
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    let counted = |b: &BucketId, to: &str, n: u64| RouteSwitch {
+        bucket: b.clone(),
+        from_object_key: src[b].clone(),
+        to_object_key: to.into(),
+        to_buckets: Some(n),
+    };
+    store
+        .switch_routes(
+            &claim,
+            &[
+                counted(&a1, s1, 3),
+                counted(&a2, s1, 3),
+                counted(&b1, s1, 3),
+                counted(&c1, s2, 2),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(check("s1 whole, s2 short of one").await, [s1]);
+    store.release_compaction(&claim).await.unwrap();
+
+    // A later compaction moves a1 out of s1 into s3: s1 is no longer whole.
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    store
+        .switch_routes(&claim, &[switch(&a1, s1, s3)])
+        .await
+        .unwrap();
+    assert_eq!(
+        check("a1 left s1 for s3, whose count is not known").await,
+        Vec::<String>::new()
+    );
+    // s4 is switched in two transactions: whole only after both.
+    store
+        .switch_routes(&claim, &[counted(&d2, s4, 2)])
+        .await
+        .unwrap();
+    let whole = check("s4 half switched").await;
+    assert!(!whole.contains(&s4.to_string()), "{whole:?}");
+    store
+        .switch_routes(
+            &claim,
+            &[RouteSwitch {
+                bucket: b1.clone(),
+                from_object_key: s1.into(),
+                to_object_key: s4.into(),
+                to_buckets: Some(2),
+            }],
+        )
+        .await
+        .unwrap();
+    let whole = check("s4 switched whole across two transactions").await;
+    assert!(whole.contains(&s4.to_string()), "{whole:?}");
+    // A drop takes a bucket out of its segment: s4 is short of one again.
+    let dropped = store
+        .drop_empty_buckets(
+            &claim,
+            &[CompactionSource {
+                bucket: d2.clone(),
+                bucket_start: d2.bucket_key.start(),
+                bucket_end: d2.bucket_key.end(),
+                object_key: s4.into(),
+                masked: false,
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(dropped, 1);
+    let whole = check("d2 dropped from s4").await;
+    assert!(!whole.contains(&s4.to_string()), "{whole:?}");
+    store.release_compaction(&claim).await.unwrap();
+    let _ = (april, hot_e);
 }

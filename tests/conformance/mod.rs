@@ -95,6 +95,7 @@ macro_rules! every_case {
             a_bucket_created_again_does_not_inherit_its_namesakes_masks,
             the_masks_of_several_buckets_are_each_buckets_own,
             the_buckets_with_deletes_are_exactly_those_with_delete_records,
+            a_listing_across_partitions_names_a_segment_only_while_it_holds_every_route,
             routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it,
             a_busy_partition_offers_its_ready_buckets_only_for_work_due_at_once,
         );

@@ -15,10 +15,10 @@ use pulpitum::prepared::{prepare, PreparedError};
 use pulpitum::session::{session, SessionOptions};
 use pulpitum::store::postgres::PgStore;
 use pulpitum::store::{
-    AppendOutcome, Appends, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim, Compaction,
-    CompactionClaim, Control, Eligibility, HeadPage, HotPage, HotStore, JobEnd, JobFilter,
-    JobRecord, JobStart, Lifecycle, PageRequest, PolicyUpdate, RetiredObject, RouteSwitch,
-    RoutedReads, StoreResult, TableDefinition, TablePolicy, WindowState, WorkItem,
+    AcrossListing, AppendOutcome, Appends, BatchOutcome, BucketFilter, BucketMeta, Catalog, Claim,
+    Compaction, CompactionClaim, Control, Eligibility, HeadPage, HotPage, HotStore, JobEnd,
+    JobFilter, JobRecord, JobStart, Lifecycle, PageRequest, PolicyUpdate, RetiredObject,
+    RouteSwitch, RoutedReads, StoreResult, TableDefinition, TablePolicy, WindowState, WorkItem,
 };
 
 use crate::common::*;
@@ -116,6 +116,16 @@ impl RoutedReads for Counting {
     async fn list_buckets(&self, t: &TableId, f: &BucketFilter) -> StoreResult<Vec<BucketMeta>> {
         self.hit("list_buckets");
         self.inner.list_buckets(t, f).await
+    }
+
+    async fn list_across(
+        &self,
+        t: &TableId,
+        from: EventTime,
+        to: EventTime,
+    ) -> StoreResult<Option<AcrossListing>> {
+        self.hit("list_across");
+        self.inner.list_across(t, from, to).await
     }
 
     async fn bucket(&self, b: &BucketId) -> StoreResult<Option<BucketMeta>> {

@@ -22,7 +22,8 @@ use rusqlite::{params, OptionalExtension, Row, Transaction};
 
 use crate::model::{BucketId, EventTime, PartitionKey, TableId};
 use crate::store::compaction::{
-    check_sources, check_switches, claim_mismatch, retired_keys, route_mismatch, StoredClaim,
+    check_sources, check_switches, claim_mismatch, retired_keys, route_mismatch, segment_routes,
+    StoredClaim,
 };
 use crate::store::{
     Compaction, CompactionClaim, CompactionSource, RetiredObject, RouteSwitch, RowMask, StoreError,
@@ -463,6 +464,7 @@ impl Compaction for SqliteStore {
         let claim = claim.clone();
         let switches = switches.to_vec();
         let retired = retired_keys(&switches);
+        let segments = segment_routes(&switches);
         self.run("switch_routes", Mode::Write, move |tx, now| {
             verify_claim(tx, &claim, now)?;
             // Every route is checked before anything is written, so the first bucket that
@@ -538,6 +540,25 @@ impl Compaction for SqliteStore {
             )?;
             for key in &retired {
                 retire.execute(params![key, now])?;
+            }
+            // In the same transaction as the routes (see the PostgreSQL store).
+            let mut record = tx.prepare_cached(
+                "INSERT INTO pulpitum_v4_segment_routes \
+                   (table_id, object_key, window_start, window_end, buckets) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (table_id, object_key) DO UPDATE SET \
+                   window_start = min(window_start, excluded.window_start), \
+                   window_end = max(window_end, excluded.window_end), \
+                   buckets = max(buckets, excluded.buckets)",
+            )?;
+            for r in &segments {
+                record.execute(params![
+                    claim.table_id.as_str(),
+                    r.object_key,
+                    r.window_start.as_micros(),
+                    r.window_end.as_micros(),
+                    r.buckets,
+                ])?;
             }
             Ok(switched)
         })

@@ -135,6 +135,14 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0015_gc_prefixes.sql"),
         compat: Compat::Additive,
     },
+    // Segment routes, their backfill and the buckets not routed to a segment: see the
+    // PostgreSQL migrations 29 to 32 (and why an older build may not run once applied).
+    Migration {
+        version: 16,
+        name: "segment_routes",
+        sql: include_str!("../../../sql/sqlite/0016_segment_routes.sql"),
+        compat: Compat::Requires(16),
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

@@ -14,7 +14,8 @@ use rusqlite::types::Value;
 
 use crate::model::{BucketId, EventTime, PartitionKey, SortKey, TableId};
 use crate::store::{
-    BucketFilter, BucketMeta, BucketState, HotPage, PageRequest, RoutedReads, StoreResult,
+    AcrossListing, BucketFilter, BucketMeta, BucketState, HotPage, PageRequest, RoutedReads,
+    StoreResult,
 };
 
 use super::decode::{bucket_args, load_meta, meta_from_row, record_from, to_i64, META_COLUMNS};
@@ -104,6 +105,73 @@ impl RoutedReads for SqliteStore {
                 }
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn list_across(
+        &self,
+        table_id: &TableId,
+        from: EventTime,
+        to: EventTime,
+    ) -> StoreResult<Option<AcrossListing>> {
+        let table_id = table_id.clone();
+        // One deferred transaction: every statement reads the same WAL snapshot (see the
+        // PostgreSQL store for what the statements are).
+        self.run("list_across", Mode::Read, move |tx, _| {
+            let (table, from, to) = (table_id.as_str(), from.as_micros(), to.as_micros());
+            let mut whole = Vec::new();
+            let mut partial = Vec::new();
+            {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT s.object_key, s.buckets, \
+                       (SELECT count(*) FROM pulpitum_v4_bucket_metadata m \
+                        WHERE m.object_key = s.object_key) \
+                     FROM pulpitum_v4_segment_routes s \
+                     WHERE s.table_id = ?1 AND s.window_end > ?2 AND s.window_start <= ?3",
+                )?;
+                let rows = stmt.query_map(rusqlite::params![table, from, to], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })?;
+                for row in rows {
+                    let (key, held, routed) = row?;
+                    match u64::try_from(held) {
+                        Ok(n) if held == routed => whole.push((key, n)),
+                        _ => partial.push(key),
+                    }
+                }
+            }
+            let mut out = Vec::new();
+            {
+                // The predicate of migration 16's partial index, verbatim.
+                let mut stmt = tx.prepare_cached(&format!(
+                    "SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata \
+                     WHERE table_id = ?1 AND bucket_end > ?2 AND bucket_start <= ?3 \
+                       AND (object_key IS NULL OR NOT (object_key GLOB \
+                         '*/segments/*/s?????-g*/manifest.json'))"
+                ))?;
+                for row in stmt.query_map(rusqlite::params![table, from, to], meta_from_row)? {
+                    out.push(row?.to_meta()?);
+                }
+            }
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata \
+                 WHERE object_key = ?4 AND table_id = ?1 AND bucket_end > ?2 \
+                   AND bucket_start <= ?3"
+            ))?;
+            for key in &partial {
+                for row in stmt.query_map(rusqlite::params![table, from, to, key], meta_from_row)? {
+                    out.push(row?.to_meta()?);
+                }
+            }
+            Ok(Some(AcrossListing {
+                segments: whole,
+                buckets: out,
+            }))
         })
         .await
     }

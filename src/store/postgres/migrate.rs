@@ -249,6 +249,34 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0028_gc_prefixes.sql"),
         compat: Compat::Additive,
     },
+    // Segment routes: listings across partitions read a segment's buckets from its manifest
+    // when the routes say every bucket it holds is still routed to it. An older build would
+    // switch buckets to a segment without recording it, and this build's listings would then
+    // miss them; so once this is applied, only builds that record segments start.
+    Migration {
+        version: 29,
+        name: "segment_routes",
+        sql: include_str!("../../../sql/0029_segment_routes.sql"),
+        compat: Compat::Requires(29),
+    },
+    Migration {
+        version: 30,
+        name: "segment_routes_by_end_idx",
+        sql: include_str!("../../../sql/0030_segment_routes_by_end_idx.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 31,
+        name: "segment_routes_backfill",
+        sql: include_str!("../../../sql/0031_segment_routes_backfill.sql"),
+        compat: Compat::Additive,
+    },
+    Migration {
+        version: 32,
+        name: "bucket_metadata_unsegmented_idx",
+        sql: include_str!("../../../sql/0032_bucket_metadata_unsegmented_idx.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a
@@ -482,9 +510,12 @@ mod tests {
                 "migration {} must hold exactly one statement",
                 m.version
             );
-            // Creations say IF NOT EXISTS; the constraint drops (14 to 17) IF EXISTS.
+            // Creations say IF NOT EXISTS; the constraint drops (14 to 17) IF EXISTS; the
+            // segment routes' backfill (31) inserts what is not there yet.
             assert!(
-                code.contains("IF NOT EXISTS") || code.contains("DROP CONSTRAINT IF EXISTS"),
+                code.contains("IF NOT EXISTS")
+                    || code.contains("DROP CONSTRAINT IF EXISTS")
+                    || code.contains("ON CONFLICT (table_id, object_key) DO NOTHING"),
                 "migration {} must be idempotent",
                 m.version
             );

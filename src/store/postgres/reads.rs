@@ -11,13 +11,16 @@ use std::ops::Bound;
 
 use async_trait::async_trait;
 
-use super::decode::{decode_envelope, decode_meta, decode_record, decode_routed};
-use super::sql::{limit_param, param_refs, push, Params, META, META_COLS, RECORDS};
+use super::decode::{corrupt, decode_envelope, decode_meta, decode_record, decode_routed};
+use super::sql::{
+    limit_param, meta_col, param_refs, push, Params, META, META_COLS, RECORDS, SEGMENT_ROUTES,
+    UNSEGMENTED,
+};
 use super::PgStore;
 use crate::model::{BucketId, ClusteringKey, EventTime, PartitionKey, SortKey, TableId};
 use crate::store::{
-    BucketFilter, BucketMeta, BucketState, Catalog, HeadPage, HotPage, PageRequest, RoutedReads,
-    StoreError, StoreResult,
+    AcrossListing, BucketFilter, BucketMeta, BucketState, Catalog, HeadPage, HotPage, PageRequest,
+    RoutedReads, StoreError, StoreResult,
 };
 
 /// Appends the bounds' predicates on alias `r` (each `AND ...`).
@@ -190,6 +193,66 @@ impl RoutedReads for PgStore {
                 .iter()
                 .map(decode_meta)
                 .collect::<StoreResult<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn list_across(
+        &self,
+        table_id: &TableId,
+        from: EventTime,
+        to: EventTime,
+    ) -> StoreResult<Option<AcrossListing>> {
+        // One statement, so one snapshot: a switch committed while it ran cannot move
+        // buckets out of one part after another part judged their segment.
+        //
+        // `segs`: the segments overlapping the interval, each with the buckets routed to it
+        // now, counted in the `_by_object` index (one entry per bucket, read by the
+        // database, never sent). A segment with as many routed buckets as its manifest
+        // holds is named whole (the last part: its key in `object_key` and its count in the
+        // extra column, the other columns NULL). Every other bucket comes as its own row:
+        // those not routed to a segment at all (the partial index of migration 32, its
+        // predicate verbatim), and those routed to a segment some of whose buckets have
+        // left it, or whose count is not known.
+        let sql = format!(
+            "WITH segs AS ( \
+               SELECT s.object_key, s.buckets, \
+                 (SELECT count(*) FROM {META} c WHERE c.object_key = s.object_key) AS routed \
+               FROM {SEGMENT_ROUTES} s \
+               WHERE s.table_id = $1 AND s.window_end > $2 AND s.window_start <= $3 \
+             ) \
+             SELECT {META_COLS}, NULL::INT8 FROM {META} \
+             WHERE table_id = $1 AND bucket_end > $2 AND bucket_start <= $3 \
+               AND ({UNSEGMENTED}) \
+             UNION ALL \
+             SELECT {META_COLS}, NULL::INT8 FROM {META} \
+             WHERE object_key IN (SELECT object_key FROM segs WHERE routed <> buckets) \
+               AND table_id = $1 AND bucket_end > $2 AND bucket_start <= $3 \
+             UNION ALL \
+             SELECT $1::TEXT, NULL::BYTEA, NULL::TEXT, NULL::TEXT, NULL::TIMESTAMPTZ, \
+               NULL::TIMESTAMPTZ, NULL::TEXT, NULL::TEXT, NULL::INT8, NULL::TIMESTAMPTZ, \
+               NULL::TIMESTAMPTZ, object_key, NULL::BOOL, NULL::TIMESTAMPTZ, buckets \
+             FROM segs WHERE routed = buckets AND buckets >= 0"
+        );
+        let table = table_id.as_str();
+        let (from, to) = (from.to_datetime(), to.to_datetime());
+        self.run("list_across", || async {
+            let client = self.pooled().await?;
+            let stmt = client.prepare_cached(&sql).await?;
+            let rows = client.query(&stmt, &[&table, &from, &to]).await?;
+            let mut listing = AcrossListing::default();
+            for row in &rows {
+                let held: Option<i64> = row.try_get(meta_col::PUBLISHED + 1)?;
+                match held {
+                    Some(n) => {
+                        let key: String = row.try_get(meta_col::OBJECT_KEY)?;
+                        let n = u64::try_from(n).map_err(|e| corrupt("segment bucket count", e))?;
+                        listing.segments.push((key, n));
+                    }
+                    None => listing.buckets.push(decode_meta(row)?),
+                }
+            }
+            Ok(Some(listing))
         })
         .await
     }

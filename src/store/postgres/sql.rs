@@ -24,6 +24,12 @@ pub(super) const COMPACTIONS: &str = "pulpitum_v4_compactions";
 pub(super) const RETIRED: &str = "pulpitum_v4_retired_objects";
 /// Archive directories orphan GC lists on most passes.
 pub(super) const GC_PREFIXES: &str = "pulpitum_v4_gc_prefixes";
+/// One row per segment manifest: its window and how many buckets it holds.
+pub(super) const SEGMENT_ROUTES: &str = "pulpitum_v4_segment_routes";
+/// The predicate of migration 32's partial index, verbatim: a bucket not routed to a
+/// segment (hot, archiving, or archived in an object of its own).
+pub(super) const UNSEGMENTED: &str =
+    "object_key IS NULL OR object_key NOT LIKE '%/segments/%/s_____-g%/manifest.json'";
 
 /// The predicate "the store is not paused", for statements that hand out or take archive
 /// work; read in the same statement, so a committed pause is seen by the next claim.

@@ -10,9 +10,11 @@ use tokio_postgres::IsolationLevel;
 
 use super::compaction::{MASKS, SWITCH_CHUNK};
 use super::decode::corrupt;
-use super::sql::{COMPACTIONS, META, RETIRED};
+use super::sql::{COMPACTIONS, META, RETIRED, SEGMENT_ROUTES};
 use super::{PgStore, TxError};
-use crate::store::compaction::{check_sources, check_switches, retired_keys, route_mismatch};
+use crate::store::compaction::{
+    check_sources, check_switches, retired_keys, route_mismatch, segment_routes,
+};
 use crate::store::{CompactionClaim, CompactionSource, RouteSwitch, StoreError, StoreResult};
 
 impl PgStore {
@@ -109,6 +111,35 @@ impl PgStore {
             })
             .collect();
         let retired = retired_keys(switches);
+        // Each segment's route: the union of its windows and the largest known count, so a
+        // segment switched over several transactions ends with its whole window.
+        let segment_sql = format!(
+            "INSERT INTO {SEGMENT_ROUTES} AS s \
+               (table_id, object_key, window_start, window_end, buckets) \
+             SELECT $1, x.k, x.ws, x.we, x.n \
+             FROM unnest($2::TEXT[], $3::TIMESTAMPTZ[], $4::TIMESTAMPTZ[], $5::INT8[]) \
+               AS x(k, ws, we, n) \
+             ON CONFLICT (table_id, object_key) DO UPDATE SET \
+               window_start = LEAST(s.window_start, excluded.window_start), \
+               window_end = GREATEST(s.window_end, excluded.window_end), \
+               buckets = GREATEST(s.buckets, excluded.buckets)"
+        );
+        struct Segments {
+            keys: Vec<String>,
+            starts: Vec<DateTime<Utc>>,
+            ends: Vec<DateTime<Utc>>,
+            buckets: Vec<i64>,
+        }
+        let routes = segment_routes(switches);
+        let segments = Segments {
+            keys: routes.iter().map(|r| r.object_key.clone()).collect(),
+            starts: routes
+                .iter()
+                .map(|r| r.window_start.to_datetime())
+                .collect(),
+            ends: routes.iter().map(|r| r.window_end.to_datetime()).collect(),
+            buckets: routes.iter().map(|r| r.buckets).collect(),
+        };
         let table = claim.table_id.as_str();
         self.run("switch_routes", || async {
             let mut client = self.pooled().await?;
@@ -179,6 +210,21 @@ impl PgStore {
             }
             for keys in retired.chunks(SWITCH_CHUNK) {
                 tx.execute(&retire_sql, &[&keys]).await?;
+            }
+            // In the same transaction as the routes: a listing across partitions that reads
+            // this segment whole must never see its buckets routed here without it.
+            if !segments.keys.is_empty() {
+                tx.execute(
+                    &segment_sql,
+                    &[
+                        &table,
+                        &segments.keys,
+                        &segments.starts,
+                        &segments.ends,
+                        &segments.buckets,
+                    ],
+                )
+                .await?;
             }
             tx.commit().await.map_err(TxError::Commit)?;
             Ok(switched)
