@@ -20,6 +20,8 @@
 //! - `month, all: one by one` and `month, all: segment routes`: four weeks of compacted
 //!   history across every partition, listed a row per (partition, day) and through the
 //!   segment routes (a row per segment, its routed buckets counted by the database);
+//! - `one day, all: list_across`: the same day as `one day, all channels`, listed as a query
+//!   across channels lists it (through `list_across`);
 //! - the archiver's idle cycle reads: `discover` (cutoff before the due day, cleanups not yet
 //!   due), `backlog`, `expired_buckets` (nothing expired), `archiving_claims`;
 //! - `discover, 1% due`: discovery with the cutoff past the due day (a page of 64);
@@ -308,6 +310,18 @@ async fn measure(
             );
             let held: u64 = listed.segments.iter().map(|(_, n)| n).sum();
             assert!(held as i64 >= month_buckets, "{held} < {month_buckets}");
+        })
+        .await,
+    ));
+    // The same day (per-bucket routes, ten days back) through `list_across`, as a query
+    // across channels now lists it: the buckets outside segments by the partial index,
+    // bounded above by the grid.
+    out.push((
+        "one day, all: list_across",
+        time_it(rounds.min(10), |_| async {
+            let (from, to) = (one_day.from.unwrap(), one_day.to.unwrap());
+            let listed = store.list_across(&table, from, to).await.unwrap().unwrap();
+            assert_eq!(listed.buckets.len() as i64, r.n);
         })
         .await,
     ));

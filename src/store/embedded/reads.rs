@@ -9,8 +9,8 @@
 use std::ops::Bound;
 
 use async_trait::async_trait;
-use rusqlite::params_from_iter;
 use rusqlite::types::Value;
+use rusqlite::{params_from_iter, OptionalExtension};
 
 use crate::model::{BucketId, EventTime, PartitionKey, SortKey, TableId};
 use crate::store::{
@@ -119,6 +119,7 @@ impl RoutedReads for SqliteStore {
         // One deferred transaction: every statement reads the same WAL snapshot (see the
         // PostgreSQL store for what the statements are).
         self.run("list_across", Mode::Read, move |tx, _| {
+            let until = to;
             let (table, from, to) = (table_id.as_str(), from.as_micros(), to.as_micros());
             let mut whole = Vec::new();
             let mut partial = Vec::new();
@@ -145,16 +146,31 @@ impl RoutedReads for SqliteStore {
                     }
                 }
             }
+            // The end of the grid bucket holding `to` bounds the index range from above (no
+            // bucket starting at or before `to` ends later), as in the PostgreSQL store.
+            let strategy: Option<String> = tx
+                .prepare_cached(
+                    "SELECT bucket_strategy FROM pulpitum_v4_tables WHERE table_id = ?1",
+                )?
+                .query_row([table], |r| r.get(0))
+                .optional()?;
+            let ceiling = strategy
+                .and_then(|s| s.parse::<crate::model::BucketStrategy>().ok())
+                .map_or(EventTime::end_of_supported(), |s| s.bucket_of(until).end())
+                .as_micros();
             let mut out = Vec::new();
             {
                 // The predicate of migration 16's partial index, verbatim.
                 let mut stmt = tx.prepare_cached(&format!(
                     "SELECT {META_COLUMNS} FROM pulpitum_v4_bucket_metadata \
-                     WHERE table_id = ?1 AND bucket_end > ?2 AND bucket_start <= ?3 \
+                     WHERE table_id = ?1 AND bucket_end > ?2 AND bucket_end <= ?4 \
+                       AND bucket_start <= ?3 \
                        AND (object_key IS NULL OR NOT (object_key GLOB \
                          '*/segments/*/s?????-g*/manifest.json'))"
                 ))?;
-                for row in stmt.query_map(rusqlite::params![table, from, to], meta_from_row)? {
+                let rows =
+                    stmt.query_map(rusqlite::params![table, from, to, ceiling], meta_from_row)?;
+                for row in rows {
                     out.push(row?.to_meta()?);
                 }
             }

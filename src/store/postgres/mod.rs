@@ -468,6 +468,18 @@ impl PgStore {
         Some(t.get(table_id)?.strategy.bucket_of(from).start())
     }
 
+    /// The end of the grid bucket holding `to`: no bucket of the table that starts at or
+    /// before `to` ends after it (see [`Self::grid_floor`]). Stated explicitly, it bounds a
+    /// range over an index on `bucket_end` from above; without the cached definition, the
+    /// end of the supported time range (no bound).
+    fn grid_ceiling(&self, table_id: &TableId, to: EventTime) -> EventTime {
+        self.tables
+            .read()
+            .ok()
+            .and_then(|t| Some(t.get(table_id)?.strategy.bucket_of(to).end()))
+            .unwrap_or_else(EventTime::end_of_supported)
+    }
+
     /// `bucket_end <= ..` implied by `bucket_start <= to`, by the same grid: no bucket that
     /// starts at or before `to` ends after the bucket holding `to` (see [`Self::grid_floor`]);
     /// only when `[from, to]` spans at most [`SHORT_LISTING_BUCKETS`] buckets of the grid.

@@ -212,7 +212,7 @@ impl RoutedReads for PgStore {
         // holds is named whole (the last part: its key in `object_key` and its count in the
         // extra column, the other columns NULL). Every other bucket comes as its own row:
         // those not routed to a segment at all (the partial index of migration 32, its
-        // predicate verbatim), and those routed to a segment some of whose buckets have
+        // predicate verbatim, over the interval's grid), and those routed to a segment some of whose buckets have
         // left it, or whose count is not known.
         let sql = format!(
             "WITH segs AS ( \
@@ -222,8 +222,8 @@ impl RoutedReads for PgStore {
                WHERE s.table_id = $1 AND s.window_end > $2 AND s.window_start <= $3 \
              ) \
              SELECT {META_COLS}, NULL::INT8 FROM {META} \
-             WHERE table_id = $1 AND bucket_end > $2 AND bucket_start <= $3 \
-               AND ({UNSEGMENTED}) \
+             WHERE table_id = $1 AND bucket_end > $2 AND bucket_end <= $4 \
+               AND bucket_start <= $3 AND ({UNSEGMENTED}) \
              UNION ALL \
              SELECT {META_COLS}, NULL::INT8 FROM {META} \
              WHERE object_key IN (SELECT object_key FROM segs WHERE routed <> buckets) \
@@ -235,11 +235,15 @@ impl RoutedReads for PgStore {
              FROM segs WHERE routed = buckets AND buckets >= 0"
         );
         let table = table_id.as_str();
+        // `$4` bounds the partial index's range from above: without it a day's listing
+        // would read every bucket not in a segment that ended after the day began (the
+        // working set up to now), not that day's.
+        let ceiling = self.grid_ceiling(table_id, to).to_datetime();
         let (from, to) = (from.to_datetime(), to.to_datetime());
         self.run("list_across", || async {
             let client = self.pooled().await?;
             let stmt = client.prepare_cached(&sql).await?;
-            let rows = client.query(&stmt, &[&table, &from, &to]).await?;
+            let rows = client.query(&stmt, &[&table, &from, &to, &ceiling]).await?;
             let mut listing = AcrossListing::default();
             for row in &rows {
                 let held: Option<i64> = row.try_get(meta_col::PUBLISHED + 1)?;
