@@ -121,6 +121,25 @@ fn store_from_url_with(
         e => bad(e.to_string()),
     })?;
     let config = |e: opendal::Error| bad(e.to_string());
+    // Object keys carry the prefix, and the registry tells a segment's key from a bucket's
+    // own by a `segments` directory in it (`store::SEGMENT_KEY_LIKE`): under a prefix with
+    // one, a bucket's own objects could be taken for segments (left out of compaction's
+    // work and of a listing across partitions). Refused rather than guessed around.
+    if matches!(url.scheme(), "s3" | "memory") {
+        let prefix = format!("{}{}", url.host_str().unwrap_or(""), url.path());
+        let inside = if url.scheme() == "s3" {
+            url.path()
+        } else {
+            &prefix
+        };
+        if inside.split('/').any(|c| c == "segments") {
+            return Err(bad(
+                "the prefix must not contain a directory named \"segments\": archive keys \
+                 use that name for compacted segments (docs/segments.md)"
+                    .into(),
+            ));
+        }
+    }
     match url.scheme() {
         "memory" => {
             let prefix = format!("{}{}", url.host_str().unwrap_or(""), url.path());
@@ -224,6 +243,9 @@ mod tests {
             "file://host/x",
             "s3://AKIA:s3cr3t@bkt/p",
             "s3://bkt/p?secret_access_key=s3cr3t",
+            "s3://bkt/x/segments/eu/stores-global",
+            "s3://bkt/segments",
+            "memory://segments/a",
         ] {
             let err = match store_from_url(bad) {
                 Err(ArchiveError::Config(e)) => e,
@@ -231,6 +253,14 @@ mod tests {
             };
             assert!(!err.contains("s3cr3t"), "{err}");
         }
+        // A bucket named like the directory is not a prefix; a name containing it is fine.
+        assert!(store_from_url("s3://segments/p").is_ok());
+        assert!(store_from_url("s3://bkt/my-segments/p").is_ok());
+        let err = store_from_url("s3://bkt/a/segments/b")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("directory named \"segments\""), "{err}");
         let err = store_from_url("file://tmp/x").err().unwrap().to_string();
         assert!(err.contains("write file:///tmp/x"), "{err}");
         let err = store_from_url("/tmp/relative").err().unwrap().to_string();
