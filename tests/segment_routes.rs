@@ -174,36 +174,8 @@ async fn check_ctx(ctx: &SessionContext, model: &Model, ranges: &[(i64, i64)], w
             rfc(z)
         );
         let b = run(ctx, &sql).await.unwrap();
-        let mut got = Model::new();
-        for batch in &b {
-            let ch = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap();
-            let id = batch
-                .column(1)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap();
-            let ts = batch
-                .column(2)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap();
-            let ct = batch
-                .column(3)
-                .as_any()
-                .downcast_ref::<datafusion::arrow::array::StringArray>()
-                .unwrap();
-            for i in 0..batch.num_rows() {
-                let prev = got.insert(
-                    (ch.value(i), id.value(i)),
-                    (ts.value(i), ct.value(i).to_string()),
-                );
-                assert!(prev.is_none(), "{what}: {sql}: row read twice");
-            }
-        }
+        // (Panics on a row read twice.)
+        let got = model_of(&b);
         let want: Model = model
             .iter()
             .filter(|(_, (t, _))| *t >= a && *t < z)

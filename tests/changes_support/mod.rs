@@ -148,8 +148,14 @@ pub async fn dump(ctx: &SessionContext) -> Model {
     )
     .await
     .unwrap();
+    model_of(&b)
+}
+
+/// Rows `(channel_id, id, timestamp as BIGINT, content)` as a model; panics on a row read
+/// twice.
+pub fn model_of(b: &[RecordBatch]) -> Model {
     let mut out = Model::new();
-    for batch in &b {
+    for batch in b {
         let ch = batch
             .column(0)
             .as_any()
