@@ -995,7 +995,7 @@ async fn concurrent_migrations_apply_each_version_once() {
         .unwrap();
     assert_eq!(
         versions,
-        (1..=16).collect::<Vec<i64>>(),
+        (1..=17).collect::<Vec<i64>>(),
         "each version once"
     );
 }
@@ -1183,4 +1183,147 @@ async fn a_switch_of_thousands_of_buckets_is_one_transaction() {
     assert_eq!(n, MANY as u64);
     assert_eq!(counts(), (MANY as i64, MANY as i64));
     eprintln!("switched {MANY} buckets in one transaction in {took:?}");
+}
+
+/// The embedded store's migration 17 (PostgreSQL's 33 and 34): a build from before segment
+/// routes still running on the file is fenced out of compaction, and the segment it
+/// switched to before the fence is recorded. The file is put back to its state at migration
+/// 16 (the claims table under its old name, 17 not in the ledger), the older build is
+/// played by its claim, verbatim, and its switch's write (a route moved, no segment route
+/// recorded), which leaves a bucket no listing across partitions names. The next open
+/// migrates: the older build's claim then fails for want of its table, and the listing
+/// names every bucket.
+#[tokio::test]
+async fn an_older_builds_compaction_is_fenced_and_what_it_switched_is_recorded() {
+    use pulpitum::store::Compaction;
+
+    let (dir, s) = fresh().await;
+    drop(s);
+    let path = dir.path().join("hot.sqlite");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let renamed: bool = raw
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' \
+             AND name = 'pulpitum_v4_compaction_claims')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    if renamed {
+        raw.execute_batch(
+            "ALTER TABLE pulpitum_v4_compaction_claims RENAME TO pulpitum_v4_compactions",
+        )
+        .unwrap();
+    }
+    raw.execute(
+        "DELETE FROM pulpitum_v4_schema_migrations WHERE version = 17",
+        [],
+    )
+    .unwrap();
+    let day = t0();
+    for p in ["a", "b"] {
+        raw.execute(
+            "INSERT INTO pulpitum_v4_bucket_metadata (table_id, partition_key, bucket_key, \
+               bucket_strategy, bucket_start, bucket_end, state, generation, object_key, \
+               hot_deleted, published_at, created_at, updated_at) \
+             VALUES ('t', ?1, 'day:2024-03-10', 'calendar_day_utc', ?2, ?3, 'archived', 2, \
+               ?4, 1, 0, 0, 0)",
+            rusqlite::params![p.as_bytes(), day, day + DAY, format!("t/{p}/manifest.json")],
+        )
+        .unwrap();
+    }
+    // The older build's claim (c3bb186, verbatim), then its switch of bucket a.
+    let older_claim = |window: &str| {
+        raw.execute(
+            "INSERT INTO pulpitum_v4_compactions (table_id, window_key, window_start, \
+               window_end, owner_token, generation, lease_expires_at, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            rusqlite::params![
+                "t",
+                window,
+                day,
+                day + 30 * DAY,
+                "old-build",
+                1,
+                i64::MAX,
+                0
+            ],
+        )
+    };
+    older_claim("month:2024-03").unwrap();
+    let segment = "t/segments/month:2024-03/s00001-g1/manifest.json";
+    let switched = raw
+        .execute(
+            "UPDATE pulpitum_v4_bucket_metadata SET object_key = ?1 \
+             WHERE table_id = 't' AND partition_key = ?2 AND object_key = 't/a/manifest.json'",
+            rusqlite::params![segment, b"a".as_slice()],
+        )
+        .unwrap();
+    assert_eq!(switched, 1);
+    raw.execute(
+        "UPDATE pulpitum_v4_compactions SET owner_token = NULL, lease_expires_at = NULL",
+        [],
+    )
+    .unwrap();
+    let march = (
+        EventTime::from_micros(day).unwrap(),
+        EventTime::from_micros(day + 2 * DAY).unwrap(),
+    );
+    let across = |s: SqliteStore| async move {
+        let listing = s
+            .list_across(&tid("t"), march.0, march.1)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(listing.segments.is_empty(), "{:?}", listing.segments);
+        let mut named: Vec<Vec<u8>> = listing
+            .buckets
+            .iter()
+            .map(|m| m.id.partition_key.as_bytes().to_vec())
+            .collect();
+        named.sort();
+        (s, named)
+    };
+    // Opened without migrating, the file as the older build left it: the damage the fence
+    // prevents.
+    let (s, named) = across(SqliteStore::open(&path).unwrap()).await;
+    assert_eq!(named, [b"b".to_vec()], "bucket a is listed nowhere");
+    drop(s);
+
+    let s = SqliteStore::open(&path).unwrap();
+    s.migrate().await.unwrap();
+    // A window never claimed: without the fence, its first claim would succeed.
+    let refused = older_claim("month:2024-04").unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("no such table: pulpitum_v4_compactions"),
+        "an older build's claim must fail once migration 17 is applied: {refused}"
+    );
+    let (s, named) = across(s).await;
+    assert_eq!(
+        named,
+        [b"a".to_vec(), b"b".to_vec()],
+        "migration 17 records the segment the older build switched to"
+    );
+    let routes: Vec<(String, i64)> = raw
+        .prepare("SELECT object_key, buckets FROM pulpitum_v4_segment_routes")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(routes, [(segment.to_string(), -1)]);
+    let claim = s
+        .claim_compaction(
+            &tid("t"),
+            "month:2024-03",
+            march.0,
+            EventTime::from_micros(day + 30 * DAY).unwrap(),
+            LONG,
+        )
+        .await
+        .unwrap()
+        .expect("this build claims the window the older build released");
+    assert_eq!(claim.generation, 2, "the claim row kept its generation");
 }

@@ -114,7 +114,7 @@ async fn migrations_run_twice_and_concurrently() {
         tables,
         [
             "pulpitum_v4_bucket_metadata",
-            "pulpitum_v4_compactions",
+            "pulpitum_v4_compaction_claims",
             "pulpitum_v4_gc_prefixes",
             "pulpitum_v4_jobs",
             "pulpitum_v4_policies",
@@ -1188,4 +1188,161 @@ fn seq_scans(plan: &serde_json::Value) -> Vec<String> {
         _ => {}
     }
     out
+}
+
+/// Migration 33 fences a build from before segment routes out of compaction, and 34 records
+/// what such a build switched before the fence. The older build is played by its claim,
+/// verbatim, and its switch's write (a route moved, no segment route recorded), against
+/// a schema migrated to 32 as `pulpitum migrate` would leave it while that build still ran:
+/// its switch leaves a bucket no listing across partitions names. After the remaining
+/// migrations its claim fails with 42P01 before any route can move, the listing names every
+/// bucket again, and this build's compaction claims the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_builds_compaction_is_fenced_and_what_it_switched_is_recorded() {
+    use pulpitum::store::Compaction;
+
+    let store = fresh_store().await;
+    let client = store.raw_client().await.unwrap();
+    let before_fence = MIGRATIONS.iter().position(|m| m.version == 33).unwrap();
+    migrate::apply(&client, &MIGRATIONS[..before_fence])
+        .await
+        .unwrap();
+    let tbl = TableId::new("events").unwrap();
+    let def = TableDefinition::new(tbl.clone(), BucketStrategy::CalendarDayUtc, "raw");
+    store.register_table(&def).await.unwrap();
+    // Two channels' days, archived to objects of their own and cleaned; then the older
+    // build's claim, and its switch of one of them, which records no segment route.
+    client
+        .execute(
+            "INSERT INTO pulpitum_v4_bucket_metadata (table_id, partition_key, bucket_key, \
+               bucket_strategy, bucket_start, bucket_end, state, generation, object_key, \
+               hot_deleted, published_at) \
+             SELECT 'events', convert_to(p, 'UTF8'), 'day:2024-03-01', 'calendar_day_utc', \
+               '2024-03-01T00:00:00Z', '2024-03-02T00:00:00Z', 'archived', 2, \
+               'events/' || p || '/manifest.json', true, now() \
+             FROM unnest(ARRAY['a', 'b']) AS p",
+            &[],
+        )
+        .await
+        .unwrap();
+    older_builds_claim(&client, "old-build").await.unwrap();
+    let segment = "events/segments/month:2024-03/s00001-g1/manifest.json";
+    let switched = client
+        .execute(
+            "UPDATE pulpitum_v4_bucket_metadata SET object_key = $1, updated_at = now() \
+             WHERE table_id = 'events' AND partition_key = convert_to('a', 'UTF8') \
+               AND bucket_key = 'day:2024-03-01' AND object_key = 'events/a/manifest.json'",
+            &[&segment],
+        )
+        .await
+        .unwrap();
+    assert_eq!(switched, 1);
+    client
+        .execute(
+            "UPDATE pulpitum_v4_compactions SET owner_token = NULL, lease_expires_at = NULL \
+             WHERE table_id = 'events'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let march = (
+        EventTime::parse_rfc3339("2024-03-01T00:00:00Z").unwrap(),
+        EventTime::parse_rfc3339("2024-03-31T23:59:59Z").unwrap(),
+    );
+    let across = |store: Arc<PgStore>| {
+        let tbl = tbl.clone();
+        async move {
+            let listing = store
+                .list_across(&tbl, march.0, march.1)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(listing.segments.is_empty(), "{:?}", listing.segments);
+            let mut named: Vec<String> = listing
+                .buckets
+                .iter()
+                .map(|m| String::from_utf8(m.id.partition_key.as_bytes().to_vec()).unwrap())
+                .collect();
+            named.sort();
+            named
+        }
+    };
+    assert_eq!(
+        across(store.clone()).await,
+        ["b"],
+        "the damage the fence prevents: a bucket switched by the older build is listed nowhere"
+    );
+
+    let recorded = migrate::migrate(&client).await.unwrap();
+    assert_eq!(recorded, [33, 34]);
+    let refused = older_builds_claim(&client, "old-build-again")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE),
+        "an older build's claim must fail once migration 33 is applied: {refused}"
+    );
+    assert_eq!(
+        across(store.clone()).await,
+        ["a", "b"],
+        "migration 34 records the segment the older build switched to"
+    );
+    let routes: Vec<(String, i64)> = client
+        .query(
+            "SELECT object_key, buckets FROM pulpitum_v4_segment_routes WHERE table_id = 'events'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(routes, [(segment.to_string(), -1)]);
+    let claim = store
+        .claim_compaction(
+            &tbl,
+            "month:2024-03",
+            march.0,
+            EventTime::parse_rfc3339("2024-04-01T00:00:00Z").unwrap(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .expect("this build claims the window the older build released");
+    assert_eq!(claim.generation, 2, "the claim row kept its generation");
+    store.drop_schema().await.unwrap();
+}
+
+/// The window claim of the build before migration 29 (c3bb186), verbatim: the first
+/// statement of its every compaction and erasure repair.
+async fn older_builds_claim(
+    client: &tokio_postgres::Client,
+    token: &str,
+) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+    let at = |s: &str| -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::parse_from_rfc3339(s).unwrap().into()
+    };
+    client
+        .query_one(
+            "INSERT INTO pulpitum_v4_compactions AS c \
+               (table_id, window_key, window_start, window_end, owner_token, generation, \
+                lease_expires_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, 1, now() + $6::INT8 * INTERVAL '1 microsecond', now()) \
+             ON CONFLICT (table_id, window_key) DO UPDATE SET \
+               window_start = excluded.window_start, window_end = excluded.window_end, \
+               owner_token = excluded.owner_token, generation = c.generation + 1, \
+               lease_expires_at = excluded.lease_expires_at, updated_at = now() \
+             WHERE c.lease_expires_at IS NULL OR c.lease_expires_at <= now() \
+             RETURNING generation",
+            &[
+                &"events",
+                &"month:2024-03",
+                &at("2024-03-01T00:00:00Z"),
+                &at("2024-04-01T00:00:00Z"),
+                &token,
+                &60_000_000i64,
+            ],
+        )
+        .await
 }

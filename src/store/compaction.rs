@@ -4,7 +4,7 @@
 //!
 //! A window claim follows the protocol of a bucket claim (a fresh owner token, the next
 //! generation, a lease on the store's clock) but lives in its own table
-//! (`pulpitum_v4_compactions`), so compacting a window never fences a bucket: the buckets it
+//! (`pulpitum_v4_compaction_claims`), so compacting a window never fences a bucket: the buckets it
 //! reads are already archived and immutable, and the switch itself checks each bucket's
 //! route. Window keys are opaque text to the store; the compactor chooses them from the
 //! table's bucket strategy.

@@ -87,7 +87,7 @@ fn claim_from(row: ClaimRow) -> TxResult<CompactionClaim> {
 fn verify_claim(tx: &Transaction<'_>, claim: &CompactionClaim, now: i64) -> TxResult<()> {
     let row: Option<(Option<String>, i64, Option<i64>)> = tx
         .prepare_cached(
-            "SELECT owner_token, generation, lease_expires_at FROM pulpitum_v4_compactions \
+            "SELECT owner_token, generation, lease_expires_at FROM pulpitum_v4_compaction_claims \
              WHERE table_id = ?1 AND window_key = ?2",
         )?
         .query_row(params![claim.table_id.as_str(), claim.window_key], |r| {
@@ -339,7 +339,7 @@ impl Compaction for SqliteStore {
         self.run("claim_compaction", Mode::Write, move |tx, now| {
             let current: Option<(i64, Option<i64>)> = tx
                 .prepare_cached(
-                    "SELECT generation, lease_expires_at FROM pulpitum_v4_compactions \
+                    "SELECT generation, lease_expires_at FROM pulpitum_v4_compaction_claims \
                      WHERE table_id = ?1 AND window_key = ?2",
                 )?
                 .query_row(params![table_id.as_str(), window_key], |r| {
@@ -371,7 +371,7 @@ impl Compaction for SqliteStore {
             ];
             let n = match current {
                 None => tx.execute(
-                    "INSERT INTO pulpitum_v4_compactions (table_id, window_key, window_start, \
+                    "INSERT INTO pulpitum_v4_compaction_claims (table_id, window_key, window_start, \
                        window_end, owner_token, generation, lease_expires_at, updated_at) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                     args,
@@ -379,7 +379,7 @@ impl Compaction for SqliteStore {
                 // Compare-and-set on the generation read above; the write lock already
                 // excludes other writers, this keeps the statement correct on its own.
                 Some(_) => tx.execute(
-                    "UPDATE pulpitum_v4_compactions SET window_start = ?3, window_end = ?4, \
+                    "UPDATE pulpitum_v4_compaction_claims SET window_start = ?3, window_end = ?4, \
                        owner_token = ?5, generation = ?6, lease_expires_at = ?7, updated_at = ?8 \
                      WHERE table_id = ?1 AND window_key = ?2 AND generation = ?6 - 1",
                     args,
@@ -400,7 +400,7 @@ impl Compaction for SqliteStore {
             verify_claim(tx, &claim, now)?;
             let expires = plus(now, lease);
             tx.execute(
-                "UPDATE pulpitum_v4_compactions SET lease_expires_at = ?5, updated_at = ?6 \
+                "UPDATE pulpitum_v4_compaction_claims SET lease_expires_at = ?5, updated_at = ?6 \
                  WHERE table_id = ?1 AND window_key = ?2 AND owner_token = ?3 AND generation = ?4",
                 params![
                     claim.table_id.as_str(),
@@ -425,7 +425,7 @@ impl Compaction for SqliteStore {
         // still this worker's to end.
         self.run("release_compaction", Mode::Write, move |tx, now| {
             tx.execute(
-                "UPDATE pulpitum_v4_compactions SET owner_token = NULL, lease_expires_at = NULL, \
+                "UPDATE pulpitum_v4_compaction_claims SET owner_token = NULL, lease_expires_at = NULL, \
                    updated_at = ?5 \
                  WHERE table_id = ?1 AND window_key = ?2 AND owner_token = ?3 AND generation = ?4",
                 params![
@@ -445,7 +445,7 @@ impl Compaction for SqliteStore {
         self.run("compaction_claims", Mode::Read, |tx, _| {
             let rows = tx
                 .prepare_cached(&format!(
-                    "SELECT {CLAIM_COLS} FROM pulpitum_v4_compactions \
+                    "SELECT {CLAIM_COLS} FROM pulpitum_v4_compaction_claims \
                      WHERE owner_token IS NOT NULL ORDER BY table_id, window_key"
                 ))?
                 .query_map([], claim_row)?

@@ -143,6 +143,15 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/sqlite/0016_segment_routes.sql"),
         compat: Compat::Requires(16),
     },
+    // The claims table renamed, fencing compactions of builds from before 16 still running
+    // on the file, then the segments they switched to recorded: see the PostgreSQL
+    // migrations 33 and 34.
+    Migration {
+        version: 17,
+        name: "compaction_claims_rename",
+        sql: include_str!("../../../sql/sqlite/0017_compaction_claims_rename.sql"),
+        compat: Compat::Requires(17),
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS pulpitum_v4_schema_migrations (

@@ -1,7 +1,7 @@
 //! [`Compaction`] on PostgreSQL: window claims, a window's sources, the route switch and the
 //! retired objects (docs/segments.md, sections 5 to 7).
 //!
-//! A window claim is one conditional upsert of its `pulpitum_v4_compactions` row (a fresh
+//! A window claim is one conditional upsert of its `pulpitum_v4_compaction_claims` row (a fresh
 //! token, generation + 1, a lease from the database's `now()`); renewing and releasing are
 //! conditional updates on token and generation, and a refused write re-reads the row in
 //! the same transaction to say why, as the bucket claims do (`claims`).

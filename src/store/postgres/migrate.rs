@@ -277,6 +277,23 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../sql/0032_bucket_metadata_unsegmented_idx.sql"),
         compat: Compat::Additive,
     },
+    // The fence `Requires(29)` cannot be: a build from before 29 that was already running
+    // when it was applied keeps compacting, and its switches record no segment route. Its
+    // every compaction opens on the claims table by its old name, so the rename makes them
+    // fail before a route moves; requires this version, since this build names the new one.
+    Migration {
+        version: 33,
+        name: "compaction_claims_rename",
+        sql: include_str!("../../../sql/0033_compaction_claims_rename.sql"),
+        compat: Compat::Requires(33),
+    },
+    // Records what such a build switched between 29 and the fence.
+    Migration {
+        version: 34,
+        name: "segment_routes_backfill_again",
+        sql: include_str!("../../../sql/0034_segment_routes_backfill_again.sql"),
+        compat: Compat::Additive,
+    },
 ];
 
 /// SQLSTATEs raised when concurrent sessions create the same catalog object (42P06 for a

@@ -18,8 +18,9 @@ pub(super) const POLICIES: &str = "pulpitum_v4_policies";
 pub(super) const STORE_CONTROL: &str = "pulpitum_v4_store_control";
 /// Job history.
 pub(super) const JOBS: &str = "pulpitum_v4_jobs";
-/// Window claims of segment compaction.
-pub(super) const COMPACTIONS: &str = "pulpitum_v4_compactions";
+/// Window claims of segment compaction (named `pulpitum_v4_compactions` before migration 33,
+/// whose rename fences older builds out of compaction).
+pub(super) const COMPACTIONS: &str = "pulpitum_v4_compaction_claims";
 /// Object keys a compaction's route switch replaced, with when.
 pub(super) const RETIRED: &str = "pulpitum_v4_retired_objects";
 /// Archive directories orphan GC lists on most passes.
