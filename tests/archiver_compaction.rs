@@ -1125,8 +1125,8 @@ async fn a_busy_channel_has_its_deletes_rewritten_before_its_window_completes() 
     assert_eq!(count(fresh).await, want);
 }
 
-/// One GC pass with no delays: every object no route or claim names is deleted.
-async fn gc_without_delays(s: &Setup) {
+/// One full GC pass with no delays: every object no route or claim names is deleted.
+async fn gc_without_delays(s: &Setup) -> pulpitum::archiver::GcReport {
     let delays = GcDelays {
         orphans: Duration::ZERO,
         retired: Duration::ZERO,
@@ -1134,7 +1134,7 @@ async fn gc_without_delays(s: &Setup) {
     };
     collect_garbage_with(&*s.store, &s.archive, delays, &ArchiverMetrics::default())
         .await
-        .unwrap();
+        .unwrap()
 }
 
 /// A session with nothing cached (no routes, no manifests).
@@ -1146,4 +1146,106 @@ async fn fresh_session(s: &Setup) -> SessionContext {
     )
     .await
     .unwrap()
+}
+
+/// Segments recorded with their bucket count not known (as migrations 31 and 34 record the
+/// segments of older builds) are listed bucket by bucket until a full GC pass reads their
+/// manifests and records the counts; from then on a listing across partitions names each
+/// segment whole, and SQL reads every row once, warm and cold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_gc_pass_records_the_counts_of_segments_recorded_without_one() {
+    let db = fresh_database("recount").await;
+    let s = setup_on(&db, &fresh_archive_url("recount")).await;
+    s.store
+        .append_batch(&s.table, &rows("2021-03-01T00:00:00Z", 3, 50))
+        .await
+        .unwrap();
+    archive_only(&s).await;
+    let compactor = Runner::new(s.store.clone(), s.archive.clone(), config()).unwrap();
+    let report = compactor.compact_pass().await.unwrap();
+    assert_eq!((report.windows, report.buckets), (1, 15));
+    let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let forgotten = client
+        .execute("UPDATE pulpitum_v4_segment_routes SET buckets = -1", &[])
+        .await
+        .unwrap();
+    assert!(forgotten >= 1);
+    let march = (
+        EventTime::parse_rfc3339("2021-03-01T00:00:00Z").unwrap(),
+        EventTime::parse_rfc3339("2021-03-31T23:59:59Z").unwrap(),
+    );
+    let listing = || async {
+        s.store
+            .list_across(&s.table, march.0, march.1)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let before = listing().await;
+    assert!(before.segments.is_empty());
+    assert_eq!(before.buckets.len(), 15, "listed one by one");
+    check_queries(&fresh_session(&s).await, 3, 50, 0).await;
+
+    let gc = gc_without_delays(&s).await;
+    assert_eq!(gc.segments_counted, forgotten, "{gc:?}");
+    let after = listing().await;
+    assert!(after.buckets.is_empty(), "{:?}", after.buckets);
+    assert_eq!(after.segments.len() as u64, forgotten);
+    assert_eq!(
+        after.segments.iter().map(|(_, n)| n).sum::<u64>(),
+        15,
+        "the counts are the manifests'"
+    );
+    check_queries(&fresh_session(&s).await, 3, 50, 1).await;
+    check_queries(&s.ctx, 3, 50, 2).await;
+    // Counted once: the next full pass finds nothing to record.
+    assert_eq!(gc_without_delays(&s).await.segments_counted, 0);
+
+    // The count is the manifest's, never the routes': with one bucket routed elsewhere and
+    // the counts forgotten again, recording them leaves every segment short of its count,
+    // so none is named whole and the bucket that left is listed once, on its own.
+    let moved = client
+        .execute(
+            "UPDATE pulpitum_v4_bucket_metadata SET object_key = 'chat/elsewhere/manifest.json' \
+             WHERE (partition_key, bucket_key) IN (SELECT partition_key, bucket_key \
+               FROM pulpitum_v4_bucket_metadata ORDER BY partition_key, bucket_key LIMIT 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved, 1);
+    client
+        .execute("UPDATE pulpitum_v4_segment_routes SET buckets = -1", &[])
+        .await
+        .unwrap();
+    let counted = pulpitum::archiver::segment_counts::record_segment_counts(&*s.store, &s.archive)
+        .await
+        .unwrap();
+    assert_eq!(counted.recorded, forgotten);
+    let short = listing().await;
+    assert_eq!(
+        short.segments.len() as u64,
+        forgotten - 1,
+        "the segment a bucket left is not whole"
+    );
+    let mut one_by_one: Vec<String> = short
+        .buckets
+        .iter()
+        .filter_map(|m| match &m.state {
+            BucketState::Archived { object_key, .. } => Some(object_key.clone()),
+            _ => None,
+        })
+        .collect();
+    one_by_one.sort();
+    assert!(
+        one_by_one
+            .iter()
+            .filter(|k| *k == "chat/elsewhere/manifest.json")
+            .count()
+            == 1,
+        "{one_by_one:?}"
+    );
 }

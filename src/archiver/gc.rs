@@ -52,6 +52,9 @@ pub struct GcReport {
     pub masks_forgotten: u64,
     /// Noted prefixes forgotten (incremental passes): nothing under them waits any more.
     pub prefixes_forgotten: u64,
+    /// Segments whose bucket count was recorded from their manifest (full passes; see
+    /// [`super::segment_counts`]).
+    pub segments_counted: u64,
 }
 
 /// Rewritten masks forgotten per statement of a GC pass.
@@ -108,8 +111,9 @@ pub async fn collect_garbage(
 }
 
 /// One full GC pass: the whole archive prefix is listed (see the module comment for the
-/// order of its readings). What every archiver runs at its start and daily; in between,
-/// [`collect_garbage_incremental`].
+/// order of its readings), then the segments recorded without their bucket count get it
+/// ([`super::segment_counts`]). What every archiver runs at its start and daily; in
+/// between, [`collect_garbage_incremental`].
 pub async fn collect_garbage_with(
     store: &dyn HotStore,
     archive: &ArchiveStore,
@@ -128,7 +132,13 @@ pub async fn collect_garbage_with(
         Scope::Everything,
     )
     .await?;
-    Ok(swept.report)
+    let mut report = swept.report;
+    // Registry upkeep that needs the archive and is rare enough for the daily pass: segments
+    // recorded without their count are listed one by one until it is recorded.
+    report.segments_counted = super::segment_counts::record_segment_counts(store, archive)
+        .await?
+        .recorded;
+    Ok(report)
 }
 
 /// Noted prefixes looked at per incremental pass (the oldest first; the rest wait for the

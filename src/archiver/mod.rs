@@ -17,6 +17,7 @@ pub mod metrics;
 mod publish;
 pub mod retention;
 mod runner;
+pub mod segment_counts;
 mod sources;
 mod window_lease;
 

@@ -478,6 +478,31 @@ pub trait Compaction: Send + Sync + 'static {
     /// Deletes the retired rows of these keys (after GC deleted the objects); returns how
     /// many rows were deleted. Unknown keys are ignored.
     async fn forget_retired(&self, keys: &[String]) -> StoreResult<u64>;
+
+    /// Segment routes whose bucket count is not known (`-1`: recorded by the backfill of
+    /// segments switched before segment routes existed, or by an erasure's re-apply), at
+    /// most `limit` of them, ordered by (table, key) and starting after `after` (exclusive),
+    /// so a caller pages through them all. A listing across partitions reads such a
+    /// segment's buckets one by one until its count is recorded
+    /// ([`record_segment_count`](Self::record_segment_count)).
+    async fn segments_not_counted(
+        &self,
+        after: Option<&(TableId, String)>,
+        limit: usize,
+    ) -> StoreResult<Vec<(TableId, String)>>;
+
+    /// Records that the manifest of segment `object_key` of `table` holds `buckets` buckets,
+    /// where its count is still not known; a count recorded meanwhile (by a switch to the
+    /// segment, from the same immutable manifest) is left as it is. Returns whether this
+    /// call recorded it. The caller takes the count from the manifest itself, never from the
+    /// routes: a listing names the segment whole only while as many buckets are routed to
+    /// it as its manifest holds.
+    async fn record_segment_count(
+        &self,
+        table: &TableId,
+        object_key: &str,
+        buckets: u64,
+    ) -> StoreResult<bool>;
 }
 
 /// Row changes and retention (see [`super::changes`]).

@@ -521,4 +521,23 @@ impl Compaction for Hooked {
     async fn forget_retired(&self, keys: &[String]) -> StoreResult<u64> {
         self.inner.forget_retired(keys).await
     }
+
+    async fn segments_not_counted(
+        &self,
+        after: Option<&(TableId, String)>,
+        limit: usize,
+    ) -> StoreResult<Vec<(TableId, String)>> {
+        self.inner.segments_not_counted(after, limit).await
+    }
+
+    async fn record_segment_count(
+        &self,
+        table: &TableId,
+        object_key: &str,
+        buckets: u64,
+    ) -> StoreResult<bool> {
+        self.inner
+            .record_segment_count(table, object_key, buckets)
+            .await
+    }
 }

@@ -1922,3 +1922,95 @@ pub async fn a_listing_across_partitions_names_a_segment_only_while_it_holds_eve
     store.release_compaction(&claim).await.unwrap();
     let _ = (april, hot_e);
 }
+
+/// Segments recorded with their bucket count not known are listed across pages in key
+/// order, each once; recording a count makes a listing across partitions name the segment
+/// whole (its every bucket being routed to it), and is done once: a count recorded already,
+/// by this call or by a switch, is left as it is, and an unknown segment records nothing.
+pub async fn segment_counts_not_known_are_listed_in_pages_and_recorded_once(store: Store) {
+    let tbl = table(&store, "events", DAY).await;
+    let a1 = archived(&store, &tbl, "a", "2024-03-01T10:00:00Z", "t/a/1", true).await;
+    let b1 = archived(&store, &tbl, "b", "2024-03-01T10:00:00Z", "t/b/1", true).await;
+    let c1 = archived(&store, &tbl, "c", "2024-03-01T10:00:00Z", "t/c/1", true).await;
+    let d1 = archived(&store, &tbl, "d", "2024-03-01T10:00:00Z", "t/d/1", true).await;
+    let s1 = "t/segments/month:2024-03/s00001-g1/manifest.json";
+    let s2 = "t/segments/month:2024-03/s00002-g1/manifest.json";
+    let claim = claim_march(&store, &tbl, LONG).await.unwrap();
+    store
+        .switch_routes(
+            &claim,
+            &[
+                switch(&a1, "t/a/1", s1),
+                switch(&b1, "t/b/1", s1),
+                switch(&c1, "t/c/1", s2),
+            ],
+        )
+        .await
+        .unwrap();
+    let key = |k: &str| (tbl.clone(), k.to_string());
+    assert_eq!(
+        store.segments_not_counted(None, 10).await.unwrap(),
+        [key(s1), key(s2)]
+    );
+    assert_eq!(
+        store.segments_not_counted(None, 1).await.unwrap(),
+        [key(s1)]
+    );
+    assert_eq!(
+        store.segments_not_counted(Some(&key(s1)), 1).await.unwrap(),
+        [key(s2)]
+    );
+    assert!(store
+        .segments_not_counted(Some(&key(s2)), 1)
+        .await
+        .unwrap()
+        .is_empty());
+    let march = (t("2024-03-01T00:00:00Z"), t("2024-03-31T23:59:59Z"));
+    let whole = || async {
+        store
+            .list_across(&tbl, march.0, march.1)
+            .await
+            .unwrap()
+            .unwrap()
+            .segments
+    };
+    assert!(whole().await.is_empty(), "a count not known is never whole");
+
+    assert!(store.record_segment_count(&tbl, s1, 2).await.unwrap());
+    assert!(
+        !store.record_segment_count(&tbl, s1, 5).await.unwrap(),
+        "a recorded count is kept"
+    );
+    assert_eq!(
+        store.segments_not_counted(None, 10).await.unwrap(),
+        [key(s2)]
+    );
+    assert_eq!(whole().await, [(s1.to_string(), 2)]);
+    // A switch of s2's other bucket records its count first: recording it again changes
+    // nothing.
+    store
+        .switch_routes(
+            &claim,
+            &[RouteSwitch {
+                bucket: d1.clone(),
+                from_object_key: "t/d/1".into(),
+                to_object_key: s2.into(),
+                to_buckets: Some(2),
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(!store.record_segment_count(&tbl, s2, 7).await.unwrap());
+    assert!(store
+        .segments_not_counted(None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let mut named = whole().await;
+    named.sort();
+    assert_eq!(named, [(s1.to_string(), 2), (s2.to_string(), 2)]);
+    assert!(!store
+        .record_segment_count(&tbl, "t/segments/month:2024-03/s00009-g1/manifest.json", 1)
+        .await
+        .unwrap());
+}

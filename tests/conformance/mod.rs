@@ -96,6 +96,7 @@ macro_rules! every_case {
             the_masks_of_several_buckets_are_each_buckets_own,
             the_buckets_with_deletes_are_exactly_those_with_delete_records,
             a_listing_across_partitions_names_a_segment_only_while_it_holds_every_route,
+            segment_counts_not_known_are_listed_in_pages_and_recorded_once,
             routes_to_a_retired_segment_are_work_and_its_last_bucket_retires_it,
             a_busy_partition_offers_its_ready_buckets_only_for_work_due_at_once,
         );

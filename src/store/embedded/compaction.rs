@@ -734,6 +734,59 @@ impl Compaction for SqliteStore {
         })
         .await
     }
+
+    async fn segments_not_counted(
+        &self,
+        after: Option<&(TableId, String)>,
+        limit: usize,
+    ) -> StoreResult<Vec<(TableId, String)>> {
+        let (table, key) = after.map_or((String::new(), String::new()), |(t, k)| {
+            (t.as_str().to_string(), k.clone())
+        });
+        let n = to_i64(limit.max(1));
+        self.run("segments_not_counted", Mode::Read, move |tx, _| {
+            let rows = tx
+                .prepare_cached(
+                    "SELECT table_id, object_key FROM pulpitum_v4_segment_routes \
+                     WHERE buckets < 0 AND (table_id, object_key) > (?1, ?2) \
+                     ORDER BY table_id, object_key LIMIT ?3",
+                )?
+                .query_map(params![table, key, n], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter()
+                .map(|(t, k)| {
+                    let t = TableId::new(t)
+                        .map_err(|e| corrupt(format!("segment route table: {e}")))?;
+                    Ok((t, k))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn record_segment_count(
+        &self,
+        table: &TableId,
+        object_key: &str,
+        buckets: u64,
+    ) -> StoreResult<bool> {
+        let table = table.as_str().to_string();
+        let key = object_key.to_string();
+        self.run("record_segment_count", Mode::Write, move |tx, _| {
+            let n = i64::try_from(buckets)
+                .map_err(|_| corrupt(format!("a segment of {buckets} buckets")))?;
+            let updated = tx
+                .prepare_cached(
+                    "UPDATE pulpitum_v4_segment_routes SET buckets = ?3 \
+                     WHERE table_id = ?1 AND object_key = ?2 AND buckets < 0",
+                )?
+                .execute(params![table, key, n])?;
+            Ok(updated == 1)
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

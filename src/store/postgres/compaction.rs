@@ -24,7 +24,7 @@ use tokio_postgres::{IsolationLevel, Row};
 
 use super::claims::new_token;
 use super::decode::{corrupt, event_time};
-use super::sql::{limit_param, micros, COMPACTIONS, META, RETIRED};
+use super::sql::{limit_param, micros, COMPACTIONS, META, RETIRED, SEGMENT_ROUTES};
 use super::work_list::{
     next_start_sql, partitions_sql, retired_partitions_sql, retired_start_sql, RETIRED_SEGMENT,
 };
@@ -596,6 +596,56 @@ impl Compaction for PgStore {
             }
             tx.commit().await.map_err(TxError::Commit)?;
             Ok(deleted)
+        })
+        .await
+    }
+
+    async fn segments_not_counted(
+        &self,
+        after: Option<&(TableId, String)>,
+        limit: usize,
+    ) -> StoreResult<Vec<(TableId, String)>> {
+        // The table holds one row per segment: read in key order past the last one seen,
+        // so a caller's pages cover every row once whatever it does between them.
+        let sql = format!(
+            "SELECT table_id, object_key FROM {SEGMENT_ROUTES} \
+             WHERE buckets < 0 AND (table_id, object_key) > ($1, $2) \
+             ORDER BY table_id, object_key LIMIT $3"
+        );
+        let (table, key) = after.map_or(("", ""), |(t, k)| (t.as_str(), k.as_str()));
+        let n = limit_param(limit);
+        self.run("segments_not_counted", || async {
+            let client = self.pooled().await?;
+            let rows = client.query(&sql, &[&table, &key, &n]).await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let bad = |e: tokio_postgres::Error| corrupt("segment route row", e);
+                let table: String = row.try_get(0).map_err(bad)?;
+                let table = TableId::new(table).map_err(|e| corrupt("segment route table", e))?;
+                out.push((table, row.try_get(1).map_err(bad)?));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn record_segment_count(
+        &self,
+        table: &TableId,
+        object_key: &str,
+        buckets: u64,
+    ) -> StoreResult<bool> {
+        let n = i64::try_from(buckets).map_err(|_| corrupt("segment bucket count", buckets))?;
+        let sql = format!(
+            "UPDATE {SEGMENT_ROUTES} SET buckets = $3 \
+             WHERE table_id = $1 AND object_key = $2 AND buckets < 0"
+        );
+        self.run("record_segment_count", || async {
+            let client = self.pooled().await?;
+            Ok(client
+                .execute(&sql, &[&table.as_str(), &object_key, &n])
+                .await?
+                == 1)
         })
         .await
     }
