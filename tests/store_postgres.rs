@@ -68,6 +68,20 @@ async fn ledger(store: &PgStore) -> Vec<(i32, String)> {
         .collect()
 }
 
+/// The tables of `schema`, by name.
+async fn tables_of(client: &tokio_postgres::Client, schema: &str) -> Vec<String> {
+    client
+        .query(
+            "SELECT table_name::TEXT FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 fn expected_ledger() -> Vec<(i32, String)> {
     MIGRATIONS
         .iter()
@@ -100,18 +114,8 @@ async fn migrations_run_twice_and_concurrently() {
     );
     store.migrate().await.unwrap();
     assert_eq!(ledger(store).await, expected_ledger());
-    let tables: Vec<String> = client
-        .query(
-            "SELECT table_name::TEXT FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1",
-            &[&schema],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
     assert_eq!(
-        tables,
+        tables_of(&client, &schema).await,
         [
             "pulpitum_v4_bucket_metadata",
             "pulpitum_v4_compaction_claims",
@@ -1226,17 +1230,33 @@ async fn an_older_builds_compaction_is_fenced_and_what_it_switched_is_recorded()
         .await
         .unwrap();
     older_builds_claim(&client, "old-build").await.unwrap();
+    // Its switch of bucket a to a segment, and of bucket b to a segment recorded (by
+    // migration 31) with a window that b's day lies outside: an erasure repair of such a
+    // build routes to the newest object holding a bucket, which may be a segment the
+    // backfill saw holding other days.
     let segment = "events/segments/month:2024-03/s00001-g1/manifest.json";
-    let switched = client
+    let recorded_segment = "events/segments/month:2024-03/s00002-g1/manifest.json";
+    client
         .execute(
-            "UPDATE pulpitum_v4_bucket_metadata SET object_key = $1, updated_at = now() \
-             WHERE table_id = 'events' AND partition_key = convert_to('a', 'UTF8') \
-               AND bucket_key = 'day:2024-03-01' AND object_key = 'events/a/manifest.json'",
-            &[&segment],
+            "INSERT INTO pulpitum_v4_segment_routes \
+               (table_id, object_key, window_start, window_end, buckets) \
+             VALUES ('events', $1, '2024-03-05T00:00:00Z', '2024-03-06T00:00:00Z', -1)",
+            &[&recorded_segment],
         )
         .await
         .unwrap();
-    assert_eq!(switched, 1);
+    for (channel, to) in [("a", segment), ("b", recorded_segment)] {
+        let switched = client
+            .execute(
+                "UPDATE pulpitum_v4_bucket_metadata SET object_key = $1, updated_at = now() \
+                 WHERE table_id = 'events' AND partition_key = convert_to($2, 'UTF8') \
+                   AND bucket_key = 'day:2024-03-01' AND object_key = 'events/' || $2 || '/manifest.json'",
+                &[&to, &channel],
+            )
+            .await
+            .unwrap();
+        assert_eq!(switched, 1);
+    }
     client
         .execute(
             "UPDATE pulpitum_v4_compactions SET owner_token = NULL, lease_expires_at = NULL \
@@ -1249,11 +1269,15 @@ async fn an_older_builds_compaction_is_fenced_and_what_it_switched_is_recorded()
         EventTime::parse_rfc3339("2024-03-01T00:00:00Z").unwrap(),
         EventTime::parse_rfc3339("2024-03-31T23:59:59Z").unwrap(),
     );
-    let across = |store: Arc<PgStore>| {
+    let first_day = (
+        march.0,
+        EventTime::parse_rfc3339("2024-03-01T23:59:59Z").unwrap(),
+    );
+    let across = |store: Arc<PgStore>, interval: (EventTime, EventTime)| {
         let tbl = tbl.clone();
         async move {
             let listing = store
-                .list_across(&tbl, march.0, march.1)
+                .list_across(&tbl, interval.0, interval.1)
                 .await
                 .unwrap()
                 .unwrap();
@@ -1268,9 +1292,13 @@ async fn an_older_builds_compaction_is_fenced_and_what_it_switched_is_recorded()
         }
     };
     assert_eq!(
-        across(store.clone()).await,
+        across(store.clone(), march).await,
         ["b"],
         "the damage the fence prevents: a bucket switched by the older build is listed nowhere"
+    );
+    assert!(
+        across(store.clone(), first_day).await.is_empty(),
+        "nor b on its own day, outside its segment's recorded window"
     );
 
     let recorded = migrate::migrate(&client).await.unwrap();
@@ -1284,13 +1312,19 @@ async fn an_older_builds_compaction_is_fenced_and_what_it_switched_is_recorded()
         "an older build's claim must fail once migration 33 is applied: {refused}"
     );
     assert_eq!(
-        across(store.clone()).await,
+        across(store.clone(), march).await,
         ["a", "b"],
         "migration 34 records the segment the older build switched to"
     );
+    assert_eq!(
+        across(store.clone(), first_day).await,
+        ["a", "b"],
+        "migration 34 widens a recorded segment's window to the buckets routed to it"
+    );
     let routes: Vec<(String, i64)> = client
         .query(
-            "SELECT object_key, buckets FROM pulpitum_v4_segment_routes WHERE table_id = 'events'",
+            "SELECT object_key, buckets FROM pulpitum_v4_segment_routes \
+             WHERE table_id = 'events' ORDER BY object_key",
             &[],
         )
         .await
@@ -1298,7 +1332,13 @@ async fn an_older_builds_compaction_is_fenced_and_what_it_switched_is_recorded()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(routes, [(segment.to_string(), -1)]);
+    assert_eq!(
+        routes,
+        [
+            (segment.to_string(), -1),
+            (recorded_segment.to_string(), -1)
+        ]
+    );
     let claim = store
         .claim_compaction(
             &tbl,
@@ -1345,4 +1385,74 @@ async fn older_builds_claim(
             ],
         )
         .await
+}
+
+/// A migrator whose reading of the ledger went stale (it stalled after reading it while
+/// another applied every migration) runs none of the migrations recorded since: re-run
+/// after the fence's rename, migration 10 would bring the old claims table back under its
+/// old name, and the stalled run's own 33 would then fail on the name taken (a break-it
+/// review reproduced both through a slow link). The stall is real: `pulpitum migrate` is
+/// stopped (SIGSTOP) by a fail point right after its ledger read, and resumed after this
+/// process migrated the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrator_with_a_stale_ledger_reading_reruns_nothing_recorded_since() {
+    let schema = fresh_schema();
+    {
+        let (client, conn) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+    }
+    let schema_url = format!("{}?options=-c%20search_path%3D{schema}", url());
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["migrate", "--database-url", &schema_url])
+        .env("PULPITUM_FAILPOINT", "migrate_after_ledger:stop")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    };
+    let waited = std::time::Instant::now();
+    while !stopped() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(60),
+            "the migrator never reached its fail point"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let store = PgStore::connect_with_schema(&url(), &schema).await.unwrap();
+    store.migrate().await.unwrap();
+    std::process::Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the resumed migrator failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = store.raw_client().await.unwrap();
+    let claims: Vec<String> = tables_of(&client, &schema)
+        .await
+        .into_iter()
+        .filter(|t| t.starts_with("pulpitum_v4_compaction"))
+        .collect();
+    assert_eq!(claims, ["pulpitum_v4_compaction_claims"]);
+    assert_eq!(ledger(&store).await, expected_ledger());
+    store.drop_schema().await.unwrap();
 }

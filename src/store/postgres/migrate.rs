@@ -328,9 +328,20 @@ pub async fn apply(client: &Client, migrations: &[Migration]) -> StoreResult<Vec
     run_ddl(client, BOOTSTRAP_COMPAT_SQL).await?;
     let applied = ledger(client).await.map_err(|e| backend(&e))?;
     let todo = pending(&applied, &shipped(migrations))?;
+    // A migrator can stall here (a slow link, a paused VM) while another applies everything.
+    crate::failpoint::hit("migrate_after_ledger");
     let mut recorded = Vec::new();
     for m in migrations {
         if !todo.iter().any(|t| t.version == i64::from(m.version)) {
+            continue;
+        }
+        // The ledger read above may be stale: a migration another process recorded since is
+        // not run again. Re-running it is harmless for most (they are idempotent), but not
+        // once a later one changed what it made: 10's `CREATE TABLE IF NOT EXISTS` run after
+        // 33's rename would bring the old claims table back, and this run's own 33 would
+        // then fail on the name taken.
+        if let Some(stored) = recorded_checksum(client, m.version).await? {
+            check_checksum(m, &stored)?;
             continue;
         }
         run_ddl(client, m.sql).await?;
@@ -419,6 +430,19 @@ fn check_checksum(m: &Migration, stored: &str) -> StoreResult<()> {
         )));
     }
     Ok(())
+}
+
+/// The checksum recorded for `version`, if it is recorded.
+async fn recorded_checksum(client: &Client, version: i32) -> StoreResult<Option<String>> {
+    let row = client
+        .query_opt(
+            "SELECT checksum FROM pulpitum_v4_schema_migrations WHERE version = $1",
+            &[&version],
+        )
+        .await
+        .map_err(|e| backend(&e))?;
+    row.map(|r| r.try_get(0).map_err(|e| backend(&e)))
+        .transpose()
 }
 
 /// Records `m`; when another process recorded it first, verifies that its checksum agrees.
