@@ -1031,3 +1031,92 @@ async fn stale_sessions_and_constants() {
         .unwrap();
     assert_eq!(n[0].column(0).as_primitive::<Int64Type>().value(0), 1);
 }
+
+/// `DEFAULT` as a whole value of `INSERT ... VALUES` rows, against PostgreSQL given the
+/// same table: every column type's default, with and without a column list, several rows
+/// asking for the same columns, a column without a default (NULL). Rows that ask for
+/// different columns, a `DEFAULT` inside an expression and rows of nothing but `DEFAULT`
+/// are refused with a message saying which, and write nothing; a quoted `"default"` stays
+/// a column reference. The prepared path (parameters beside `DEFAULT`) gives the same row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_values_in_insert_rows_match_postgresql() {
+    let t = Both::new("decl_dflt", true).await;
+    let columns = "k BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL, s BIGINT NOT NULL, \
+        note TEXT DEFAULT 'none', n INTEGER, p NUMERIC(12, 2) DEFAULT 3.10, \
+        d DATE DEFAULT '2026-01-02', f DOUBLE PRECISION DEFAULT 'NaN', \
+        ts TIMESTAMPTZ DEFAULT '2026-05-06T07:08:09Z', ok BOOLEAN DEFAULT true, \
+        j JSON DEFAULT '{\"a\": 1}', b BYTEA";
+    t.ours(&format!(
+        "CREATE EXTERNAL TABLE ev ({columns}) STORED AS PULPITUM LOCATION '' \
+         OPTIONS ('partition_by' 'k', 'time' 'at', 'order_by' 's', \
+         'bucket_strategy' 'calendar_day_utc')"
+    ))
+    .await
+    .unwrap();
+    t.pg.batch_execute(&format!("CREATE TABLE ev ({columns})"))
+        .await
+        .unwrap();
+    for sql in [
+        "INSERT INTO ev VALUES (1, TIMESTAMPTZ '2026-11-01T10:00:00Z', 1, DEFAULT, 3, \
+         DEFAULT, default, DEFAULT, Default, DEFAULT, DEFAULT, DEFAULT)",
+        "INSERT INTO ev (k, at, s, n, note, ok) VALUES \
+         (1, TIMESTAMPTZ '2026-11-01T10:00:00Z', 2, DEFAULT, 'x', DEFAULT), \
+         (2, TIMESTAMPTZ '2026-11-02T10:00:00Z', 3, DEFAULT, 'y', DEFAULT)",
+        "INSERT INTO ev (s, k, at, p, ok) VALUES \
+         (4, 3, TIMESTAMPTZ '2026-11-03T10:00:00Z', DEFAULT, false)",
+    ] {
+        t.both(sql).await;
+    }
+    let all = "SELECT k, at, s, note, n, CAST(p AS TEXT), d, CAST(f AS TEXT), ts, ok, CAST(j AS TEXT), b \
+        FROM ev ORDER BY s";
+    assert_eq!(t.same(all, "DEFAULT in VALUES").await, 4);
+
+    for (sql, says) in [
+        (
+            "INSERT INTO ev (k, at, s, note) VALUES (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, \
+             DEFAULT), (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 10, 'z')",
+            "same columns of every row of one INSERT (row 2 differs)",
+        ),
+        (
+            "INSERT INTO ev (k, at, s, n) VALUES (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, \
+             DEFAULT + 1)",
+            "not inside an expression",
+        ),
+        (
+            "INSERT INTO ev (k, at, s) VALUES (DEFAULT, DEFAULT, DEFAULT)",
+            "every value of the INSERT is DEFAULT",
+        ),
+        (
+            "INSERT INTO ev (k, at, s, note) VALUES (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, \
+             \"default\")",
+            "default",
+        ),
+    ] {
+        let e = t.ours(sql).await.unwrap_err();
+        assert!(e.contains(says), "{sql}: {e}");
+    }
+    assert_eq!(t.same(all, "after the refusals").await, 4);
+
+    let prepared = pulpitum::prepared::prepare(
+        &t.ctx,
+        "INSERT INTO ev (k, at, s, note, p) VALUES ($1, TIMESTAMPTZ '2026-11-04T10:00:00Z', $2, \
+         DEFAULT, $3)",
+    )
+    .await
+    .unwrap();
+    prepared
+        .execute(&[
+            datafusion::common::ScalarValue::Int64(Some(4)),
+            datafusion::common::ScalarValue::Int64(Some(5)),
+            datafusion::common::ScalarValue::Decimal128(Some(725), 12, 2),
+        ])
+        .await
+        .unwrap();
+    t.pg.batch_execute(
+        "INSERT INTO ev (k, at, s, note, p) VALUES (4, TIMESTAMPTZ '2026-11-04T10:00:00Z', 5, \
+         DEFAULT, 7.25)",
+    )
+    .await
+    .unwrap();
+    assert_eq!(t.same(all, "prepared").await, 5);
+}

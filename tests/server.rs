@@ -147,6 +147,20 @@ async fn with_user(extra: &[&str]) -> Served {
     .await
 }
 
+/// Runs `statements` with the shell (`pulpitum -c ...`) on the stores `s` serves.
+async fn shell(s: &Served, statements: &[&str]) {
+    let (db, archive) = urls(s._dir.path());
+    let status = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+        .args(["--database-url", &db, "--archive-url", &archive])
+        .args(statements.iter().flat_map(|sql| ["-c", sql]))
+        .env("PULPITUM_LOG", "error")
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "{statements:?}");
+}
+
 fn conninfo(s: &Served, user: &str, password: &str) -> String {
     format!(
         "host=127.0.0.1 port={} user={user} password='{password}' dbname=pulpitum sslmode=disable",
@@ -672,22 +686,15 @@ async fn a_table_created_after_start_is_served() {
         .await
         .expect_err("not yet");
     assert!(code(&e).starts_with("42P01"), "{}", code(&e));
-    let (db, archive) = urls(s._dir.path());
-    let status = Command::new(env!("CARGO_BIN_EXE_pulpitum"))
-        .args(["--database-url", &db, "--archive-url", &archive])
-        .args([
-            "-c",
+    shell(
+        &s,
+        &[
             "CREATE EXTERNAL TABLE later STORED AS PULPITUM LOCATION '' \
              OPTIONS ('surface' 'chat', 'bucket_strategy' 'calendar_month_utc')",
-            "-c",
             "INSERT INTO later VALUES (5, TIMESTAMP '2024-06-01T00:00:00Z', 1, 'late')",
-        ])
-        .env("PULPITUM_LOG", "error")
-        .stdout(Stdio::null())
-        .status()
-        .await
-        .unwrap();
-    assert!(status.success());
+        ],
+    )
+    .await;
     let row = c
         .query_one("SELECT channel_id, content FROM later", &[])
         .await
@@ -962,4 +969,47 @@ async fn ad_hoc_queries_answer_as_written_through_their_shape() {
     .await
     .unwrap_err();
     assert!(e.starts_with("23502") && e.contains("channel_id"), "{e}");
+}
+
+/// `DEFAULT` as a value of `INSERT ... VALUES` over the wire, in a simple Query and in a
+/// prepared statement beside parameters: each row reads back the column's default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_values_in_insert_rows_over_the_wire() {
+    let s = with_user(&[]).await;
+    shell(
+        &s,
+        &[
+            "CREATE EXTERNAL TABLE ev (k BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL, \
+           s BIGINT NOT NULL, note TEXT DEFAULT 'none', n INTEGER DEFAULT 7) \
+           STORED AS PULPITUM LOCATION '' OPTIONS ('partition_by' 'k', 'time' 'at', \
+           'order_by' 's', 'bucket_strategy' 'calendar_day_utc')",
+        ],
+    )
+    .await;
+    let c = connect(&s).await;
+    c.simple_query(
+        "INSERT INTO ev VALUES (1, TIMESTAMPTZ '2026-11-01T10:00:00Z', 1, DEFAULT, DEFAULT)",
+    )
+    .await
+    .unwrap();
+    let n = c
+        .execute(
+            "INSERT INTO ev (k, at, s, note, n) VALUES ($1, TIMESTAMPTZ '2026-11-01T11:00:00Z', \
+             $2, DEFAULT, $3)",
+            &[&2i64, &2i64, &3i32],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let rows: Vec<(i64, String, i32)> = c
+        .query("SELECT k, note, n FROM ev ORDER BY s", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        rows,
+        [(1, "none".to_string(), 7), (2, "none".to_string(), 3)]
+    );
 }

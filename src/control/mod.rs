@@ -121,7 +121,7 @@ pub async fn sql(ctx: &SessionContext, text: &str) -> Result<DataFrame, DataFusi
     if let Some(batch) = run_text(ctx, text).await? {
         return ctx.read_batch(batch);
     }
-    let plan = ctx.state().create_logical_plan(text).await?;
+    let plan = crate::provider::defaults::plan_text(ctx, &ctx.state(), text).await?;
     crate::provider::factory::check_statement(ctx, &plan).await?;
     ctx.execute_logical_plan(plan).await
 }

@@ -168,7 +168,7 @@ fn narrows(given: &ScalarValue, converted: &ScalarValue) -> bool {
 /// taken from what it is compared with (`channel_id = $1` makes `$1` a BIGINT).
 pub async fn prepare(ctx: &SessionContext, sql: &str) -> Result<PreparedQuery, PreparedError> {
     let state = preparing(ctx);
-    let plan = state.create_logical_plan(sql).await?;
+    let plan = crate::provider::defaults::plan_text(ctx, &state, sql).await?;
     finish(state, plan)
 }
 
@@ -180,11 +180,7 @@ pub async fn prepare_parsed(
     statement: &datafusion::sql::sqlparser::ast::Statement,
 ) -> Result<PreparedQuery, PreparedError> {
     let state = preparing(ctx);
-    let plan = state
-        .statement_to_plan(datafusion::sql::parser::Statement::Statement(Box::new(
-            statement.clone(),
-        )))
-        .await?;
+    let plan = crate::provider::defaults::plan_statement(ctx, &state, statement).await?;
     finish(state, plan)
 }
 

@@ -15,6 +15,7 @@
 //! only where DataFusion calls in.
 
 pub mod change;
+pub mod defaults;
 mod dynamic;
 pub mod factory;
 pub mod filters;

@@ -14,7 +14,6 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{DFSchema, ParamValues};
 use datafusion::logical_expr::{EmptyRelation, LogicalPlan, WriteOp};
 use datafusion::prelude::{DataFrame, SessionContext};
-use datafusion::sql::parser::Statement as DFStatementAst;
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion_postgres::arrow_pg::datatypes::df::encode_dataframe;
 use datafusion_postgres::hooks::HookClient;
@@ -81,8 +80,7 @@ pub(super) async fn plan_of(
     ctx: &SessionContext,
     statement: &Statement,
 ) -> PgWireResult<LogicalPlan> {
-    ctx.state()
-        .statement_to_plan(DFStatementAst::Statement(Box::new(statement.clone())))
+    crate::provider::defaults::plan_statement(ctx, &ctx.state(), statement)
         .await
         .map_err(api)
 }
