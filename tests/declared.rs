@@ -1091,11 +1091,60 @@ async fn default_values_in_insert_rows_match_postgresql() {
              \"default\")",
             "default",
         ),
+        (
+            "INSERT INTO ev (k, at, s, n) VALUES (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, \
+             coalesce(DEFAULT, 1))",
+            "not inside an expression",
+        ),
+        // The break-it review's: a repeated or unknown column beside DEFAULT was dropped
+        // unchecked and the row written; and removing a column renumbered `column4` and
+        // positions in ORDER BY, keeping another row than the one meant.
+        (
+            "INSERT INTO ev (k, at, s, note, note) VALUES \
+             (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, 'dup', DEFAULT)",
+            "column \"note\" specified more than once",
+        ),
+        (
+            "INSERT INTO ev (k, at, s, N, n) VALUES \
+             (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, DEFAULT, 5)",
+            "column \"n\" specified more than once",
+        ),
+        (
+            "INSERT INTO ev (k, at, s, bogus) VALUES (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, \
+             DEFAULT)",
+            "column \"bogus\" of relation \"ev\" does not exist",
+        ),
+        (
+            "INSERT INTO ev (k, at, s, x.y) VALUES (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, \
+             DEFAULT)",
+            "must be a plain column name",
+        ),
+        (
+            "INSERT INTO ev (note, k, at, s, n) VALUES \
+             (DEFAULT, 9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, 20), \
+             (DEFAULT, 9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 10, 10) ORDER BY column4 LIMIT 1",
+            "not with WITH, ORDER BY, LIMIT, OFFSET or FETCH",
+        ),
+        (
+            "INSERT INTO ev (k, at, s, note) VALUES \
+             (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, DEFAULT), (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 10)",
+            "VALUES lists must all be the same length",
+        ),
     ] {
         let e = t.ours(sql).await.unwrap_err();
         assert!(e.contains(says), "{sql}: {e}");
     }
     assert_eq!(t.same(all, "after the refusals").await, 4);
+    // EXPLAIN of such an INSERT plans the rewritten statement (and writes nothing).
+    let plan = t
+        .ours(
+            "EXPLAIN INSERT INTO ev (k, at, s, note) VALUES \
+             (9, TIMESTAMPTZ '2026-11-01T00:00:00Z', 9, DEFAULT)",
+        )
+        .await
+        .unwrap();
+    assert!(!plan.is_empty());
+    assert_eq!(t.same(all, "after EXPLAIN").await, 4);
 
     let prepared = pulpitum::prepared::prepare(
         &t.ctx,

@@ -11,13 +11,18 @@
 //! That works only when every row says `DEFAULT` in the same columns. Rows that differ are
 //! refused with a message saying so, rather than split into several statements: one
 //! `INSERT` is one write, committed or refused whole. So is a `DEFAULT` inside an
-//! expression, which PostgreSQL refuses too. Only the unquoted word counts, and only as a
-//! whole value of a `VALUES` row of an `INSERT`, where no column is in scope: a quoted
-//! `"default"` is left to the planner.
+//! expression, or in a `VALUES` with `WITH`, `ORDER BY`, `LIMIT`, `OFFSET` or `FETCH`
+//! (whose references to `columnN` or positions the removal would shift), all of which
+//! PostgreSQL refuses too. The column list is checked here as the planner would check it
+//! (an unknown or repeated name is refused), since the names left out never reach the
+//! planner. Only the unquoted word counts, and only as a whole value of a `VALUES` row of an
+//! `INSERT`, where no column is in scope: a quoted `"default"` is left to the planner.
 //!
 //! Every path that plans SQL text or a parsed statement for a session goes through here:
 //! [`crate::control::sql`] (the shell and embedded applications), the wire server's simple
 //! and extended protocols, and [`crate::prepared`].
+
+use std::ops::ControlFlow;
 
 use datafusion::common::{plan_err, DataFusionError, Result, TableReference};
 use datafusion::execution::context::SessionState;
@@ -25,7 +30,8 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
-    Expr, Ident, Insert, ObjectName, ObjectNamePart, SetExpr, Statement, TableObject,
+    visit_expressions, Expr, Ident, Insert, ObjectName, ObjectNamePart, SetExpr, Statement,
+    TableObject,
 };
 
 /// Plans one statement's text in `state` (with `ctx`'s tables), `DEFAULT` values included.
@@ -36,7 +42,12 @@ pub async fn plan_text(
 ) -> Result<LogicalPlan> {
     let dialect = state.config().options().sql_parser.dialect;
     let mut statement = state.sql_to_statement(sql, &dialect)?;
-    if let DFStatement::Statement(s) = &mut statement {
+    // DataFusion's parser returns its own `EXPLAIN` around the statement.
+    let inner = match &mut statement {
+        DFStatement::Explain(e) => e.statement.as_mut(),
+        other => other,
+    };
+    if let DFStatement::Statement(s) = inner {
         fill(ctx, s).await?;
     }
     state.statement_to_plan(statement).await
@@ -69,44 +80,60 @@ fn is_default(e: &Expr) -> bool {
     matches!(e, Expr::Identifier(i) if i.quote_style.is_none() && i.value.eq_ignore_ascii_case("default"))
 }
 
-/// Whether `e` holds `DEFAULT` below its top level (`DEFAULT + 1`, `(DEFAULT)`), which no
-/// rewrite can mean.
-fn nests_default(e: &Expr) -> bool {
-    match e {
-        Expr::Nested(inner) | Expr::UnaryOp { expr: inner, .. } => {
-            is_default(inner) || nests_default(inner)
+/// Whether `e` is or holds `DEFAULT` anywhere (`coalesce(DEFAULT, 1)`, `DEFAULT IS NULL`).
+fn mentions_default(e: &Expr) -> bool {
+    visit_expressions(e, |x| {
+        if is_default(x) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
         }
-        Expr::BinaryOp { left, right, .. } => {
-            is_default(left) || is_default(right) || nests_default(left) || nests_default(right)
-        }
-        Expr::Cast { expr, .. } => is_default(expr) || nests_default(expr),
-        _ => false,
-    }
+    })
+    .is_break()
 }
 
 async fn fill_insert(ctx: &SessionContext, insert: &mut Insert) -> Result<()> {
     let Some(source) = insert.source.as_mut() else {
         return Ok(());
     };
+    let plain = source.with.is_none()
+        && source.order_by.is_none()
+        && source.limit_clause.is_none()
+        && source.fetch.is_none();
     let SetExpr::Values(values) = source.body.as_mut() else {
         return Ok(());
     };
     let rows = &values.rows;
+    if !rows
+        .iter()
+        .flat_map(|r| r.content.iter())
+        .any(mentions_default)
+    {
+        return Ok(());
+    }
+    // As PostgreSQL: removing columns would renumber what `ORDER BY column4` or `ORDER BY
+    // 4` names, so a row other than the one meant could be kept.
+    if !plain {
+        return plan_err!(
+            "DEFAULT is allowed only in the plain VALUES list of an INSERT, \
+             not with WITH, ORDER BY, LIMIT, OFFSET or FETCH"
+        );
+    }
     if rows
         .iter()
         .flat_map(|r| r.content.iter())
-        .any(nests_default)
+        .any(|e| !is_default(e) && mentions_default(e))
     {
         return plan_err!(
             "DEFAULT is allowed only as a whole value of a VALUES row, not inside an expression"
         );
     }
-    if !rows.iter().flat_map(|r| r.content.iter()).any(is_default) {
-        return Ok(());
-    }
     let Some(first) = rows.first() else {
         return Ok(());
     };
+    if rows.iter().any(|r| r.content.len() != first.content.len()) {
+        return plan_err!("VALUES lists must all be the same length");
+    }
     let asks: Vec<bool> = first.content.iter().map(is_default).collect();
     for (n, row) in rows.iter().enumerate() {
         let here: Vec<bool> = row.content.iter().map(is_default).collect();
@@ -119,14 +146,16 @@ async fn fill_insert(ctx: &SessionContext, insert: &mut Insert) -> Result<()> {
             "every value of the INSERT is DEFAULT; name at least the table's key columns"
         );
     }
+    let TableObject::TableName(name) = &insert.table else {
+        return plan_err!("DEFAULT is allowed only in an INSERT into a table named directly");
+    };
+    let table = TableReference::parse_str(&name.to_string());
+    let schema = ctx.table_provider(table.clone()).await?.schema();
+    // The columns named are checked here, as the planner would: the ones left out for
+    // DEFAULT never reach it, and a duplicate or unknown name among them must still be
+    // refused rather than silently dropped.
     let columns: Vec<ObjectName> = if insert.columns.is_empty() {
-        let TableObject::TableName(name) = &insert.table else {
-            return Ok(());
-        };
-        let table = TableReference::parse_str(&name.to_string());
-        let provider = ctx.table_provider(table).await?;
-        provider
-            .schema()
+        schema
             .fields()
             .iter()
             .map(|f| {
@@ -137,6 +166,22 @@ async fn fill_insert(ctx: &SessionContext, insert: &mut Insert) -> Result<()> {
             })
             .collect()
     } else {
+        let mut seen = std::collections::HashSet::new();
+        for c in &insert.columns {
+            let [ObjectNamePart::Identifier(ident)] = c.0.as_slice() else {
+                return plan_err!("column {c} of an INSERT must be a plain column name");
+            };
+            let column = match ident.quote_style {
+                None => ident.value.to_ascii_lowercase(),
+                Some(_) => ident.value.clone(),
+            };
+            if schema.field_with_name(&column).is_err() {
+                return plan_err!("column \"{column}\" of relation \"{table}\" does not exist");
+            }
+            if !seen.insert(column.clone()) {
+                return plan_err!("column \"{column}\" specified more than once");
+            }
+        }
         insert.columns.clone()
     };
     if columns.len() != asks.len() {

@@ -552,11 +552,13 @@ mod tests {
                 m.version
             );
             // Creations say IF NOT EXISTS; the constraint drops (14 to 17) IF EXISTS; the
-            // segment routes' backfill (31) inserts what is not there yet.
+            // segment routes' backfills (31, 34) write what is not there yet; the claims
+            // table's rename (33) IF EXISTS.
             assert!(
                 code.contains("IF NOT EXISTS")
                     || code.contains("DROP CONSTRAINT IF EXISTS")
-                    || code.contains("ON CONFLICT (table_id, object_key) DO NOTHING"),
+                    || code.contains("ALTER TABLE IF EXISTS")
+                    || code.contains("ON CONFLICT (table_id, object_key) DO"),
                 "migration {} must be idempotent",
                 m.version
             );
