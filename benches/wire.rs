@@ -32,7 +32,8 @@
 //! client's tasks do not share the server's threads; `caller`: the server in this process,
 //! its connections on this runtime as the binary runs them; `own`: in this process, on a
 //! runtime of the server's own, the library's default and the shape of every figure before
-//! 2026-12-06).
+//! 2026-12-06), `WIRE_BENCH_PULPITUM` (the `pulpitum` binary the `process` shape starts;
+//! default: this build's).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -240,7 +241,13 @@ fn serve_process(schema: &str) -> (std::process::Child, u16) {
     let url = format!(
         "host=127.0.0.1 port=5432 user=postgres dbname=test options='-c search_path={schema}'"
     );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pulpitum"))
+    // Another build of the binary may be measured against this one, run after run
+    // (`WIRE_BENCH_PULPITUM=/path/to/pulpitum`); each run still has its own baseline.
+    let program = std::env::var_os("WIRE_BENCH_PULPITUM").map_or_else(
+        || env!("CARGO_BIN_EXE_pulpitum").into(),
+        std::path::PathBuf::from,
+    );
+    let mut child = std::process::Command::new(program)
         .args(["serve", "--insecure-no-auth", "--listen", "127.0.0.1:0"])
         .args(["--statement-timeout-ms", "0"])
         .env("PULPITUM_DATABASE_URL", url)

@@ -47,6 +47,13 @@ fn count_panics() {
     });
 }
 
+/// How long `slow_plan` blocks the thread that plans it, and how many calls began and ended.
+const SLOW_PLAN: Duration = Duration::from_secs(4);
+static SLOW_STARTED: AtomicUsize = AtomicUsize::new(0);
+static SLOW_FINISHED: AtomicUsize = AtomicUsize::new(0);
+/// `slow_plan` is shared by the tests of this binary: one test at a time uses it.
+static SLOW_PLAN_USER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Served {
     port: u16,
     stop: CancellationToken,
@@ -101,6 +108,32 @@ async fn serve(config: ServerConfig) -> Served {
     )
     .await
     .unwrap();
+    // `boom(x)`: a function that panics, standing for a panic anywhere in the engine (one was
+    // seen in DataFusion's repartition under memory pressure). Immutable, so `boom(1)`
+    // panics while the statement is planned (constant folding) and `boom(value)` while its
+    // rows are produced.
+    ctx.register_udf(datafusion::logical_expr::create_udf(
+        "boom",
+        vec![datafusion::arrow::datatypes::DataType::Int64],
+        datafusion::arrow::datatypes::DataType::Int64,
+        datafusion::logical_expr::Volatility::Immutable,
+        Arc::new(|_: &[datafusion::logical_expr::ColumnarValue]| panic!("boom")),
+    ));
+    // `slow_plan(x)`: a function that blocks its thread for `SLOW_PLAN`, standing for a
+    // statement that plans slowly (planning never yields). Immutable, so it runs while the
+    // statement is planned (constant folding), on whichever thread plans it.
+    ctx.register_udf(datafusion::logical_expr::create_udf(
+        "slow_plan",
+        vec![datafusion::arrow::datatypes::DataType::Int64],
+        datafusion::arrow::datatypes::DataType::Int64,
+        datafusion::logical_expr::Volatility::Immutable,
+        Arc::new(|args: &[datafusion::logical_expr::ColumnarValue]| {
+            SLOW_STARTED.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(SLOW_PLAN);
+            SLOW_FINISHED.fetch_add(1, Ordering::SeqCst);
+            Ok(args[0].clone())
+        }),
+    ));
     let values: Vec<String> = (1..=10)
         .map(|i| {
             format!(
@@ -866,6 +899,64 @@ async fn a_query_over_its_memory_share_fails_alone() {
     assert_eq!(count(&heavy, "SELECT count(*) FROM chat").await, 10);
 }
 
+/// A panic in the engine, while a statement is planned or while its rows are produced, on
+/// either protocol, fails that statement with XX000 and nothing else: the connection runs
+/// its next statement, and the server's connection slots are all free again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_engine_fails_the_statement_not_the_connection() {
+    let s = serve(ServerConfig {
+        max_connections: 1,
+        ..with_users()
+    })
+    .await;
+    {
+        let c = connect(&s, "carol").await;
+        for sql in [
+            "SELECT boom(1)",
+            "SELECT boom(value) FROM generate_series(1, 3)",
+        ] {
+            let e = c.simple_query(sql).await.expect_err(sql);
+            assert!(code(&e).starts_with("XX000"), "{sql}: {}", code(&e));
+            let e = c.query(sql, &[]).await.expect_err(sql);
+            assert!(code(&e).starts_with("XX000"), "{sql}: {}", code(&e));
+            assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10, "{sql}");
+        }
+        let e = c
+            .query(
+                "SELECT boom(value) FROM generate_series(1, $1::BIGINT)",
+                &[&5i64],
+            )
+            .await
+            .expect_err("bound");
+        assert!(code(&e).starts_with("XX000"), "{}", code(&e));
+        assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10);
+    }
+    // The only slot is free once that client has gone.
+    let again = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match tokio_postgres::connect(
+                &format!(
+                    "host=127.0.0.1 port={} user=carol password='{PASSWORD}' dbname=pulpitum \
+                     sslmode=disable",
+                    s.port
+                ),
+                NoTls,
+            )
+            .await
+            {
+                Ok((client, conn)) => {
+                    tokio::spawn(conn);
+                    return client;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("the slot is given back");
+    assert_eq!(count(&again, "SELECT count(*) FROM chat").await, 10);
+}
+
 /// Rows reach the client while the query is still producing them: the first thousand of an
 /// effectively endless result arrive long before the statement timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1018,6 +1109,64 @@ fn the_callers_runtime_built_for_the_server_runs_the_deepest_statements() {
             assert_eq!(PANICS.load(Ordering::SeqCst), 0);
             s.stop.cancel();
         });
+}
+
+/// Statements that plan for seconds on as many connections as the runtime has workers, on
+/// the simple and then the extended protocol, do not hold up the rest of the runtime: a new
+/// client logs in and is answered while every one of them is still planning, whether the
+/// connections run on the server's own runtime or on the caller's (`pulpitum serve`'s).
+#[test]
+fn statements_that_plan_slowly_do_not_hold_up_other_clients() {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    for runtime in [
+        pulpitum::server::ConnectionRuntime::Own,
+        pulpitum::server::ConnectionRuntime::Caller,
+    ] {
+        pulpitum::server::runtime_builder()
+            .worker_threads(workers)
+            .build()
+            .unwrap()
+            .block_on(async {
+                let _one_at_a_time = SLOW_PLAN_USER.lock().await;
+                let s = serve(ServerConfig {
+                    runtime,
+                    ..with_users()
+                })
+                .await;
+                for extended in [false, true] {
+                    let before = SLOW_FINISHED.load(Ordering::SeqCst);
+                    let started = SLOW_STARTED.load(Ordering::SeqCst);
+                    let mut slow = Vec::new();
+                    for _ in 0..workers {
+                        let c = connect(&s, "carol").await;
+                        slow.push(tokio::spawn(async move {
+                            let r = if extended {
+                                c.query("SELECT slow_plan(1)", &[]).await.map(|_| ())
+                            } else {
+                                c.simple_query("SELECT slow_plan(1)").await.map(|_| ())
+                            };
+                            r.map_err(|e| code(&e))
+                        }));
+                    }
+                    // Every one of them is planning (blocking its thread) from here.
+                    while SLOW_STARTED.load(Ordering::SeqCst) < started + workers {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    let c = connect(&s, "bob").await;
+                    assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10);
+                    assert_eq!(
+                        SLOW_FINISHED.load(Ordering::SeqCst),
+                        before,
+                        "{runtime:?}, extended {extended}: the new client was answered only \
+                         after a slow statement had been planned"
+                    );
+                    for t in slow {
+                        t.await.unwrap().unwrap();
+                    }
+                }
+                s.stop.cancel();
+            });
+    }
 }
 
 /// A cursor's query runs the plan that was judged (a text re-parsed by another dialect

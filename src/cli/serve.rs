@@ -143,11 +143,12 @@ pub async fn run(
         statement_timeout: (args.statement_timeout_ms > 0)
             .then(|| std::time::Duration::from_millis(args.statement_timeout_ms)),
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_seconds),
-        // Not `Caller`, though one runtime saves the prepared page about 0.25x of a direct
-        // one: a statement that plans for seconds on one worker of a shared runtime left
-        // the listener, the signal handler and the timers undriven until it finished (a
-        // review found new logins and SIGTERM waiting 11 s). See `ConnectionRuntime`.
-        runtime: crate::server::ConnectionRuntime::Own,
+        // The binary's runtime (built by `server::runtime_builder`, with the connections'
+        // stacks) drives the hot store's connections too: on it, a statement's request to
+        // PostgreSQL and its answer do not cross between runtimes (about 0.25x of a direct
+        // page, docs/benchmarks.md). Statements that plan slowly do not stall it: planning
+        // runs off its workers (`server::offload`).
+        runtime: crate::server::ConnectionRuntime::Caller,
     };
     let opts = crate::session::SessionOptions {
         reader: Some("serve"),

@@ -23,6 +23,8 @@
 //!   connection in both directions at once; nothing further is read.
 //! - **Frames** reach pgwire only through [`Checked`], which refuses malformed ones before
 //!   pgwire's decoders (which can panic on them) see them.
+//! - **Panics** while a message is handled become an error of that statement (XX000);
+//!   before the login, a FATAL one.
 
 use std::io;
 use std::net::SocketAddr;
@@ -727,7 +729,11 @@ async fn run(
                 continue;
             }
         };
-        let result = process_message(
+        // A panic while a message is handled (DataFusion has panicked under memory pressure
+        // in a repartition, a user-defined function may) fails that statement alone: the
+        // client is told, and the connection, its slot and its session carry on. Without
+        // this the task unwound and the client saw its connection drop with no answer.
+        let result = std::panic::AssertUnwindSafe(process_message(
             message,
             socket,
             gate.clone(),
@@ -735,8 +741,10 @@ async fn run(
             extended.clone(),
             copy.clone(),
             cancel.clone(),
-        )
-        .await;
+        ))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(handlers::internal_error()));
         if let (Ok(()), Some(effect)) = (&result, effect) {
             retained.apply(effect);
         }

@@ -72,6 +72,19 @@ pub(super) fn error(severity: &str, code: &str, message: String) -> PgWireError 
     )))
 }
 
+/// The answer to a panic caught while a statement was decoded, planned or run. The panic's
+/// own message goes to the server's log (the panic hook), not to the client: it may quote
+/// values of other rows.
+pub(super) fn internal_error() -> PgWireError {
+    error(
+        "ERROR",
+        "XX000",
+        "internal error while decoding, planning or running the statement (the server logged \
+         it); the connection is intact"
+            .into(),
+    )
+}
+
 pub(super) fn api(e: impl std::error::Error + Send + Sync + 'static) -> PgWireError {
     PgWireError::ApiError(Box::new(e))
 }
@@ -205,11 +218,18 @@ impl ConnSession {
     /// The query is planned from the statement the server's PostgreSQL parser produced (and
     /// judged), never from its text again; it is cached under its text and the connection's
     /// time zone, which the plan depends on.
-    pub(super) async fn prepared(
-        &self,
-        sql: &str,
-        statement: &Statement,
-    ) -> PgWireResult<Option<Arc<Prepared>>> {
+    /// Whether `sql` has a plan cached for this session's time zone: its execution plans
+    /// nothing (unless a declared table changed since, which [`Self::prepared`] finds).
+    pub(super) fn has_prepared(&self, sql: &str) -> bool {
+        let key = self.cache_key(sql);
+        matches!(
+            self.prepared.lock().expect("prepared lock").get(&key),
+            Some(Some(_))
+        )
+    }
+
+    /// The prepared-plan cache's key of `sql`: plans depend on the session's time zone.
+    fn cache_key(&self, sql: &str) -> String {
         // Read in place: `SessionContext::state()` clones the whole session state (every
         // function registry); on this path, run at every execution of a prepared statement,
         // those hash-map clones and their allocations topped a profile of the wire bench.
@@ -222,7 +242,15 @@ impl ConnSession {
             .execution
             .time_zone
             .clone();
-        let key = format!("{}\0{sql}", zone.as_deref().unwrap_or(""));
+        format!("{}\0{sql}", zone.as_deref().unwrap_or(""))
+    }
+
+    pub(super) async fn prepared(
+        &self,
+        sql: &str,
+        statement: &Statement,
+    ) -> PgWireResult<Option<Arc<Prepared>>> {
+        let key = self.cache_key(sql);
         let hit = self.prepared.lock().expect("prepared lock").get(&key);
         if let Some(hit) = hit {
             let current = match &hit {
@@ -404,7 +432,21 @@ impl Simple {
 
 #[async_trait]
 impl SimpleQueryHandler for Simple {
+    /// Off the runtime's workers ([`super::offload`]): every Query message is parsed and
+    /// planned here, and its rows are sent by the caller afterwards.
     async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        super::offload::off_worker(self.run(client, query)).await
+    }
+}
+
+impl Simple {
+    async fn run<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
@@ -623,8 +665,8 @@ impl QueryParser for ControlAwareParser {
             };
             return Ok(Some((sql.to_string(), Some((placeholder, plan)))));
         }
-        self.inner()
-            .parse_sql(client, sql, types)
+        // Planned here, off the runtime's workers ([`super::offload`]).
+        super::offload::off_worker(self.inner().parse_sql(client, sql, types))
             .await
             .map_err(|e| refine_parse_error(e, sql))
     }
@@ -762,7 +804,17 @@ impl ExtendedQueryHandler for Extended {
             }
             ExtendedQueryHandler::do_query(&*login.session.service, client, portal, max_rows).await
         });
-        let mut r = super::params::guarded(work).await?;
+        // A prepared statement already planned runs on the worker (the hot page); anything
+        // that may plan goes off it ([`super::offload`]).
+        let planned = matches!(
+            &portal.statement.statement.1,
+            Some((Statement::Query(_), _))
+        ) && login.session.has_prepared(sql);
+        let mut r = if planned {
+            super::params::guarded(work).await?
+        } else {
+            super::offload::off_worker(super::params::guarded(work)).await?
+        };
         bound_rows(&mut r, deadline, &token);
         Ok(r)
     }

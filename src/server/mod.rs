@@ -39,6 +39,7 @@ mod handshake;
 mod hooks;
 mod limits;
 pub mod memory;
+mod offload;
 mod params;
 mod retained;
 mod shape;
@@ -133,16 +134,17 @@ pub enum ConnectionRuntime {
     /// each statement's request and answer cross from one runtime's threads to the other's
     /// and back: measured by `cargo bench --bench wire` with `pulpitum serve` as a process,
     /// 2.78x-2.81x of a direct PostgreSQL page against 2.46x-2.58x on one runtime (see
-    /// docs/benchmarks.md).
+    /// docs/benchmarks.md). The default, for embedders whose runtime was not built for it.
     #[default]
     Own,
-    /// The runtime [`Server::run`] is called on. Its worker threads must have at least
-    /// [`CONNECTION_STACK_BYTES`] of stack: build it with [`runtime_builder`]. A smaller
-    /// stack can overflow planning a statement that [`shape`] lets through, which aborts
-    /// the process. And planning does not yield: while one worker plans a slow statement
-    /// and the others are parked, nothing drives that runtime's sockets, timers or signals,
-    /// so the caller's own tasks (the accept loop, a signal handler) wait for it too. The
-    /// `pulpitum` binary uses [`ConnectionRuntime::Own`] for that reason.
+    /// The runtime [`Server::run`] is called on, what `pulpitum serve` uses: no hop. It must
+    /// be a multi-threaded runtime whose threads have at least [`CONNECTION_STACK_BYTES`] of
+    /// stack: build it with [`runtime_builder`]. A smaller stack can overflow planning a
+    /// statement that [`shape`] lets through, which aborts the process; on a current-thread
+    /// runtime, a statement that plans slowly holds every other task of the runtime (the
+    /// accept loop, the caller's signal handlers) until it is planned, since planning never
+    /// yields and only a multi-threaded runtime can hand a worker's duties to another
+    /// thread while one plans ([`offload`]).
     Caller,
 }
 

@@ -150,10 +150,6 @@ pub(super) fn check_decoded<S>(portal: &Portal<S>, values: &[ScalarValue]) -> Pg
 pub(super) async fn guarded<T>(work: impl Future<Output = PgWireResult<T>>) -> PgWireResult<T> {
     match AssertUnwindSafe(work).catch_unwind().await {
         Ok(r) => r,
-        Err(_) => Err(error(
-            "XX000",
-            "internal error while decoding or running the statement; the connection is intact"
-                .into(),
-        )),
+        Err(_) => Err(super::handlers::internal_error()),
     }
 }

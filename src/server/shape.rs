@@ -34,6 +34,17 @@ pub const MAX_RELATIONS: usize = 100;
 /// overflows a connection's stack; a `CASE` of 800 branches fits).
 pub const MAX_RUN_TOKENS: usize = 5_000;
 
+/// The cast types pg_catalog's emulation rewrites into a lookup subquery, with the
+/// `SELECT`s and relations each cast becomes: `'t'::regclass` turns into a join of
+/// `pg_class` and `pg_namespace` with a derived table (about 550 KB of plan per cast was
+/// measured), after this check has run, so each one is counted here as what it becomes.
+const LOOKUP_CASTS: &[(&str, usize, usize)] = &[
+    ("REGCLASS", 2, 3),
+    ("REGNAMESPACE", 1, 1),
+    ("REGTYPE", 1, 1),
+    ("REGPROC", 1, 1),
+];
+
 /// What the scan found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Shape {
@@ -170,10 +181,38 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
     let (mut chained, mut functions) = (0usize, 0usize);
     let mut in_statement = false;
     let mut previous_word = false;
+    // The two tokens before this one (whitespace skipped): a lookup cast's type follows
+    // `::`, `AS` (of `CAST`), or `pg_catalog.` after either.
+    let mut before: [Option<&Token>; 2] = [None, None];
+    // Per frame: whether it is a `CAST(`'s, where `AS` introduces a type, not an alias.
+    let mut cast_frames: Vec<bool> = vec![false];
     for t in &tokens {
         if matches!(t, Token::Whitespace(_)) {
             continue;
         }
+        let in_cast = cast_frames.last().copied().unwrap_or(false);
+        if let Token::Word(w) = t {
+            let word = w.value.to_ascii_uppercase();
+            if let Some((_, queries, relations)) = LOOKUP_CASTS.iter().find(|c| c.0 == word) {
+                if is_cast_type_position(before, in_cast) {
+                    shape.queries += queries;
+                    shape.relations += relations;
+                }
+            }
+        }
+        match t {
+            Token::LParen | Token::LBracket => cast_frames.push(matches!(
+                before[0],
+                Some(Token::Word(w)) if ["CAST", "TRY_CAST", "SAFE_CAST"]
+                    .iter()
+                    .any(|c| w.value.eq_ignore_ascii_case(c))
+            )),
+            Token::RParen | Token::RBracket if cast_frames.len() > 1 => {
+                cast_frames.pop();
+            }
+            _ => {}
+        }
+        before = [Some(t), before[0]];
         // Whatever the construct, an expression is no deeper than its tokens: a run of more
         // than MAX_RUN_TOKENS without a comma or bracket is refused even if no operator
         // above was counted in it (a keyword this list misses cannot overflow a stack).
@@ -284,6 +323,20 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
         ));
     }
     Ok(shape)
+}
+
+/// Whether a word after `before` (the token just before it, then the one before that) is
+/// in the place of a cast's type: after `::`, after `AS` inside a `CAST(`, or after
+/// `pg_catalog.`.
+fn is_cast_type_position(before: [Option<&Token>; 2], in_cast: bool) -> bool {
+    match before {
+        [Some(Token::Period), Some(Token::Word(w))] => w.value.eq_ignore_ascii_case("pg_catalog"),
+        [Some(Token::DoubleColon), _] => true,
+        [Some(Token::Word(w)), _] => {
+            in_cast && w.quote_style.is_none() && w.value.eq_ignore_ascii_case("AS")
+        }
+        _ => false,
+    }
 }
 
 /// The statements of `sql`, each as the client wrote it (split at the semicolons between
@@ -473,5 +526,31 @@ mod tests {
             .map(|i| format!(" JOIN chat a{i} ON a{i}.id = a0.id"))
             .collect();
         assert_eq!(code(&format!("SELECT 1 FROM chat a0{joins}")), "54001");
+    }
+
+    /// A lookup cast counts as the subquery pg_catalog's emulation turns it into, however
+    /// it is spelled; the same word as a name counts as nothing.
+    #[test]
+    fn lookup_casts_count_as_the_subqueries_they_become() {
+        let counts = |sql: &str| {
+            let s = check(sql).unwrap();
+            (s.queries, s.relations)
+        };
+        assert_eq!(counts("SELECT 'chat'::regclass"), (3, 3));
+        assert_eq!(counts("SELECT 'chat'::pg_catalog.regclass"), (3, 3));
+        assert_eq!(counts("SELECT CAST('chat' AS REGCLASS)"), (3, 3));
+        assert_eq!(
+            counts("SELECT 'public'::regnamespace, 'int4'::regtype"),
+            (3, 2)
+        );
+        assert_eq!(counts("SELECT regclass FROM t"), (1, 1));
+        assert_eq!(counts("SELECT x AS regclass FROM t"), (1, 1));
+        // psql's `\d chat` asks one lookup, far within the limits.
+        let casts = |n: usize| {
+            let items: Vec<String> = (0..n).map(|i| format!("'t{i}'::regclass")).collect();
+            format!("SELECT {}", items.join(", "))
+        };
+        assert_eq!(code(&casts(MAX_RELATIONS / 3)), "ok");
+        assert_eq!(code(&casts(MAX_RELATIONS / 3 + 1)), "54001");
     }
 }
