@@ -57,6 +57,8 @@ static SLOW_PLAN_USER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(()
 struct Served {
     port: u16,
     stop: CancellationToken,
+    /// The server's `run`, which ends once the server has stopped.
+    run: tokio::task::JoinHandle<()>,
     store: Arc<dyn HotStore>,
     _dir: tempfile::TempDir,
 }
@@ -117,7 +119,26 @@ async fn serve(config: ServerConfig) -> Served {
         vec![datafusion::arrow::datatypes::DataType::Int64],
         datafusion::arrow::datatypes::DataType::Int64,
         datafusion::logical_expr::Volatility::Immutable,
-        Arc::new(|_: &[datafusion::logical_expr::ColumnarValue]| panic!("boom")),
+        Arc::new(|_: &[datafusion::logical_expr::ColumnarValue]| panic!("a secret of another row")),
+    ));
+    // `boom_at(x)`: panics on a batch holding a row where x = 0, passes x through otherwise.
+    ctx.register_udf(datafusion::logical_expr::create_udf(
+        "boom_at",
+        vec![datafusion::arrow::datatypes::DataType::Int64],
+        datafusion::arrow::datatypes::DataType::Int64,
+        datafusion::logical_expr::Volatility::Immutable,
+        Arc::new(|args: &[datafusion::logical_expr::ColumnarValue]| {
+            use datafusion::arrow::array::AsArray;
+            let arrays = datafusion::logical_expr::ColumnarValue::values_to_arrays(args)?;
+            let values = arrays[0].as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+            assert!(
+                !values.iter().any(|v| v == Some(0)),
+                "a secret of another row"
+            );
+            Ok(datafusion::logical_expr::ColumnarValue::Array(
+                arrays[0].clone(),
+            ))
+        }),
     ));
     // `slow_plan(x)`: a function that blocks its thread for `SLOW_PLAN`, standing for a
     // statement that plans slowly (planning never yields). Immutable, so it runs while the
@@ -159,10 +180,11 @@ async fn serve(config: ServerConfig) -> Served {
     .unwrap();
     let port = server.local_addr().unwrap().port();
     let stop = CancellationToken::new();
-    tokio::spawn(server.run(stop.clone()));
+    let run = tokio::spawn(server.run(stop.clone()));
     Served {
         port,
         stop,
+        run,
         store,
         _dir: dir,
     }
@@ -930,6 +952,39 @@ async fn a_panic_in_the_engine_fails_the_statement_not_the_connection() {
             .expect_err("bound");
         assert!(code(&e).starts_with("XX000"), "{}", code(&e));
         assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10);
+        // A panic in a task DataFusion spawned (the aggregate's repartitioned input) is
+        // answered the same way, its message kept from the client.
+        let e = c
+            .simple_query("SELECT boom(value), count(*) FROM generate_series(1, 100000) GROUP BY 1")
+            .await
+            .expect_err("spawned");
+        assert!(code(&e).starts_with("XX000"), "{}", code(&e));
+        assert!(!code(&e).contains("secret"), "{}", code(&e));
+        // A portal whose rows were streaming when the panic came is finished: executed
+        // again, it does not start over from its first row.
+        let mut c = c;
+        let t = c.transaction().await.unwrap();
+        let portal = t
+            .bind(
+                // Far from the first rows: the engine reads ahead of a suspended portal (in
+                // parallel partitions), never a million rows ahead.
+                "SELECT boom_at(value - 1000000) + 1000000 FROM generate_series(1, 2000000)",
+                &[],
+            )
+            .await
+            .unwrap();
+        let first = t.query_portal(&portal, 10).await.unwrap();
+        assert_eq!(first.len(), 10);
+        let e = t.query_portal(&portal, 0).await.expect_err("the panic");
+        assert!(code(&e).starts_with("XX000"), "{}", code(&e));
+        let again = t.query_portal(&portal, 10).await;
+        assert!(
+            again.as_ref().map_or(true, |rows| rows.is_empty()),
+            "the portal ran again: {:?} rows",
+            again.map(|r| r.len())
+        );
+        drop(t);
+        assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10);
     }
     // The only slot is free once that client has gone.
     let again = tokio::time::timeout(Duration::from_secs(10), async {
@@ -1167,6 +1222,47 @@ fn statements_that_plan_slowly_do_not_hold_up_other_clients() {
                 s.stop.cancel();
             });
     }
+}
+
+/// A client that sends several statements in one Query and never reads their rows holds
+/// no thread the server cannot take back: the server stops within its grace period, and a
+/// new client is served meanwhile (the rows of a statement before the last were once sent
+/// from a thread handed off for planning, which a shutdown could not abort).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_cannot_hold_the_server() {
+    let mut s = serve(ServerConfig {
+        shutdown_grace: Duration::from_secs(1),
+        statement_timeout: None,
+        ..with_users()
+    })
+    .await;
+    let mut sockets = Vec::new();
+    for _ in 0..3 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket
+            .connect(([127, 0, 0, 1], s.port).into())
+            .await
+            .unwrap();
+        rawpg::login(&mut stream, "carol", PASSWORD).await.unwrap();
+        stream
+            .write_all(&rawpg::query(
+                "SELECT value, repeat('x', 100) FROM generate_series(1, 100000000); SELECT 1",
+            ))
+            .await
+            .unwrap();
+        sockets.push(stream);
+    }
+    // Their answers fill the sockets; none is read.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = connect(&s, "bob").await;
+    assert_eq!(count(&c, "SELECT count(*) FROM chat").await, 10);
+    s.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), &mut s.run)
+        .await
+        .expect("the server stops though its clients do not read")
+        .unwrap();
+    drop(sockets);
 }
 
 /// A cursor's query runs the plan that was judged (a text re-parsed by another dialect

@@ -379,6 +379,26 @@ impl PreparedQuery {
         Ok(plan)
     }
 
+    /// Whether executing with `values` plans nothing: the values bind without narrowing and
+    /// a physical plan for them is cached (never the case for a statement that optimises
+    /// at every execution, `now()` or `random()`: its plans are not cached). Anything else
+    /// runs the optimiser or the physical planner ([`Self::physical_plan`]), which a caller
+    /// on an async runtime's worker may want to run elsewhere.
+    pub fn plans_nothing(&self, values: &[ScalarValue]) -> bool {
+        let Ok(bound) = self.bind(values) else {
+            // Refused at execution, before any planning.
+            return true;
+        };
+        if values.iter().zip(&bound).any(|(g, c)| narrows(g, c)) {
+            return false;
+        }
+        self.plans
+            .lock()
+            .expect("plan cache lock")
+            .get(&bound)
+            .is_some()
+    }
+
     /// Physical plans currently cached (for tests and diagnostics).
     pub fn cached_plans(&self) -> usize {
         self.plans.lock().expect("plan cache lock").len()

@@ -106,7 +106,10 @@ where
     };
     let state = portal.state();
     let mut held = state.lock().await;
-    let produced = match std::mem::take(&mut *held) {
+    // Finished until this execution says otherwise: a panic while the rows stream (caught
+    // by the connection loop) must not leave the portal to run its query again from the
+    // first row at the next Execute.
+    let produced = match std::mem::replace(&mut *held, PortalExecutionState::Finished) {
         PortalExecutionState::Initial => match handler.do_query(client, &portal, max_rows).await? {
             Response::Query(r) => Produced::Rows(r),
             Response::EmptyQuery => {

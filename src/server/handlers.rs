@@ -89,6 +89,29 @@ pub(super) fn api(e: impl std::error::Error + Send + Sync + 'static) -> PgWireEr
     PgWireError::ApiError(Box::new(e))
 }
 
+/// What tokio writes of a panicked task's `JoinError` (DataFusion quotes it in its own).
+const PANIC_TEXT: &str = " panicked with message ";
+
+/// Whether `e` reports a panic of a spawned task, by type where it is kept, else by text.
+fn is_panic(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<tokio::task::JoinError>()
+            .is_some_and(|j| j.is_panic())
+        {
+            return true;
+        }
+        if let Some(DataFusionError::ExecutionJoin(j)) = err.downcast_ref::<DataFusionError>() {
+            if j.is_panic() {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    e.to_string().contains(PANIC_TEXT)
+}
+
 /// The SQLSTATE an error means, by what raised it: PostgreSQL's codes where one fits.
 fn sqlstate(e: &(dyn std::error::Error + 'static)) -> &'static str {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -154,6 +177,18 @@ impl ErrorHandler for SqlStates {
     where
         C: ClientInfo,
     {
+        // A panic in a task DataFusion spawned (a repartition's input, a function run
+        // there) comes back as an error whose message quotes the panic's: answered as any
+        // caught panic ([`internal_error`]), the message left to the server's log.
+        let panicked = match &*error {
+            PgWireError::ApiError(e) => is_panic(e.as_ref()),
+            PgWireError::UserError(info) => info.message.contains(PANIC_TEXT),
+            _ => false,
+        };
+        if panicked {
+            *error = internal_error();
+            return;
+        }
         if let PgWireError::ApiError(e) = error {
             let code = sqlstate(e.as_ref());
             *error = PgWireError::UserError(Box::new(ErrorInfo::new(
@@ -218,16 +253,6 @@ impl ConnSession {
     /// The query is planned from the statement the server's PostgreSQL parser produced (and
     /// judged), never from its text again; it is cached under its text and the connection's
     /// time zone, which the plan depends on.
-    /// Whether `sql` has a plan cached for this session's time zone: its execution plans
-    /// nothing (unless a declared table changed since, which [`Self::prepared`] finds).
-    pub(super) fn has_prepared(&self, sql: &str) -> bool {
-        let key = self.cache_key(sql);
-        matches!(
-            self.prepared.lock().expect("prepared lock").get(&key),
-            Some(Some(_))
-        )
-    }
-
     /// The prepared-plan cache's key of `sql`: plans depend on the session's time zone.
     fn cache_key(&self, sql: &str) -> String {
         // Read in place: `SessionContext::state()` clones the whole session state (every
@@ -263,7 +288,7 @@ impl ConnSession {
             // A declared table's schema changed since: prepared again below. If the
             // answer's columns changed, the client's description of them is wrong, and the
             // statement is refused as PostgreSQL does, to be prepared again by the client.
-            let fresh = self.prepare_uncached(statement).await?;
+            let fresh = super::offload::off_worker(self.prepare_uncached(statement)).await?;
             let changed = match (&hit, &fresh) {
                 (Some(old), Some(new)) => old.schema != new.schema,
                 _ => false,
@@ -277,7 +302,7 @@ impl ConnSession {
             }
             return Ok(fresh);
         }
-        let p = self.prepare_uncached(statement).await?;
+        let p = super::offload::off_worker(self.prepare_uncached(statement)).await?;
         self.prepared
             .lock()
             .expect("prepared lock")
@@ -432,21 +457,10 @@ impl Simple {
 
 #[async_trait]
 impl SimpleQueryHandler for Simple {
-    /// Off the runtime's workers ([`super::offload`]): every Query message is parsed and
-    /// planned here, and its rows are sent by the caller afterwards.
+    /// Each statement is parsed and planned off the runtime's workers
+    /// ([`super::offload`]); its rows are sent on the worker, by the caller afterwards (or
+    /// by [`several`], between statements).
     async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
-    where
-        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore,
-        C::Error: Debug,
-        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-    {
-        super::offload::off_worker(self.run(client, query)).await
-    }
-}
-
-impl Simple {
-    async fn run<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
@@ -466,7 +480,7 @@ impl Simple {
             }
             return Ok(out);
         }
-        let mut out = bounded(deadline, &token, async {
+        let mut out = super::offload::off_worker(bounded(deadline, &token, async {
             if let Some(statement) = control_statement(query)? {
                 let ctx = &login.session.ctx;
                 return Ok(vec![
@@ -480,7 +494,7 @@ impl Simple {
             SimpleQueryHandler::do_query(&*login.session.service, client, query)
                 .await
                 .map_err(|e| refine_parse_error(e, query))
-        })
+        }))
         .await?;
         for r in &mut out {
             bound_rows(r, deadline, &token);
@@ -508,36 +522,16 @@ where
     C::Error: Debug,
     PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
 {
-    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
-    use datafusion::sql::sqlparser::parser::Parser as SqlParser;
     use datafusion_postgres::pgwire::api::query::{send_execution_response, send_query_response};
 
     let ctx = &login.session.ctx;
     let pieces = super::shape::split(query);
-    for piece in &pieces {
-        if control_statement(piece)?.is_some() {
-            authorize(
-                login.role,
-                Role::Admin,
-                "a control statement (ALTER TABLE, CREATE EXTERNAL TABLE, SYSTEM ... MOVES)",
-            )?;
-            continue;
-        }
-        // A statement that does not parse is reported when its turn comes, by the same
-        // path as a single one.
-        let Ok(statements) = SqlParser::parse_sql(&PostgreSqlDialect {}, piece) else {
-            continue;
-        };
-        for s in &statements {
-            if matches!(guard::statement_kind(s)?, guard::Kind::Plan) {
-                let plan = super::hooks::plan_of(ctx, s).await?;
-                authorize(login.role, guard::plan_need(&plan)?, "this statement")?;
-            }
-        }
-    }
+    // Judged, then each run, off the runtime's workers ([`super::offload`]); the rows of
+    // each are sent on the worker, so a client that does not read holds no thread.
+    super::offload::off_worker(judge(login, &pieces)).await?;
     let last = pieces.len() - 1;
     for (i, piece) in pieces.iter().enumerate() {
-        let answers = bounded(deadline, token, async {
+        let answers = super::offload::off_worker(bounded(deadline, token, async {
             match control_statement(piece)? {
                 Some(statement) => Ok(vec![
                     run_control(ctx, login.role, &statement, &Format::UnifiedText).await?,
@@ -546,7 +540,7 @@ where
                     .await
                     .map_err(|e| refine_parse_error(e, piece)),
             }
-        })
+        }))
         .await?;
         if i == last {
             return Ok(answers);
@@ -573,6 +567,37 @@ where
         }
     }
     Ok(Vec::new())
+}
+
+/// Judges every statement of a several-statement Query (its kind and the role its plan
+/// needs) before any runs.
+async fn judge(login: &super::conn::Login, pieces: &[&str]) -> PgWireResult<()> {
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser as SqlParser;
+
+    let ctx = &login.session.ctx;
+    for piece in pieces {
+        if control_statement(piece)?.is_some() {
+            authorize(
+                login.role,
+                Role::Admin,
+                "a control statement (ALTER TABLE, CREATE EXTERNAL TABLE, SYSTEM ... MOVES)",
+            )?;
+            continue;
+        }
+        // A statement that does not parse is reported when its turn comes, by the same
+        // path as a single one.
+        let Ok(statements) = SqlParser::parse_sql(&PostgreSqlDialect {}, piece) else {
+            continue;
+        };
+        for s in &statements {
+            if matches!(guard::statement_kind(s)?, guard::Kind::Plan) {
+                let plan = super::hooks::plan_of(ctx, s).await?;
+                authorize(login.role, guard::plan_need(&plan)?, "this statement")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A prepared query with its result columns as PostgreSQL fields, per result format (text
@@ -795,26 +820,29 @@ impl ExtendedQueryHandler for Extended {
                     ParamValues::Map(_) => Vec::new(),
                 };
                 super::params::check_decoded(portal, &values)?;
-                let batches = p.query.execute_stream(&values).await.map_err(api)?;
+                // A physical plan cached for these values runs on the worker (the hot
+                // page); one to plan, off it ([`super::offload`]).
+                let batches = if p.query.plans_nothing(&values) {
+                    p.query.execute_stream(&values).await
+                } else {
+                    super::offload::off_worker(p.query.execute_stream(&values)).await
+                }
+                .map_err(api)?;
                 let fields = p.fields(&portal.result_column_format)?;
                 return Ok(stream_response(fields, batches));
             }
             if let (_, Some((_, plan))) = &portal.statement.statement {
                 super::params::check(portal, &parameter_types(plan)?)?;
             }
-            ExtendedQueryHandler::do_query(&*login.session.service, client, portal, max_rows).await
+            super::offload::off_worker(ExtendedQueryHandler::do_query(
+                &*login.session.service,
+                client,
+                portal,
+                max_rows,
+            ))
+            .await
         });
-        // A prepared statement already planned runs on the worker (the hot page); anything
-        // that may plan goes off it ([`super::offload`]).
-        let planned = matches!(
-            &portal.statement.statement.1,
-            Some((Statement::Query(_), _))
-        ) && login.session.has_prepared(sql);
-        let mut r = if planned {
-            super::params::guarded(work).await?
-        } else {
-            super::offload::off_worker(super::params::guarded(work)).await?
-        };
+        let mut r = super::params::guarded(work).await?;
         bound_rows(&mut r, deadline, &token);
         Ok(r)
     }

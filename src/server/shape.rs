@@ -183,7 +183,7 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
     let mut previous_word = false;
     // The two tokens before this one (whitespace skipped): a lookup cast's type follows
     // `::`, `AS` (of `CAST`), or `pg_catalog.` after either.
-    let mut before: [Option<&Token>; 2] = [None, None];
+    let mut before: [Option<&Token>; 4] = [None; 4];
     // Per frame: whether it is a `CAST(`'s, where `AS` introduces a type, not an alias.
     let mut cast_frames: Vec<bool> = vec![false];
     for t in &tokens {
@@ -212,7 +212,7 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
             }
             _ => {}
         }
-        before = [Some(t), before[0]];
+        before = [Some(t), before[0], before[1], before[2]];
         // Whatever the construct, an expression is no deeper than its tokens: a run of more
         // than MAX_RUN_TOKENS without a comma or bracket is refused even if no operator
         // above was counted in it (a keyword this list misses cannot overflow a stack).
@@ -325,17 +325,25 @@ pub fn check(sql: &str) -> Result<Shape, PgWireError> {
     Ok(shape)
 }
 
-/// Whether a word after `before` (the token just before it, then the one before that) is
-/// in the place of a cast's type: after `::`, after `AS` inside a `CAST(`, or after
-/// `pg_catalog.`.
-fn is_cast_type_position(before: [Option<&Token>; 2], in_cast: bool) -> bool {
+/// Whether a word after `before` (the tokens just before it, nearest first) is the type of
+/// a cast the catalog emulation rewrites: a string literal or a placeholder cast with `::`
+/// or `CAST(... AS ...)` (`in_cast`), the type optionally written `pg_catalog.`. A cast of
+/// anything else (a column, an expression) is left as it is and costs nothing.
+fn is_cast_type_position(before: [Option<&Token>; 4], in_cast: bool) -> bool {
+    let word = |t: Option<&Token>, w: &str| matches!(t, Some(Token::Word(x)) if x.quote_style.is_none() && x.value.eq_ignore_ascii_case(w));
+    let introducer =
+        |t: Option<&Token>| matches!(t, Some(Token::DoubleColon)) || (in_cast && word(t, "AS"));
+    let name = |t: Option<&Token>| {
+        matches!(
+            t,
+            Some(Token::SingleQuotedString(_)) | Some(Token::Placeholder(_))
+        )
+    };
     match before {
-        [Some(Token::Period), Some(Token::Word(w))] => w.value.eq_ignore_ascii_case("pg_catalog"),
-        [Some(Token::DoubleColon), _] => true,
-        [Some(Token::Word(w)), _] => {
-            in_cast && w.quote_style.is_none() && w.value.eq_ignore_ascii_case("AS")
+        [Some(Token::Period), schema, cast, operand] if word(schema, "pg_catalog") => {
+            introducer(cast) && name(operand)
         }
-        _ => false,
+        [cast, operand, _, _] => introducer(cast) && name(operand),
     }
 }
 
@@ -543,8 +551,18 @@ mod tests {
             counts("SELECT 'public'::regnamespace, 'int4'::regtype"),
             (3, 2)
         );
+        assert_eq!(counts("SELECT CAST($1 AS pg_catalog.regclass)"), (3, 3));
         assert_eq!(counts("SELECT regclass FROM t"), (1, 1));
         assert_eq!(counts("SELECT x AS regclass FROM t"), (1, 1));
+        // Casts of columns and expressions are not rewritten, so they cost nothing.
+        assert_eq!(counts("SELECT oid::regclass FROM pg_class"), (1, 1));
+        assert_eq!(counts("SELECT CAST(oid AS regclass) FROM pg_class"), (1, 1));
+        assert_eq!(counts("SELECT 'chat'::text::regclass"), (1, 0));
+        let columns: Vec<String> = (0..40).map(|i| format!("oid::regclass AS c{i}")).collect();
+        assert_eq!(
+            code(&format!("SELECT {} FROM pg_class", columns.join(", "))),
+            "ok"
+        );
         // psql's `\d chat` asks one lookup, far within the limits.
         let casts = |n: usize| {
             let items: Vec<String> = (0..n).map(|i| format!("'t{i}'::regclass")).collect();

@@ -541,6 +541,23 @@ async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() 
         .unwrap();
     assert!(ids(&none).is_empty());
     assert_eq!(latest.cached_plans(), 3);
+    // What the wire server runs on a worker thread (the rest it plans off the workers): an
+    // execution whose physical plan is cached for its values, of a statement that does not
+    // re-optimise at every execution (`random()`, `now()` do).
+    assert!(latest.plans_nothing(&[ScalarValue::Int64(Some(2))]));
+    assert!(!latest.plans_nothing(&[ScalarValue::Int64(Some(4))]));
+    let unstable = prepare(
+        &ctx,
+        "SELECT id, random() AS r FROM chat WHERE channel_id = $1 \
+         ORDER BY timestamp DESC, id DESC LIMIT 5",
+    )
+    .await
+    .unwrap();
+    unstable
+        .execute(&[ScalarValue::Int64(Some(2))])
+        .await
+        .unwrap();
+    assert!(!unstable.plans_nothing(&[ScalarValue::Int64(Some(2))]));
 
     // Ad-hoc SQL lists at planning time, then reads the page.
     counting.take();
