@@ -382,7 +382,7 @@ pub(super) fn batch_response(batch: RecordBatch, format: &Format) -> PgWireResul
 
 /// Runs a control statement for an admin; everyone else is refused before it touches the
 /// store.
-async fn run_control(
+pub(super) async fn run_control(
     ctx: &SessionContext,
     role: Role,
     statement: &ControlStatement,
@@ -407,13 +407,13 @@ async fn run_control(
 }
 
 /// The control statement `text` is, if it is one.
-fn control_statement(text: &str) -> PgWireResult<Option<ControlStatement>> {
+pub(super) fn control_statement(text: &str) -> PgWireResult<Option<ControlStatement>> {
     crate::control::recognize(text).map_err(api)
 }
 
 /// A text the PostgreSQL parser refused may still be a DataFusion-only statement (`CREATE
 /// EXTERNAL TABLE`, `COPY ... TO`): that is refused as not allowed, not as a syntax error.
-fn refine_parse_error(e: PgWireError, text: &str) -> PgWireError {
+pub(super) fn refine_parse_error(e: PgWireError, text: &str) -> PgWireError {
     let parse_error = matches!(&e, PgWireError::ApiError(inner)
         if inner.downcast_ref::<datafusion::sql::sqlparser::parser::ParserError>().is_some()
             || inner.downcast_ref::<DataFusionError>().is_some_and(|d| matches!(d, DataFusionError::SQL(..))));
@@ -474,7 +474,7 @@ impl SimpleQueryHandler for Simple {
         // Several statements are bounded one at a time (each has its own commit gate), so a
         // write that committed in one does not exempt the others from the deadline.
         if shape.statements > 1 {
-            let mut out = several(login, client, query, deadline, &token).await?;
+            let mut out = super::several::run(login, client, query, deadline, &token).await?;
             for r in &mut out {
                 bound_rows(r, deadline, &token);
             }
@@ -501,103 +501,6 @@ impl SimpleQueryHandler for Simple {
         }
         Ok(out)
     }
-}
-
-/// A Query message holding several statements, run the way PostgreSQL runs them as far as
-/// statements that each commit on their own allow: every statement is judged (its kind and
-/// the role it needs, on its plan) before any runs, so a refusal leaves nothing done; then
-/// they run one after another, each one's answer sent in full before the next starts, and
-/// the first error ends the message (datafusion-postgres ran them all, then sent the
-/// answers, so a failing SELECT was reported after the INSERT behind it had committed).
-async fn several<C>(
-    login: &super::conn::Login,
-    client: &mut C,
-    query: &str,
-    deadline: Option<(tokio::time::Instant, std::time::Duration)>,
-    token: &tokio_util::sync::CancellationToken,
-) -> PgWireResult<Vec<Response>>
-where
-    C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-    C::PortalStore: PortalStore,
-    C::Error: Debug,
-    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
-{
-    use datafusion_postgres::pgwire::api::query::{send_execution_response, send_query_response};
-
-    let ctx = &login.session.ctx;
-    let pieces = super::shape::split(query);
-    // Judged, then each run, off the runtime's workers ([`super::offload`]); the rows of
-    // each are sent on the worker, so a client that does not read holds no thread.
-    super::offload::off_worker(judge(login, &pieces)).await?;
-    let last = pieces.len() - 1;
-    for (i, piece) in pieces.iter().enumerate() {
-        let answers = super::offload::off_worker(bounded(deadline, token, async {
-            match control_statement(piece)? {
-                Some(statement) => Ok(vec![
-                    run_control(ctx, login.role, &statement, &Format::UnifiedText).await?,
-                ]),
-                None => SimpleQueryHandler::do_query(&*login.session.service, client, piece)
-                    .await
-                    .map_err(|e| refine_parse_error(e, piece)),
-            }
-        }))
-        .await?;
-        if i == last {
-            return Ok(answers);
-        }
-        for mut answer in answers {
-            // Rows of a statement before the last are sent here, under the same bounds.
-            bound_rows(&mut answer, deadline, token);
-            match answer {
-                Response::Query(rows) => send_query_response(client, rows, true).await?,
-                Response::Execution(tag)
-                | Response::TransactionStart(tag)
-                | Response::TransactionEnd(tag) => send_execution_response(client, tag).await?,
-                // The split leaves out empty statements; nothing to send.
-                Response::EmptyQuery => {}
-                Response::Error(e) => return Err(PgWireError::UserError(e)),
-                _ => {
-                    return Err(error(
-                        "ERROR",
-                        "0A000",
-                        "COPY is not supported over the wire".into(),
-                    ))
-                }
-            }
-        }
-    }
-    Ok(Vec::new())
-}
-
-/// Judges every statement of a several-statement Query (its kind and the role its plan
-/// needs) before any runs.
-async fn judge(login: &super::conn::Login, pieces: &[&str]) -> PgWireResult<()> {
-    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
-    use datafusion::sql::sqlparser::parser::Parser as SqlParser;
-
-    let ctx = &login.session.ctx;
-    for piece in pieces {
-        if control_statement(piece)?.is_some() {
-            authorize(
-                login.role,
-                Role::Admin,
-                "a control statement (ALTER TABLE, CREATE EXTERNAL TABLE, SYSTEM ... MOVES)",
-            )?;
-            continue;
-        }
-        // A statement that does not parse is reported when its turn comes, by the same
-        // path as a single one.
-        let Ok(statements) = SqlParser::parse_sql(&PostgreSqlDialect {}, piece) else {
-            continue;
-        };
-        for s in &statements {
-            if matches!(guard::statement_kind(s)?, guard::Kind::Plan) {
-                let plan = super::hooks::plan_of(ctx, s).await?;
-                authorize(login.role, guard::plan_need(&plan)?, "this statement")?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A prepared query with its result columns as PostgreSQL fields, per result format (text

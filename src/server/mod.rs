@@ -42,6 +42,7 @@ pub mod memory;
 mod offload;
 mod params;
 mod retained;
+mod several;
 mod shape;
 pub mod tls;
 pub mod vars;
