@@ -33,7 +33,8 @@
 //! its connections on this runtime as the binary runs them; `own`: in this process, on a
 //! runtime of the server's own, the library's default and the shape of every figure before
 //! 2026-12-06), `WIRE_BENCH_PULPITUM` (the `pulpitum` binary the `process` shape starts;
-//! default: this build's).
+//! default: this build's), `WIRE_BENCH_SERVER_THREADS` (that process's worker threads;
+//! default: one per core).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -247,7 +248,13 @@ fn serve_process(schema: &str) -> (std::process::Child, u16) {
         || env!("CARGO_BIN_EXE_pulpitum").into(),
         std::path::PathBuf::from,
     );
-    let mut child = std::process::Command::new(program)
+    let mut command = std::process::Command::new(program);
+    // The server process's worker threads (tokio reads `TOKIO_WORKER_THREADS`; default: one
+    // per core), set apart from this process's own.
+    if let Ok(n) = std::env::var("WIRE_BENCH_SERVER_THREADS") {
+        command.env("TOKIO_WORKER_THREADS", n);
+    }
+    let mut child = command
         .args(["serve", "--insecure-no-auth", "--listen", "127.0.0.1:0"])
         .args(["--statement-timeout-ms", "0"])
         .env("PULPITUM_DATABASE_URL", url)

@@ -385,18 +385,38 @@ impl PreparedQuery {
     /// runs the optimiser or the physical planner ([`Self::physical_plan`]), which a caller
     /// on an async runtime's worker may want to run elsewhere.
     pub fn plans_nothing(&self, values: &[ScalarValue]) -> bool {
-        let Ok(bound) = self.bind(values) else {
-            // Refused at execution, before any planning.
-            return true;
-        };
-        if values.iter().zip(&bound).any(|(g, c)| narrows(g, c)) {
-            return false;
+        !matches!(self.ready_plan(values), Ok(None))
+    }
+
+    /// Runs the query with these values as a stream of batches if that plans nothing
+    /// ([`Self::plans_nothing`]): `None` when it would plan, for the caller to call
+    /// [`Self::execute_stream`] where planning may take its time. One binding and one
+    /// cache lookup, where asking first and executing after would take two of each.
+    pub fn execute_cached(
+        &self,
+        values: &[ScalarValue],
+    ) -> Option<Result<SendableRecordBatchStream, PreparedError>> {
+        match self.ready_plan(values) {
+            Ok(Some(plan)) => Some(execute_stream(plan, self.task.clone()).map_err(Into::into)),
+            Ok(None) => None,
+            // Refused at binding, before any planning.
+            Err(e) => Some(Err(e)),
         }
-        self.plans
-            .lock()
-            .expect("plan cache lock")
-            .get(&bound)
-            .is_some()
+    }
+
+    /// The cached physical plan for these values, reset for a new execution; `Ok(None)` when
+    /// there is none to use (values that narrow, a statement optimised at every execution,
+    /// or values not planned yet).
+    fn ready_plan(
+        &self,
+        values: &[ScalarValue],
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>, PreparedError> {
+        let bound = self.bind(values)?;
+        if self.unstable || values.iter().zip(&bound).any(|(g, c)| narrows(g, c)) {
+            return Ok(None);
+        }
+        let cached = self.plans.lock().expect("plan cache lock").get(&bound);
+        Ok(cached.map(reset_plan_states).transpose()?)
     }
 
     /// Physical plans currently cached (for tests and diagnostics).

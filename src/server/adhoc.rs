@@ -11,17 +11,49 @@
 //! refusals and error messages are those of the statement as written; only a statement's
 //! execution errors (after its first row was asked for) come from the shape.
 
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser as SqlParser;
 use datafusion_postgres::pgwire::api::portal::Format;
 use datafusion_postgres::pgwire::api::results::Response;
 
 use super::guard::{self, Kind};
-use super::handlers::{stream_response, ConnSession};
-use crate::prepared::shapes::lift;
+use super::handlers::{stream_response, ConnSession, Prepared};
+use crate::prepared::shapes::{lift, Lifted};
+use crate::prepared::PreparedError;
 
 /// The answer to `query` through its prepared shape, or `None` to run it as written.
 pub(super) async fn run(session: &ConnSession, query: &str) -> Option<Response> {
+    let lifted = shape_of(query)?;
+    let prepared = session
+        .prepared(&lifted.text, &lifted.statement)
+        .await
+        .ok()??;
+    if !lifted.binds_to(prepared.query.parameter_types()) {
+        return None;
+    }
+    answer(
+        &prepared,
+        prepared.query.execute_stream(&lifted.values).await,
+    )
+}
+
+/// [`run`] when that plans nothing: the shape is prepared and current, and a physical plan
+/// is cached for these values. `None` otherwise, for [`run`] to answer where planning may
+/// take its time ([`super::offload`]).
+pub(super) async fn run_cached(session: &ConnSession, query: &str) -> Option<Response> {
+    let lifted = shape_of(query)?;
+    let prepared = session.cached(&lifted.text).await?;
+    if !lifted.binds_to(prepared.query.parameter_types()) {
+        return None;
+    }
+    let batches = prepared.query.execute_cached(&lifted.values)?;
+    answer(&prepared, batches)
+}
+
+/// The shape of `query` if it has one to run as: a single plain `SELECT` the statement gate
+/// lets through as a plan.
+fn shape_of(query: &str) -> Option<Lifted> {
     let mut statements = SqlParser::parse_sql(&PostgreSqlDialect {}, query).ok()?;
     if statements.len() != 1 {
         return None;
@@ -32,15 +64,15 @@ pub(super) async fn run(session: &ConnSession, query: &str) -> Option<Response> 
     if !matches!(guard::statement_kind(&statement), Ok(Kind::Plan)) {
         return None;
     }
-    let lifted = lift(&statement)?;
-    let prepared = session
-        .prepared(&lifted.text, &lifted.statement)
-        .await
-        .ok()??;
-    if !lifted.binds_to(prepared.query.parameter_types()) {
-        return None;
-    }
-    let batches = prepared.query.execute_stream(&lifted.values).await.ok()?;
+    lift(&statement)
+}
+
+/// The response of a shape's execution; `None` (run as written) when it could not start.
+fn answer(
+    prepared: &Prepared,
+    batches: Result<SendableRecordBatchStream, PreparedError>,
+) -> Option<Response> {
+    let batches = batches.ok()?;
     let fields = prepared.fields(&Format::UnifiedText).ok()?;
     Some(stream_response(fields, batches))
 }

@@ -270,6 +270,17 @@ impl ConnSession {
         format!("{}\0{sql}", zone.as_deref().unwrap_or(""))
     }
 
+    /// The cached prepared query for `sql`, if there is one and it is current, without
+    /// preparing anything: `None` when [`Self::prepared`] would have to prepare.
+    pub(super) async fn cached(&self, sql: &str) -> Option<Arc<Prepared>> {
+        let hit = self
+            .prepared
+            .lock()
+            .expect("prepared lock")
+            .get(&self.cache_key(sql))??;
+        hit.query.is_current().await.ok()?.then_some(hit)
+    }
+
     pub(super) async fn prepared(
         &self,
         sql: &str,
@@ -458,8 +469,9 @@ impl Simple {
 #[async_trait]
 impl SimpleQueryHandler for Simple {
     /// Each statement is parsed and planned off the runtime's workers
-    /// ([`super::offload`]); its rows are sent on the worker, by the caller afterwards (or
-    /// by [`several`], between statements).
+    /// ([`super::offload`]), unless it is a page whose shape has a plan cached for its
+    /// values; its rows are sent on the worker, by the caller afterwards (or by
+    /// [`several`], between statements).
     async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
@@ -475,6 +487,22 @@ impl SimpleQueryHandler for Simple {
         // write that committed in one does not exempt the others from the deadline.
         if shape.statements > 1 {
             let mut out = super::several::run(login, client, query, deadline, &token).await?;
+            for r in &mut out {
+                bound_rows(r, deadline, &token);
+            }
+            return Ok(out);
+        }
+        // The page asked for again, its plan cached for these values, runs on the worker;
+        // anything that plans, off it.
+        let again = bounded(deadline, &token, async {
+            if control_statement(query)?.is_some() {
+                return Ok(None);
+            }
+            Ok(super::adhoc::run_cached(&login.session, query).await)
+        })
+        .await?;
+        if let Some(answer) = again {
+            let mut out = vec![answer];
             for r in &mut out {
                 bound_rows(r, deadline, &token);
             }
@@ -725,10 +753,9 @@ impl ExtendedQueryHandler for Extended {
                 super::params::check_decoded(portal, &values)?;
                 // A physical plan cached for these values runs on the worker (the hot
                 // page); one to plan, off it ([`super::offload`]).
-                let batches = if p.query.plans_nothing(&values) {
-                    p.query.execute_stream(&values).await
-                } else {
-                    super::offload::off_worker(p.query.execute_stream(&values)).await
+                let batches = match p.query.execute_cached(&values) {
+                    Some(ready) => ready,
+                    None => super::offload::off_worker(p.query.execute_stream(&values)).await,
                 }
                 .map_err(api)?;
                 let fields = p.fields(&portal.result_column_format)?;

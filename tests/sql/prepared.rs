@@ -546,6 +546,27 @@ async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() 
     // re-optimise at every execution (`random()`, `now()` do).
     assert!(latest.plans_nothing(&[ScalarValue::Int64(Some(2))]));
     assert!(!latest.plans_nothing(&[ScalarValue::Int64(Some(4))]));
+    // ... which `execute_cached` runs: the same rows from the cached plan, nothing planned
+    // (no plan added), and no answer at all where it would have to plan.
+    let cached = latest
+        .execute_cached(&[ScalarValue::Int64(Some(2))])
+        .expect("a plan is cached for channel 2")
+        .unwrap();
+    let rows = datafusion::physical_plan::common::collect(cached)
+        .await
+        .unwrap();
+    assert_eq!(ids(&rows), vec![60]);
+    assert!(latest
+        .execute_cached(&[ScalarValue::Int64(Some(4))])
+        .is_none());
+    assert_eq!(latest.cached_plans(), 3);
+    // Values that cannot bind are refused there, as at any execution.
+    assert!(matches!(
+        latest.execute_cached(&[]),
+        Some(Err(
+            pulpitum::prepared::PreparedError::ParameterCount { .. }
+        ))
+    ));
     let unstable = prepare(
         &ctx,
         "SELECT id, random() AS r FROM chat WHERE channel_id = $1 \
@@ -558,6 +579,9 @@ async fn latest_page_is_one_store_call_and_sees_buckets_created_after_prepare() 
         .await
         .unwrap();
     assert!(!unstable.plans_nothing(&[ScalarValue::Int64(Some(2))]));
+    assert!(unstable
+        .execute_cached(&[ScalarValue::Int64(Some(2))])
+        .is_none());
 
     // Ad-hoc SQL lists at planning time, then reads the page.
     counting.take();
