@@ -364,7 +364,8 @@ fn same_columns(
             .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
 }
 
-/// Rows encoded for the client as the batches arrive.
+/// Rows encoded for the client as the batches arrive (timestamps sent as text formatted a
+/// column at a time, [`super::text`]).
 pub(super) fn stream_response(
     fields: Arc<Vec<FieldInfo>>,
     batches: SendableRecordBatchStream,
@@ -372,7 +373,10 @@ pub(super) fn stream_response(
     let row_fields = fields.clone();
     let rows = batches.flat_map(move |b| {
         let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match b {
-            Ok(b) => encode_recordbatch(row_fields.clone(), b),
+            Ok(b) => {
+                let b = super::text::timestamps_as_text(b, &row_fields);
+                encode_recordbatch(row_fields.clone(), b)
+            }
             Err(e) => Box::new(std::iter::once(Err(api(e)))),
         };
         futures::stream::iter(rows)

@@ -44,6 +44,7 @@ mod params;
 mod retained;
 mod several;
 mod shape;
+mod text;
 pub mod tls;
 pub mod vars;
 
