@@ -39,7 +39,18 @@ fn count_panics() {
             let in_tests = info
                 .location()
                 .is_some_and(|l| l.file().starts_with("tests/"));
-            if !in_tests {
+            // A server of an earlier test whose runtime is being shut down in the background
+            // (`shutdown_background`, as the test's runtime ends) may still poll a
+            // connection's timer on the way out, which tokio refuses with this panic. It
+            // happens after that server's test, never while a server serves, and was seen
+            // to fail four later tests at once on a loaded machine.
+            let shutting_down = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .is_some_and(|m| m.contains("context was found, but it is being shutdown"));
+            if !in_tests && !shutting_down {
                 PANICS.fetch_add(1, Ordering::SeqCst);
             }
             previous(info);

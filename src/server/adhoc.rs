@@ -22,9 +22,15 @@ use super::handlers::{stream_response, ConnSession, Prepared};
 use crate::prepared::shapes::{lift, Lifted};
 use crate::prepared::PreparedError;
 
-/// The answer to `query` through its prepared shape, or `None` to run it as written.
-pub(super) async fn run(session: &ConnSession, query: &str) -> Option<Response> {
-    let lifted = shape_of(query)?;
+/// Texts at most this long are parsed and looked up on the runtime's worker
+/// ([`run_cached`]); longer ones only off it ([`super::offload`]). A page is far shorter;
+/// parsing a few kilobytes takes microseconds, but parsing never yields, and two 8 MB texts
+/// parsed on the workers of a 2-core machine held every other client for 13-15 s.
+pub(super) const ON_WORKER_BYTES: usize = 4096;
+
+/// The answer to a query through its prepared shape `lifted` ([`shape_of`]), or `None` to
+/// run it as written.
+pub(super) async fn run(session: &ConnSession, lifted: &Lifted) -> Option<Response> {
     let prepared = session
         .prepared(&lifted.text, &lifted.statement)
         .await
@@ -41,8 +47,7 @@ pub(super) async fn run(session: &ConnSession, query: &str) -> Option<Response> 
 /// [`run`] when that plans nothing: the shape is prepared and current, and a physical plan
 /// is cached for these values. `None` otherwise, for [`run`] to answer where planning may
 /// take its time ([`super::offload`]).
-pub(super) async fn run_cached(session: &ConnSession, query: &str) -> Option<Response> {
-    let lifted = shape_of(query)?;
+pub(super) async fn run_cached(session: &ConnSession, lifted: &Lifted) -> Option<Response> {
     let prepared = session.cached(&lifted.text).await?;
     if !lifted.binds_to(prepared.query.parameter_types()) {
         return None;
@@ -52,8 +57,8 @@ pub(super) async fn run_cached(session: &ConnSession, query: &str) -> Option<Res
 }
 
 /// The shape of `query` if it has one to run as: a single plain `SELECT` the statement gate
-/// lets through as a plan.
-fn shape_of(query: &str) -> Option<Lifted> {
+/// lets through as a plan, its literals lifted.
+pub(super) fn shape_of(query: &str) -> Option<Lifted> {
     let mut statements = SqlParser::parse_sql(&PostgreSqlDialect {}, query).ok()?;
     if statements.len() != 1 {
         return None;

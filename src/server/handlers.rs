@@ -55,6 +55,7 @@ use super::memory::QueryPool;
 use super::Shared;
 use crate::control::{ControlHandle, ControlStatement};
 use crate::lru::Lru;
+use crate::prepared::shapes::Lifted;
 use crate::prepared::{prepare_parsed, PreparedError, PreparedQuery};
 
 /// Statements kept prepared per connection (least recently used out).
@@ -496,21 +497,32 @@ impl SimpleQueryHandler for Simple {
             }
             return Ok(out);
         }
-        // The page asked for again, its plan cached for these values, runs on the worker;
-        // anything that plans, off it.
-        let again = bounded(deadline, &token, async {
-            if control_statement(query)?.is_some() {
-                return Ok(None);
+        // A short text is parsed and its shape looked up on the worker, and the page asked
+        // for again, its plan cached for these values, runs there. Anything that plans, and
+        // any long text (its parse alone, which never yields, could hold the worker for
+        // seconds), goes off it; the shape found here is not looked for again there.
+        let mut known: Option<Option<Lifted>> = None;
+        if query.len() <= super::adhoc::ON_WORKER_BYTES {
+            let (answer, lifted) = bounded(deadline, &token, async {
+                if control_statement(query)?.is_some() {
+                    return Ok((None, None));
+                }
+                let lifted = super::adhoc::shape_of(query);
+                let answer = match &lifted {
+                    Some(l) => super::adhoc::run_cached(&login.session, l).await,
+                    None => None,
+                };
+                Ok((answer, Some(lifted)))
+            })
+            .await?;
+            if let Some(answer) = answer {
+                let mut out = vec![answer];
+                for r in &mut out {
+                    bound_rows(r, deadline, &token);
+                }
+                return Ok(out);
             }
-            Ok(super::adhoc::run_cached(&login.session, query).await)
-        })
-        .await?;
-        if let Some(answer) = again {
-            let mut out = vec![answer];
-            for r in &mut out {
-                bound_rows(r, deadline, &token);
-            }
-            return Ok(out);
+            known = lifted;
         }
         let mut out = super::offload::off_worker(bounded(deadline, &token, async {
             if let Some(statement) = control_statement(query)? {
@@ -520,8 +532,11 @@ impl SimpleQueryHandler for Simple {
                 ]);
             }
             // An ad-hoc query runs as its prepared shape when it has one.
-            if let Some(answer) = super::adhoc::run(&login.session, query).await {
-                return Ok(vec![answer]);
+            let lifted = known.unwrap_or_else(|| super::adhoc::shape_of(query));
+            if let Some(lifted) = &lifted {
+                if let Some(answer) = super::adhoc::run(&login.session, lifted).await {
+                    return Ok(vec![answer]);
+                }
             }
             SimpleQueryHandler::do_query(&*login.session.service, client, query)
                 .await
