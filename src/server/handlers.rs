@@ -515,12 +515,9 @@ impl SimpleQueryHandler for Simple {
                 Ok((answer, Some(lifted)))
             })
             .await?;
-            if let Some(answer) = answer {
-                let mut out = vec![answer];
-                for r in &mut out {
-                    bound_rows(r, deadline, &token);
-                }
-                return Ok(out);
+            if let Some(mut answer) = answer {
+                bound_rows(&mut answer, deadline, &token);
+                return Ok(vec![answer]);
             }
             known = lifted;
         }

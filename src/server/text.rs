@@ -12,8 +12,10 @@
 //! column then reaches the encoder as text, which it writes as is; the column's type, as
 //! the client was told it, stays `timestamptz`.
 //!
-//! Anything else (binary results, other types, a zone chrono-tz does not know, a date
-//! style other than the one the field names) is left to the encoder unchanged.
+//! Anything else (binary results, other types and units, a zone chrono-tz does not know)
+//! is left to the encoder unchanged. The pattern is the one pgwire derives from the field's
+//! date style; the fields the server builds carry the default (ISO), whatever the session
+//! set (an older gap, noted on issue 25).
 
 use std::fmt::Write;
 use std::str::FromStr;
@@ -173,10 +175,9 @@ mod tests {
             Arc::new(arrow_schema_to_pg_fields(&schema, &Format::UnifiedText, None).unwrap());
         let converted = timestamps_as_text(batch, &text);
         assert_eq!(converted.schema().field(0).data_type(), &DataType::Utf8);
-        assert_eq!(converted.schema().field(1).data_type(), naive_type());
-    }
-
-    fn naive_type() -> &'static DataType {
-        &DataType::Timestamp(TimeUnit::Microsecond, None)
+        assert_eq!(
+            converted.schema().field(1).data_type(),
+            &DataType::Timestamp(TimeUnit::Microsecond, None)
+        );
     }
 }
