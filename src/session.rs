@@ -189,6 +189,9 @@ async fn build(
     }
     let state = builder.build();
     let ctx = SessionContext::new_with_state(state);
+    // After DataFusion's type coercion, before the exact comparisons below read them: a
+    // string naming a local time is read in the session's zone (see `provider::zoned`).
+    ctx.add_analyzer_rule(Arc::new(crate::provider::SessionZoneStrings));
     // After DataFusion's type coercion: comparisons with literals finer than a column
     // must not be truncated by its optimizer (see `provider::literals`).
     ctx.add_analyzer_rule(Arc::new(ExactTimeLiterals));

@@ -1859,3 +1859,202 @@ async fn a_committed_write_does_not_lift_the_timeout_of_the_statements_after_it(
         0
     );
 }
+
+/// A connection to the PostgreSQL the answers are compared with.
+async fn postgres() -> Client {
+    let (pg, conn) =
+        tokio_postgres::connect("host=127.0.0.1 port=5432 user=postgres dbname=test", NoTls)
+            .await
+            .expect("PostgreSQL on 127.0.0.1:5432");
+    tokio::spawn(conn);
+    pg
+}
+
+/// The column of rows in `messages`, as text.
+fn column(messages: &[SimpleQueryMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("NULL").to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `text` with PostgreSQL's fraction: trailing zeros of the seconds cut (pgwire writes six
+/// digits always; both name the same instant).
+fn trimmed(text: &str) -> String {
+    let Some(dot) = text.find('.') else {
+        return text.to_string();
+    };
+    let end = dot
+        + 1
+        + text[dot + 1..]
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(0);
+    let digits = text[dot + 1..end].trim_end_matches('0');
+    let point = if digits.is_empty() { "" } else { "." };
+    format!("{}{point}{digits}{}", &text[..dot], &text[end..])
+}
+
+/// Timestamps sent as text are what PostgreSQL sends, in the session's time zone with its
+/// offsets (minutes kept: `+05:30`, not `+05`), on every path that sends rows: a query run
+/// as its shape (planned, then from the cache), several statements in one Query, a
+/// cursor. And the session's format options reach the shapes (issue 25's review: they
+/// were answered with the defaults whatever the session had set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timestamps_and_styles_are_written_as_the_session_set_them() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "carol").await;
+    let pg = postgres().await;
+    // The instants of channel 1 (`serve`), written by PostgreSQL itself.
+    let theirs =
+        "SELECT (TIMESTAMPTZ '2026-01-01 00:00:00+00' + (i % 9) * INTERVAL '1 day')::text \
+                  FROM generate_series(1, 10) AS i ORDER BY i";
+    let ours = "SELECT timestamp FROM chat WHERE channel_id = 1 ORDER BY id";
+    for zone in [
+        "Asia/Kolkata",
+        "America/St_Johns",
+        "Asia/Kathmandu",
+        "UTC",
+        "Europe/Berlin",
+    ] {
+        let set = format!("SET TimeZone = '{zone}'");
+        c.simple_query(&set).await.unwrap();
+        pg.simple_query(&set).await.unwrap();
+        let want = column(&pg.simple_query(theirs).await.unwrap());
+        assert_eq!(want.len(), 10);
+        let several = format!("SELECT 1; {ours}");
+        let cursor = format!("DECLARE t CURSOR FOR {ours}; FETCH ALL FROM t; CLOSE t");
+        for (path, sql) in [
+            ("shape, planned", ours),
+            ("shape, cached", ours),
+            ("several statements", several.as_str()),
+            ("cursor", cursor.as_str()),
+        ] {
+            let got: Vec<String> = column(&c.simple_query(sql).await.unwrap())
+                .into_iter()
+                .filter(|v| v != "1")
+                .map(|v| trimmed(&v))
+                .collect();
+            assert_eq!(got, want, "{zone}, {path}");
+        }
+    }
+    c.simple_query("RESET TimeZone").await.unwrap();
+
+    // The session's styles reach a query run as its shape, planned and cached.
+    c.simple_query("SET IntervalStyle = 'iso_8601'")
+        .await
+        .unwrap();
+    c.simple_query("SET DateStyle = 'German'").await.unwrap();
+    for _ in 0..2 {
+        let i = column(
+            &c.simple_query("SELECT INTERVAL '1 day' AS i FROM chat WHERE id = 1")
+                .await
+                .unwrap(),
+        );
+        assert_eq!(i, ["P1D"]);
+        let t = column(
+            &c.simple_query("SELECT timestamp FROM chat WHERE id = 1")
+                .await
+                .unwrap(),
+        );
+        assert!(t[0].starts_with("02.01.2026 00:00:00"), "{t:?}");
+    }
+}
+
+/// A string naming a time without an offset is read in the session's time zone, as
+/// PostgreSQL reads it (a JDBC client sends its machine's zone at login); one with an
+/// offset keeps its instant. Compared with PostgreSQL over the same instants, through a
+/// query run as its shape (planned, then cached), several statements in one Query, and a
+/// prepared statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strings_compared_with_times_are_read_in_the_session_zone() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "carol").await;
+    let pg = postgres().await;
+    let mut differing = 0;
+    for zone in [
+        "America/New_York",
+        "Asia/Kolkata",
+        "UTC",
+        "Pacific/Kiritimati",
+    ] {
+        let set = format!("SET TimeZone = '{zone}'");
+        c.simple_query(&set).await.unwrap();
+        pg.simple_query(&set).await.unwrap();
+        for at in [
+            "2026-01-05",
+            "2026-01-04 23:30:00",
+            "2026-01-05 03:00:00",
+            "2026-01-05T00:00:00Z",
+            "2026-01-05 05:00:00+05:30",
+        ] {
+            // The instants of channel 1 (`serve`), on PostgreSQL.
+            let theirs = format!(
+                "SELECT count(*) FROM generate_series(1, 10) AS i \
+                 WHERE TIMESTAMPTZ '2026-01-01 00:00:00+00' + (i % 9) * INTERVAL '1 day' >= '{at}'"
+            );
+            let want = column(&pg.simple_query(&theirs).await.unwrap());
+            let ours = format!("SELECT count(*) FROM chat WHERE timestamp >= '{at}'");
+            let several = format!("SELECT 1 WHERE false; {ours}");
+            for (path, sql) in [
+                ("shape, planned", ours.as_str()),
+                ("shape, cached", ours.as_str()),
+                ("several statements", several.as_str()),
+            ] {
+                let got = column(&c.simple_query(sql).await.unwrap());
+                assert_eq!(got, want, "{zone}, {at}, {path}");
+            }
+            let prepared: i64 = c.query_one(ours.as_str(), &[]).await.unwrap().get(0);
+            assert_eq!(prepared.to_string(), want[0], "{zone}, {at}, prepared");
+            let utc = column(
+                &pg.simple_query(&format!("SET TimeZone = 'UTC'; {theirs}; {set}"))
+                    .await
+                    .unwrap(),
+            );
+            differing += usize::from(utc != want);
+        }
+    }
+    // Zones west and east of UTC each change some of the answers.
+    assert!(differing >= 4, "{differing}");
+
+    // A `timestamptz` parameter sent as text, without an offset, is read in the zone too
+    // (pgwire reads it in UTC).
+    for (zone, at) in [
+        ("America/New_York", "2026-01-05 00:00:00"),
+        ("Asia/Kolkata", "2026-01-05 03:00:00"),
+        ("America/New_York", "2026-01-05 00:00:00+00"),
+    ] {
+        let set = format!("SET TimeZone = '{zone}'");
+        pg.simple_query(&set).await.unwrap();
+        let want = column(
+            &pg.simple_query(&format!(
+                "SELECT count(*) FROM generate_series(1, 10) AS i \
+                 WHERE TIMESTAMPTZ '2026-01-01 00:00:00+00' + (i % 9) * INTERVAL '1 day' >= '{at}'"
+            ))
+            .await
+            .unwrap(),
+        );
+        let mut sock = raw(&s).await;
+        rawpg::login(&mut sock, "carol", PASSWORD).await.unwrap();
+        sock.write_all(&rawpg::query(&set)).await.unwrap();
+        rawpg::until_ready(&mut sock, Duration::from_secs(5)).await;
+        const TIMESTAMPTZ: u32 = 1184;
+        sock.write_all(&rawpg::extended_text(
+            "SELECT count(*) FROM chat WHERE timestamp >= $1",
+            &[TIMESTAMPTZ],
+            &[Some(at.as_bytes())],
+        ))
+        .await
+        .unwrap();
+        let answer = rawpg::until_ready(&mut sock, Duration::from_secs(5)).await;
+        let row = answer
+            .iter()
+            .find(|m| m.kind == b'D')
+            .unwrap_or_else(|| panic!("{zone}, {at}: {answer:?}"));
+        // One column: its length, then its text.
+        let got = String::from_utf8(row.body[6..].to_vec()).unwrap();
+        assert_eq!(vec![got], want, "{zone}, {at}, a text parameter");
+    }
+}

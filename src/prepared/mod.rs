@@ -106,6 +106,8 @@ pub struct PreparedQuery {
     plans: Mutex<Lru<Vec<ScalarValue>, Arc<dyn ExecutionPlan>>>,
     /// The declared tables scanned, with their schema versions at preparation.
     declared: Vec<(datafusion::common::TableReference, u32)>,
+    /// The session's time zone at preparation, if it had one set.
+    zone: Option<datafusion::arrow::array::timezone::Tz>,
 }
 
 /// Operators that keep no state across executions once [`reset_plan_states`] has rebuilt
@@ -246,7 +248,19 @@ fn finish(state: SessionState, plan: LogicalPlan) -> Result<PreparedQuery, Prepa
     let plan = state.optimize(&plan)?;
     let task = state.task_ctx();
     let declared = declared_scans(&parsed);
+    // Strings bound to times with a zone are read in the session's zone
+    // ([`crate::provider::zoned`]), the zone the statement was prepared in.
+    let zone = state
+        .config()
+        .options()
+        .execution
+        .time_zone
+        .as_deref()
+        .and_then(|z| {
+            <datafusion::arrow::array::timezone::Tz as std::str::FromStr>::from_str(z).ok()
+        });
     Ok(PreparedQuery {
+        zone,
         state,
         parsed,
         plan,
@@ -334,6 +348,7 @@ impl PreparedQuery {
         &self,
         values: &[ScalarValue],
     ) -> Result<Arc<dyn ExecutionPlan>, PreparedError> {
+        let values = &*self.explicit_times(values);
         let bound = self.bind(values)?;
         let narrowed = values
             .iter()
@@ -411,12 +426,19 @@ impl PreparedQuery {
         &self,
         values: &[ScalarValue],
     ) -> Result<Option<Arc<dyn ExecutionPlan>>, PreparedError> {
+        let values = &*self.explicit_times(values);
         let bound = self.bind(values)?;
         if self.unstable || values.iter().zip(&bound).any(|(g, c)| narrows(g, c)) {
             return Ok(None);
         }
         let cached = self.plans.lock().expect("plan cache lock").get(&bound);
         Ok(cached.map(reset_plan_states).transpose()?)
+    }
+
+    /// The session's time zone the query was prepared in, if it had one set: strings for
+    /// its times are read there.
+    pub fn zone(&self) -> Option<&datafusion::arrow::array::timezone::Tz> {
+        self.zone.as_ref()
     }
 
     /// Physical plans currently cached (for tests and diagnostics).
@@ -437,6 +459,30 @@ impl PreparedQuery {
     ) -> Result<SendableRecordBatchStream, PreparedError> {
         let plan = self.physical_plan(values).await?;
         Ok(execute_stream(plan, self.task.clone())?)
+    }
+
+    /// `values` with each string bound to a time with a zone made explicit in the session's
+    /// zone ([`crate::provider::zoned::in_session_zone`]), as the analyzer makes a string
+    /// literal explicit where it was written; `values` itself when there is nothing to do.
+    fn explicit_times<'a>(&self, values: &'a [ScalarValue]) -> std::borrow::Cow<'a, [ScalarValue]> {
+        let Some(zone) = &self.zone else {
+            return values.into();
+        };
+        let zoned = |(v, t): (&ScalarValue, &DataType)| {
+            matches!(t, DataType::Timestamp(_, Some(_)))
+                .then(|| crate::provider::zoned::in_session_zone(v, zone))
+                .flatten()
+        };
+        if values.iter().zip(&self.params).all(|p| zoned(p).is_none()) {
+            return values.into();
+        }
+        values
+            .iter()
+            .zip(&self.params)
+            .map(|p| zoned(p).unwrap_or_else(|| p.0.clone()))
+            .chain(values.iter().skip(self.params.len()).cloned())
+            .collect::<Vec<_>>()
+            .into()
     }
 
     /// The values converted to the parameters' types.

@@ -25,6 +25,7 @@ pub mod numbers;
 pub mod scan;
 pub mod sink;
 pub mod surface;
+pub mod zoned;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +49,7 @@ pub use numbers::ExactDecimalLiterals;
 pub use scan::{PulpitumScanExec, ScanSpec};
 pub use sink::PulpitumSink;
 pub use surface::Surface;
+pub use zoned::SessionZoneStrings;
 
 use crate::model::ModelError;
 pub use crate::table::{BucketCounts, KeyBuckets};

@@ -19,6 +19,7 @@ use datafusion_postgres::pgwire::api::results::Response;
 
 use super::guard::{self, Kind};
 use super::handlers::{stream_response, ConnSession, Prepared};
+use super::text::TextStyle;
 use crate::prepared::shapes::{lift, Lifted};
 use crate::prepared::PreparedError;
 
@@ -30,7 +31,11 @@ pub(super) const ON_WORKER_BYTES: usize = 4096;
 
 /// The answer to a query through its prepared shape `lifted` ([`shape_of`]), or `None` to
 /// run it as written.
-pub(super) async fn run(session: &ConnSession, lifted: &Lifted) -> Option<Response> {
+pub(super) async fn run(
+    session: &ConnSession,
+    lifted: &Lifted,
+    style: TextStyle,
+) -> Option<Response> {
     let prepared = session
         .prepared(&lifted.text, &lifted.statement)
         .await
@@ -41,19 +46,24 @@ pub(super) async fn run(session: &ConnSession, lifted: &Lifted) -> Option<Respon
     answer(
         &prepared,
         prepared.query.execute_stream(&lifted.values).await,
+        style,
     )
 }
 
 /// [`run`] when that plans nothing: the shape is prepared and current, and a physical plan
 /// is cached for these values. `None` otherwise, for [`run`] to answer where planning may
 /// take its time ([`super::offload`]).
-pub(super) async fn run_cached(session: &ConnSession, lifted: &Lifted) -> Option<Response> {
+pub(super) async fn run_cached(
+    session: &ConnSession,
+    lifted: &Lifted,
+    style: TextStyle,
+) -> Option<Response> {
     let prepared = session.cached(&lifted.text).await?;
     if !lifted.binds_to(prepared.query.parameter_types()) {
         return None;
     }
     let batches = prepared.query.execute_cached(&lifted.values)?;
-    answer(&prepared, batches)
+    answer(&prepared, batches, style)
 }
 
 /// The shape of `query` if it has one to run as: a single plain `SELECT` the statement gate
@@ -72,12 +82,14 @@ pub(super) fn shape_of(query: &str) -> Option<Lifted> {
     lift(&statement)
 }
 
-/// The response of a shape's execution; `None` (run as written) when it could not start.
+/// The response of a shape's execution, as text in the session's `style`; `None` (run as
+/// written) when it could not start.
 fn answer(
     prepared: &Prepared,
     batches: Result<SendableRecordBatchStream, PreparedError>,
+    style: TextStyle,
 ) -> Option<Response> {
     let batches = batches.ok()?;
-    let fields = prepared.fields(&Format::UnifiedText).ok()?;
-    Some(stream_response(fields, batches))
+    let fields = prepared.fields(&Format::UnifiedText, &style.options).ok()?;
+    Some(stream_response(fields, batches, style))
 }

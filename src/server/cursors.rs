@@ -16,21 +16,20 @@ use std::task::{Context, Poll};
 
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{CloseCursor, DeclareType, FetchDirection, Statement, Value};
-use datafusion_postgres::arrow_pg::datatypes::df::encode_dataframe;
 use datafusion_postgres::hooks::HookClient;
-use datafusion_postgres::pgwire::api::portal::{Format, Portal, PortalExecutionState};
+use datafusion_postgres::pgwire::api::portal::{Portal, PortalExecutionState};
 use datafusion_postgres::pgwire::api::results::{QueryResponse, Response, Tag};
 use datafusion_postgres::pgwire::api::stmt::StoredStatement;
 use datafusion_postgres::pgwire::api::store::PortalStore;
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::data::DataRow;
-use datafusion_postgres::pgwire::types::format::FormatOptions;
 use futures::Stream;
 use tokio::sync::Mutex;
 
 use super::guard::{self, authorize, Role};
-use super::handlers::api;
+use super::handlers::{api, dataframe_response};
 use super::hooks::plan_of;
+use super::text::TextStyle;
 
 fn error(code: &str, message: String) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
@@ -70,8 +69,8 @@ pub(super) async fn run(
                 let need = guard::plan_need(&plan)?;
                 authorize(role, need, "this cursor's query")?;
                 let df = ctx.execute_logical_plan(plan.clone()).await.map_err(api)?;
-                let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
-                let rows = encode_dataframe(df, &Format::UnifiedText, Some(options)).await?;
+                let style = TextStyle::of(client.metadata(), ctx);
+                let rows = dataframe_response(df, style).await?;
                 // The plan goes with the cursor's portal, so a Describe of the portal (how
                 // libpq drivers such as psycopg learn a server-side cursor's columns)
                 // answers its row description: it answered NoData, and psycopg's binary

@@ -28,7 +28,7 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{DataFrame, SessionContext};
 use datafusion::sql::parser::Statement as DFStatementAst;
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
@@ -44,6 +44,7 @@ use datafusion_postgres::pgwire::api::{ClientInfo, ClientPortalStore, ErrorHandl
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::data::DataRow;
 use datafusion_postgres::pgwire::messages::PgWireBackendMessage;
+use datafusion_postgres::pgwire::types::format::FormatOptions;
 use datafusion_postgres::{DfSessionService, Parser, QueryHook};
 use futures::{Sink, StreamExt};
 
@@ -52,6 +53,7 @@ use super::guard::{self, authorize, Role};
 use super::hooks::{Guard, Unhandled};
 use super::limits::{bound_rows, bounded, deadline};
 use super::memory::QueryPool;
+use super::text::TextStyle;
 use super::Shared;
 use crate::control::{ControlHandle, ControlStatement};
 use crate::lru::Lru;
@@ -247,28 +249,9 @@ impl ConnSession {
         })
     }
 
-    /// The prepared query for `sql`, or `None` when it is not a query (an INSERT, a
-    /// statement a hook answers): those go to datafusion-postgres every time. A query whose
-    /// plan the gates refuse is refused here.
-    ///
-    /// The query is planned from the statement the server's PostgreSQL parser produced (and
-    /// judged), never from its text again; it is cached under its text and the connection's
-    /// time zone, which the plan depends on.
     /// The prepared-plan cache's key of `sql`: plans depend on the session's time zone.
     fn cache_key(&self, sql: &str) -> String {
-        // Read in place: `SessionContext::state()` clones the whole session state (every
-        // function registry); on this path, run at every execution of a prepared statement,
-        // those hash-map clones and their allocations topped a profile of the wire bench.
-        let zone = self
-            .ctx
-            .state_ref()
-            .read()
-            .config()
-            .options()
-            .execution
-            .time_zone
-            .clone();
-        format!("{}\0{sql}", zone.as_deref().unwrap_or(""))
+        session_zone(&self.ctx, |z| format!("{}\0{sql}", z.unwrap_or("")))
     }
 
     /// The cached prepared query for `sql`, if there is one and it is current, without
@@ -282,6 +265,13 @@ impl ConnSession {
         hit.query.is_current().await.ok()?.then_some(hit)
     }
 
+    /// The prepared query for `sql`, or `None` when it is not a query (an INSERT, a
+    /// statement a hook answers): those go to datafusion-postgres every time. A query whose
+    /// plan the gates refuse is refused here.
+    ///
+    /// The query is planned from the statement the server's PostgreSQL parser produced (and
+    /// judged), never from its text again; it is cached under its text and the connection's
+    /// time zone, which the plan depends on.
     pub(super) async fn prepared(
         &self,
         sql: &str,
@@ -342,6 +332,22 @@ impl ConnSession {
     }
 }
 
+/// `read` of the session's time zone, `None` when it has none set. Read in place:
+/// `SessionContext::state()` clones the whole session state (every function registry); on
+/// the paths run at every execution of a prepared statement, those hash-map clones and their
+/// allocations topped a profile of the wire bench.
+pub(super) fn session_zone<T>(ctx: &SessionContext, read: impl FnOnce(Option<&str>) -> T) -> T {
+    read(
+        ctx.state_ref()
+            .read()
+            .config()
+            .options()
+            .execution
+            .time_zone
+            .as_deref(),
+    )
+}
+
 /// PostgreSQL's refusal of a prepared statement whose result columns changed.
 fn result_type_changed() -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
@@ -365,24 +371,49 @@ fn same_columns(
             .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
 }
 
-/// Rows encoded for the client as the batches arrive (timestamps sent as text formatted a
-/// column at a time, [`super::text`]).
+/// Rows encoded for the client as the batches arrive, in the session's text `style`
+/// (timestamps sent as text are formatted a column at a time, [`super::text`]).
 pub(super) fn stream_response(
     fields: Arc<Vec<FieldInfo>>,
     batches: SendableRecordBatchStream,
+    style: TextStyle,
 ) -> Response {
+    Response::Query(query_response(fields, batches, style))
+}
+
+/// [`stream_response`]'s rows, for a caller that keeps them (a cursor's portal).
+pub(super) fn query_response(
+    fields: Arc<Vec<FieldInfo>>,
+    batches: SendableRecordBatchStream,
+    style: TextStyle,
+) -> QueryResponse {
     let row_fields = fields.clone();
     let rows = batches.flat_map(move |b| {
         let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match b {
             Ok(b) => {
-                let b = super::text::timestamps_as_text(b, &row_fields);
+                let b = super::text::timestamps_as_text(b, &row_fields, &style);
                 encode_recordbatch(row_fields.clone(), b)
             }
             Err(e) => Box::new(std::iter::once(Err(api(e)))),
         };
         futures::stream::iter(rows)
     });
-    Response::Query(QueryResponse::new(fields, rows))
+    QueryResponse::new(fields, rows)
+}
+
+/// A planned query's rows as text in the session's `style`: what datafusion-postgres's
+/// `encode_dataframe` does, with the timestamps of [`super::text`].
+pub(super) async fn dataframe_response(
+    df: DataFrame,
+    style: TextStyle,
+) -> PgWireResult<QueryResponse> {
+    let fields = Arc::new(arrow_schema_to_pg_fields(
+        df.schema().as_arrow(),
+        &Format::UnifiedText,
+        Some(style.options.clone()),
+    )?);
+    let batches = df.execute_stream().await.map_err(api)?;
+    Ok(query_response(fields, batches, style))
 }
 
 /// The answer to a control statement: its one-row result.
@@ -502,6 +533,7 @@ impl SimpleQueryHandler for Simple {
         // any long text (its parse alone, which never yields, could hold the worker for
         // seconds), goes off it; the shape found here is not looked for again there.
         let mut known: Option<Option<Lifted>> = None;
+        let style = TextStyle::of(client.metadata(), &login.session.ctx);
         if query.len() <= super::adhoc::ON_WORKER_BYTES {
             let (answer, lifted) = bounded(deadline, &token, async {
                 if control_statement(query)?.is_some() {
@@ -509,7 +541,7 @@ impl SimpleQueryHandler for Simple {
                 }
                 let lifted = super::adhoc::shape_of(query);
                 let answer = match &lifted {
-                    Some(l) => super::adhoc::run_cached(&login.session, l).await,
+                    Some(l) => super::adhoc::run_cached(&login.session, l, style.clone()).await,
                     None => None,
                 };
                 Ok((answer, Some(lifted)))
@@ -531,7 +563,8 @@ impl SimpleQueryHandler for Simple {
             // An ad-hoc query runs as its prepared shape when it has one.
             let lifted = known.unwrap_or_else(|| super::adhoc::shape_of(query));
             if let Some(lifted) = &lifted {
-                if let Some(answer) = super::adhoc::run(&login.session, lifted).await {
+                if let Some(answer) = super::adhoc::run(&login.session, lifted, style.clone()).await
+                {
                     return Ok(vec![answer]);
                 }
             }
@@ -548,33 +581,40 @@ impl SimpleQueryHandler for Simple {
 }
 
 /// A prepared query with its result columns as PostgreSQL fields, per result format (text
-/// or binary: computed once, not per execution).
+/// or binary) and the session's format options they were built for (computed once, not per
+/// execution, while the options stay the same).
 pub(super) struct Prepared {
     pub(super) query: Arc<PreparedQuery>,
     schema: SchemaRef,
     /// Text (0) and binary (1) results; per-column formats are computed each time.
-    fields: Mutex<[Option<Arc<Vec<FieldInfo>>>; 2]>,
+    fields: Mutex<[Option<FieldsFor>; 2]>,
 }
 
+/// Fields and the format options they carry.
+type FieldsFor = (Arc<FormatOptions>, Arc<Vec<FieldInfo>>);
+
 impl Prepared {
-    pub(super) fn fields(&self, format: &Format) -> PgWireResult<Arc<Vec<FieldInfo>>> {
+    /// The result's fields in `format`, carrying the session's `options` (its date style,
+    /// interval style, bytea output and float digits, which the encoder reads from them).
+    pub(super) fn fields(
+        &self,
+        format: &Format,
+        options: &Arc<FormatOptions>,
+    ) -> PgWireResult<Arc<Vec<FieldInfo>>> {
+        let build = || arrow_schema_to_pg_fields(&self.schema, format, Some(options.clone()));
         let slot = match format {
             Format::UnifiedText => 0,
             Format::UnifiedBinary => 1,
-            Format::Individual(_) => {
-                return Ok(Arc::new(arrow_schema_to_pg_fields(
-                    &self.schema,
-                    format,
-                    None,
-                )?))
-            }
+            Format::Individual(_) => return Ok(Arc::new(build()?)),
         };
         let mut known = self.fields.lock().expect("fields lock");
-        if let Some(f) = &known[slot] {
-            return Ok(f.clone());
+        if let Some((built_for, f)) = &known[slot] {
+            if built_for == options {
+                return Ok(f.clone());
+            }
         }
-        let f = Arc::new(arrow_schema_to_pg_fields(&self.schema, format, None)?);
-        known[slot] = Some(f.clone());
+        let f = Arc::new(build()?);
+        known[slot] = Some((options.clone(), f.clone()));
         Ok(f)
     }
 }
@@ -762,11 +802,17 @@ impl ExtendedQueryHandler for Extended {
                 super::params::check(portal, &expected)?;
                 let types: Vec<Option<&DataType>> =
                     p.query.parameter_types().iter().map(Some).collect();
-                let values: Vec<ScalarValue> = match deserialize_parameters(portal, &types)? {
+                let mut values: Vec<ScalarValue> = match deserialize_parameters(portal, &types)? {
                     ParamValues::List(v) => v.into_iter().map(|s| s.value).collect(),
                     ParamValues::Map(_) => Vec::new(),
                 };
                 super::params::check_decoded(portal, &values)?;
+                super::params::local_times_in_zone(
+                    portal,
+                    p.query.parameter_types(),
+                    &mut values,
+                    p.query.zone(),
+                );
                 // A physical plan cached for these values runs on the worker (the hot
                 // page); one to plan, off it ([`super::offload`]).
                 let batches = match p.query.execute_cached(&values) {
@@ -774,8 +820,9 @@ impl ExtendedQueryHandler for Extended {
                     None => super::offload::off_worker(p.query.execute_stream(&values)).await,
                 }
                 .map_err(api)?;
-                let fields = p.fields(&portal.result_column_format)?;
-                return Ok(stream_response(fields, batches));
+                let style = TextStyle::of(client.metadata(), &login.session.ctx);
+                let fields = p.fields(&portal.result_column_format, &style.options)?;
+                return Ok(stream_response(fields, batches, style));
             }
             if let (_, Some((_, plan))) = &portal.statement.statement {
                 super::params::check(portal, &parameter_types(plan)?)?;

@@ -15,7 +15,6 @@ use datafusion::common::{DFSchema, ParamValues};
 use datafusion::logical_expr::{EmptyRelation, LogicalPlan, WriteOp};
 use datafusion::prelude::{DataFrame, SessionContext};
 use datafusion::sql::sqlparser::ast::Statement;
-use datafusion_postgres::arrow_pg::datatypes::df::encode_dataframe;
 use datafusion_postgres::hooks::HookClient;
 use datafusion_postgres::pgwire::api::portal::Format;
 use datafusion_postgres::pgwire::api::results::{Response, Tag};
@@ -23,11 +22,11 @@ use datafusion_postgres::pgwire::api::ClientInfo;
 use datafusion_postgres::pgwire::error::PgWireResult;
 use datafusion_postgres::pgwire::messages::startup::ParameterStatus;
 use datafusion_postgres::pgwire::messages::PgWireBackendMessage;
-use datafusion_postgres::pgwire::types::format::FormatOptions;
 use datafusion_postgres::QueryHook;
 
 use super::guard::{self, authorize, Kind, Role};
-use super::handlers::{api, batch_response};
+use super::handlers::{api, batch_response, dataframe_response};
+use super::text::TextStyle;
 use super::vars;
 
 /// The first hook: the statement gate, `SET`/`RESET` from the allow-list, the plan gate,
@@ -60,10 +59,8 @@ impl Guard {
         if let Some(op) = dml {
             return dml_response(df, &op).await;
         }
-        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
-        Ok(Response::Query(
-            encode_dataframe(df, &Format::UnifiedText, Some(options)).await?,
-        ))
+        let style = TextStyle::of(client.metadata(), ctx);
+        Ok(Response::Query(dataframe_response(df, style).await?))
     }
 }
 

@@ -10,6 +10,9 @@
 //!   width (22P03); an integer bound where a timestamp is expected, or an interval, must fit
 //!   the conversion arrow-pg makes of it (22008);
 //! - [`check_decoded`], after: a value the client sent may not have become NULL (22008);
+//! - [`local_times_in_zone`], after: a time sent as text without an offset for a
+//!   `timestamptz` parameter is read in the session's time zone, as PostgreSQL reads it
+//!   (pgwire reads it in UTC);
 //! - [`guarded`]: a panic that still happens in decoding or executing fails the statement
 //!   instead of the connection.
 
@@ -144,6 +147,38 @@ pub(super) fn check_decoded<S>(portal: &Portal<S>, values: &[ScalarValue]) -> Pg
         }
     }
     Ok(())
+}
+
+/// Each `timestamptz` parameter sent as text is read again in the session's `zone`
+/// ([`crate::provider::zoned`]): pgwire read a local time (no offset of its own) in UTC.
+/// `types` are the parameters' types, `values` their decoded values, replaced in place.
+pub(super) fn local_times_in_zone<S>(
+    portal: &Portal<S>,
+    types: &[DataType],
+    values: &mut [ScalarValue],
+    zone: Option<&datafusion::arrow::array::timezone::Tz>,
+) {
+    let Some(zone) = zone else {
+        return;
+    };
+    for (i, (t, value)) in types.iter().zip(values.iter_mut()).enumerate() {
+        if !matches!(t, DataType::Timestamp(_, Some(_))) || portal.parameter_format.is_binary(i) {
+            continue;
+        }
+        let Some(Some(raw)) = portal.parameters.get(i) else {
+            continue;
+        };
+        let Ok(text) = std::str::from_utf8(raw) else {
+            continue;
+        };
+        let explicit = ScalarValue::Utf8(Some(text.to_string()));
+        let Some(explicit) = crate::provider::zoned::in_session_zone(&explicit, zone) else {
+            continue;
+        };
+        if let Ok(v) = explicit.cast_to(t) {
+            *value = v;
+        }
+    }
 }
 
 /// Runs `work`, turning a panic inside it into an error of the statement.

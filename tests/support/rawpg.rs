@@ -267,6 +267,15 @@ pub async fn login(stream: &mut TcpStream, user: &str, password: &str) -> Result
 /// Parse (with parameter type OIDs), Bind (binary parameters, text results), Execute and
 /// Sync of `sql`.
 pub fn extended_binary(sql: &str, types: &[u32], params: &[Option<&[u8]>]) -> Vec<u8> {
+    extended_with(sql, types, params, true)
+}
+
+/// [`extended_binary`] with the parameters sent as text.
+pub fn extended_text(sql: &str, types: &[u32], params: &[Option<&[u8]>]) -> Vec<u8> {
+    extended_with(sql, types, params, false)
+}
+
+fn extended_with(sql: &str, types: &[u32], params: &[Option<&[u8]>], binary: bool) -> Vec<u8> {
     let mut parse = Vec::new();
     cstr(&mut parse, "");
     cstr(&mut parse, sql);
@@ -278,7 +287,7 @@ pub fn extended_binary(sql: &str, types: &[u32], params: &[Option<&[u8]>]) -> Ve
     cstr(&mut bind, "");
     cstr(&mut bind, "");
     bind.extend_from_slice(&1i16.to_be_bytes());
-    bind.extend_from_slice(&1i16.to_be_bytes());
+    bind.extend_from_slice(&i16::from(binary).to_be_bytes());
     bind.extend_from_slice(&(params.len() as i16).to_be_bytes());
     for p in params {
         match p {
