@@ -2058,3 +2058,164 @@ async fn strings_compared_with_times_are_read_in_the_session_zone() {
         assert_eq!(vec![got], want, "{zone}, {at}, a text parameter");
     }
 }
+
+/// The text of the first column of the first row among `answer`'s messages.
+fn first_text(answer: &[Msg], what: &str) -> String {
+    let row = answer
+        .iter()
+        .find(|m| m.kind == b'D')
+        .unwrap_or_else(|| panic!("{what}: {answer:?}"));
+    let len = i32::from_be_bytes([row.body[2], row.body[3], row.body[4], row.body[5]]);
+    String::from_utf8(row.body[6..6 + len as usize].to_vec()).unwrap()
+}
+
+/// What a break-it review found on the first version of the session zone: a string cast in
+/// the select list (once an internal error, its column's name changed), statements off the
+/// prepared path of the extended protocol (`LIMIT $1`, a row change), `INSERT ... SELECT`
+/// of a string, a binary `timestamp` parameter: each reads and writes times in the
+/// session's zone, as PostgreSQL does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_path_reads_and_writes_times_in_the_session_zone() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "alice").await;
+    let pg = postgres().await;
+    let instants =
+        "SELECT TIMESTAMPTZ '2026-01-01 00:00:00+00' + (i % 9) * INTERVAL '1 day' AS t, \
+                    i AS id FROM generate_series(1, 10) AS i";
+    for zone in ["UTC", "America/New_York"] {
+        let set = format!("SET TimeZone = '{zone}'");
+        c.simple_query(&set).await.unwrap();
+        pg.simple_query(&set).await.unwrap();
+        // With no zone set (UTC), DataFusion's `timestamptz` has no zone and is written
+        // without an offset: an older difference (docs/sql.md), left out here.
+        if zone != "UTC" {
+            let cast = "SELECT '2026-01-05 00:00:00'::timestamptz";
+            let want = column(&pg.simple_query(cast).await.unwrap());
+            let got = column(&c.simple_query(cast).await.unwrap());
+            assert_eq!(vec![trimmed(&got[0])], want, "{zone}: {cast}");
+        }
+        for (ours, theirs) in [
+            (
+                "SELECT CASE WHEN id = 1 THEN timestamp ELSE '2026-01-05 00:00:00' END \
+                 FROM chat WHERE id = 2"
+                    .to_string(),
+                format!(
+                    "SELECT CASE WHEN id = 1 THEN t ELSE '2026-01-05 00:00:00' END \
+                     FROM ({instants}) x WHERE id = 2"
+                ),
+            ),
+            (
+                "SELECT sum(CASE WHEN timestamp >= '2026-01-05 00:00:00' THEN 1 ELSE 0 END) \
+                 FROM chat"
+                    .to_string(),
+                format!(
+                    "SELECT sum(CASE WHEN t >= '2026-01-05 00:00:00' THEN 1 ELSE 0 END) \
+                     FROM ({instants}) x"
+                ),
+            ),
+            (
+                "SELECT timestamp >= '2026-01-05 00:00:00' FROM chat WHERE id = 4".to_string(),
+                format!("SELECT t >= '2026-01-05 00:00:00' FROM ({instants}) x WHERE id = 4"),
+            ),
+        ] {
+            let want = column(&pg.simple_query(&theirs).await.unwrap());
+            let got: Vec<String> = column(&c.simple_query(&ours).await.unwrap())
+                .iter()
+                .map(|v| trimmed(v))
+                .collect();
+            assert_eq!(got, want, "{zone}: {ours}");
+        }
+    }
+
+    // Off the prepared path of the extended protocol: a `LIMIT $1` query's rows, and a
+    // timestamptz parameter sent as text.
+    let mut sock = raw(&s).await;
+    rawpg::login(&mut sock, "alice", PASSWORD).await.unwrap();
+    let wait = Duration::from_secs(5);
+    sock.write_all(&rawpg::query("SET TimeZone = 'America/New_York'"))
+        .await
+        .unwrap();
+    rawpg::until_ready(&mut sock, wait).await;
+    const INT8: u32 = 20;
+    const TIMESTAMP: u32 = 1114;
+    const TIMESTAMPTZ: u32 = 1184;
+    sock.write_all(&rawpg::extended_text(
+        "SELECT timestamp FROM chat WHERE id = 1 LIMIT $1",
+        &[INT8],
+        &[Some(b"5")],
+    ))
+    .await
+    .unwrap();
+    let got = first_text(&rawpg::until_ready(&mut sock, wait).await, "LIMIT $1");
+    assert_eq!(trimmed(&got), "2026-01-01 19:00:00-05");
+    sock.write_all(&rawpg::extended_text(
+        "SELECT $1::timestamptz AS t",
+        &[TIMESTAMPTZ],
+        &[Some(b"2026-01-05 00:00:00")],
+    ))
+    .await
+    .unwrap();
+    let got = first_text(
+        &rawpg::until_ready(&mut sock, wait).await,
+        "$1::timestamptz",
+    );
+    assert_eq!(trimmed(&got), "2026-01-05 00:00:00-05");
+
+    // A binary `timestamp` (without a zone) compared with the column: a local time.
+    let local = chrono::NaiveDate::from_ymd_opt(2026, 1, 4)
+        .unwrap()
+        .and_hms_opt(20, 0, 0)
+        .unwrap();
+    let epoch = chrono::NaiveDate::from_ymd_opt(2000, 1, 1)
+        .unwrap()
+        .and_hms_opt(0, 0, 0)
+        .unwrap();
+    let micros = (local - epoch).num_microseconds().unwrap();
+    sock.write_all(&rawpg::extended_binary(
+        "SELECT count(*) FROM chat WHERE timestamp >= $1 AND channel_id = 1",
+        &[TIMESTAMP],
+        &[Some(&micros.to_be_bytes())],
+    ))
+    .await
+    .unwrap();
+    let got = first_text(
+        &rawpg::until_ready(&mut sock, wait).await,
+        "binary timestamp",
+    );
+    let want = column(
+        &pg.simple_query(&format!(
+            "SET TimeZone = 'America/New_York'; \
+             SELECT count(*) FROM ({instants}) x WHERE t >= TIMESTAMP '2026-01-04 20:00:00'"
+        ))
+        .await
+        .unwrap(),
+    );
+    assert_eq!(vec![got], want, "a binary timestamp parameter");
+
+    // Writes: a string of an INSERT ... SELECT, and a text parameter of an INSERT (with and
+    // without its type), are stored as the local times they name.
+    c.simple_query("SET TimeZone = 'America/New_York'")
+        .await
+        .unwrap();
+    c.simple_query("INSERT INTO chat SELECT 2, '2026-02-01 00:00:00', 103, 'z'")
+        .await
+        .unwrap();
+    for (id, oid) in [(200, TIMESTAMPTZ), (201, 0)] {
+        sock.write_all(&rawpg::extended_text(
+            &format!("INSERT INTO chat VALUES (3, $1, {id}, 'p')"),
+            &[oid],
+            &[Some(b"2026-02-01 00:00:00")],
+        ))
+        .await
+        .unwrap();
+        let answer = rawpg::until_ready(&mut sock, wait).await;
+        assert!(answer.iter().all(|m| m.kind != b'E'), "{id}: {answer:?}");
+    }
+    let stored = count(
+        &c,
+        "SELECT count(*) FROM chat WHERE channel_id IN (2, 3) \
+         AND timestamp = '2026-02-01T05:00:00Z'",
+    )
+    .await;
+    assert_eq!(stored, 3);
+}

@@ -35,6 +35,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, DFSchemaRef, ExprSchema, Result as DFResult};
 use datafusion::logical_expr::expr::{Cast, InList, TryCast};
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::utils::merge_schema;
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, LogicalPlan, Operator};
@@ -54,7 +55,15 @@ impl AnalyzerRule for ExactTimeLiterals {
             if schema.fields().is_empty() {
                 return Ok(Transformed::no(node));
             }
-            node.map_expressions(|e| e.transform_up(|e| rewrite(e, &schema)))
+            // A rewritten expression keeps its name: `SELECT timestamp >= '...' FROM t` names
+            // its column after the comparison as written (break-it finding: a projection's
+            // schema no longer matched its expressions, an internal error).
+            let names = NamePreserver::new(&node);
+            node.map_expressions(|e| {
+                let saved = names.save(&e);
+                e.transform_up(|e| rewrite(e, &schema))
+                    .map(|t| t.update_data(|e| saved.restore(e)))
+            })
         })
         .map(|t| t.data)
     }

@@ -28,9 +28,11 @@ use datafusion::arrow::compute::kernels::cast_utils::string_to_datetime;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::Result as DFResult;
+use datafusion::common::{DFSchema, Result as DFResult};
 use datafusion::logical_expr::expr::{Cast, TryCast};
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::utils::merge_schema;
+use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan};
 use datafusion::optimizer::analyzer::AnalyzerRule;
 use datafusion::scalar::ScalarValue;
 
@@ -41,14 +43,22 @@ pub struct SessionZoneStrings;
 
 impl AnalyzerRule for SessionZoneStrings {
     fn analyze(&self, plan: LogicalPlan, config: &ConfigOptions) -> DFResult<LogicalPlan> {
-        let Some(zone) = config.execution.time_zone.as_deref() else {
+        let Some(name) = config.execution.time_zone.as_deref() else {
             return Ok(plan);
         };
-        let Ok(zone) = Tz::from_str(zone) else {
+        let Ok(zone) = Tz::from_str(name) else {
             return Ok(plan);
         };
         plan.transform_up_with_subqueries(|node| {
-            node.map_expressions(|e| e.transform_up(|e| rewrite(e, &zone)))
+            let schema = merge_schema(&node.inputs());
+            // A rewritten expression keeps its name: a projection's column named after the
+            // string as written stays so named (the plan's schema says so).
+            let names = NamePreserver::new(&node);
+            node.map_expressions(|e| {
+                let saved = names.save(&e);
+                e.transform_up(|e| rewrite(e, &zone, name, &schema))
+                    .map(|t| t.update_data(|e| saved.restore(e)))
+            })
         })
         .map(|t| t.data)
     }
@@ -58,24 +68,38 @@ impl AnalyzerRule for SessionZoneStrings {
     }
 }
 
-/// `CAST('local time' AS timestamp with a zone)` with the string made explicit.
-fn rewrite(e: Expr, zone: &Tz) -> DFResult<Transformed<Expr>> {
+/// A string cast to a time with a zone, read in the session's `zone` (named `zone_name`): a
+/// literal made explicit (`CAST('2026-01-05T05:00:00.000000000Z' AS ...)`), any other string
+/// (a column of an `INSERT ... SELECT`) cast through a time in the session's zone first,
+/// which arrow reads local strings in. A cast to the session's own zone reads them there
+/// already and is left alone, which also makes the rule idempotent.
+fn rewrite(e: Expr, zone: &Tz, zone_name: &str, schema: &DFSchema) -> DFResult<Transformed<Expr>> {
     let (Expr::Cast(Cast { expr, field }) | Expr::TryCast(TryCast { expr, field })) = &e else {
         return Ok(Transformed::no(e));
     };
-    if !matches!(field.data_type(), DataType::Timestamp(_, Some(_))) {
+    let DataType::Timestamp(unit, Some(target)) = field.data_type() else {
+        return Ok(Transformed::no(e));
+    };
+    if target.as_ref() == zone_name {
         return Ok(Transformed::no(e));
     }
-    let Expr::Literal(value, metadata) = expr.as_ref() else {
-        return Ok(Transformed::no(e));
+    let operand = match expr.as_ref() {
+        Expr::Literal(value, metadata) => match in_session_zone(value, zone) {
+            Some(explicit) => Expr::Literal(explicit, metadata.clone()),
+            None => return Ok(Transformed::no(e)),
+        },
+        other => match other.get_type(schema) {
+            Ok(DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8) => Expr::Cast(Cast::new(
+                Box::new(other.clone()),
+                DataType::Timestamp(*unit, Some(zone_name.into())),
+            )),
+            _ => return Ok(Transformed::no(e)),
+        },
     };
-    let Some(explicit) = in_session_zone(value, zone) else {
-        return Ok(Transformed::no(e));
-    };
-    let literal = Box::new(Expr::Literal(explicit, metadata.clone()));
+    let operand = Box::new(operand);
     Ok(Transformed::yes(match e {
-        Expr::Cast(c) => Expr::Cast(Cast { expr: literal, ..c }),
-        Expr::TryCast(c) => Expr::TryCast(TryCast { expr: literal, ..c }),
+        Expr::Cast(c) => Expr::Cast(Cast { expr: operand, ..c }),
+        Expr::TryCast(c) => Expr::TryCast(TryCast { expr: operand, ..c }),
         other => other,
     }))
 }
@@ -111,7 +135,12 @@ fn instant_in(text: &str, zone: &Tz) -> Option<DateTime<Utc>> {
     if as_utc == as_east {
         return Some(as_utc);
     }
-    let local = as_utc.naive_utc();
+    local_instant(as_utc.naive_utc(), zone)
+}
+
+/// The instant of the local time `local` in `zone`: PostgreSQL's reading of a time that the
+/// clock skipped or showed twice (module doc). `None` only outside chrono's range.
+pub fn local_instant(local: chrono::NaiveDateTime, zone: &Tz) -> Option<DateTime<Utc>> {
     match zone.from_local_datetime(&local) {
         LocalResult::Single(t) => Some(t.with_timezone(&Utc)),
         // Twice on the clock: the later instant (standard time where the repeat is the end

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{CloseCursor, DeclareType, FetchDirection, Statement, Value};
 use datafusion_postgres::hooks::HookClient;
-use datafusion_postgres::pgwire::api::portal::{Portal, PortalExecutionState};
+use datafusion_postgres::pgwire::api::portal::{Format, Portal, PortalExecutionState};
 use datafusion_postgres::pgwire::api::results::{QueryResponse, Response, Tag};
 use datafusion_postgres::pgwire::api::stmt::StoredStatement;
 use datafusion_postgres::pgwire::api::store::PortalStore;
@@ -70,7 +70,7 @@ pub(super) async fn run(
                 authorize(role, need, "this cursor's query")?;
                 let df = ctx.execute_logical_plan(plan.clone()).await.map_err(api)?;
                 let style = TextStyle::of(client.metadata(), ctx);
-                let rows = dataframe_response(df, style).await?;
+                let rows = dataframe_response(df, style, &Format::UnifiedText).await?;
                 // The plan goes with the cursor's portal, so a Describe of the portal (how
                 // libpq drivers such as psycopg learn a server-side cursor's columns)
                 // answers its row description: it answered NoData, and psycopg's binary

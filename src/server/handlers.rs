@@ -49,8 +49,9 @@ use datafusion_postgres::{DfSessionService, Parser, QueryHook};
 use futures::{Sink, StreamExt};
 
 use super::conn::ConnState;
-use super::guard::{self, authorize, Role};
-use super::hooks::{Guard, Unhandled};
+use super::conn::Login;
+use super::guard::{self, authorize, Kind, Role};
+use super::hooks::{dml_response, what, Guard, Unhandled};
 use super::limits::{bound_rows, bounded, deadline};
 use super::memory::QueryPool;
 use super::text::TextStyle;
@@ -59,9 +60,14 @@ use crate::control::{ControlHandle, ControlStatement};
 use crate::lru::Lru;
 use crate::prepared::shapes::Lifted;
 use crate::prepared::{prepare_parsed, PreparedError, PreparedQuery};
+use datafusion::arrow::array::timezone::Tz;
 
 /// Statements kept prepared per connection (least recently used out).
 const PREPARED_PER_CONNECTION: usize = 64;
+
+/// Texts of ad-hoc queries remembered per connection with their shape (least recently used
+/// out); each at most `adhoc::ON_WORKER_BYTES`, so at most 256 KiB of text.
+const REMEMBERED_TEXTS: usize = 64;
 
 /// The extended protocol's statement type, as datafusion-postgres parses it (kept, so its
 /// cursor hook's downcast stays valid).
@@ -210,6 +216,8 @@ pub(super) struct ConnSession {
     pub(super) service: Arc<DfSessionService>,
     role: Role,
     prepared: Mutex<Lru<String, Option<Arc<Prepared>>>>,
+    /// Texts answered through their shape, with the shape ([`Self::remembered`]).
+    texts: Mutex<Lru<String, Arc<Lifted>>>,
 }
 
 impl ConnSession {
@@ -246,7 +254,31 @@ impl ConnSession {
             service,
             role,
             prepared: Mutex::new(Lru::new(PREPARED_PER_CONNECTION)),
+            texts: Mutex::new(Lru::new(REMEMBERED_TEXTS)),
         })
+    }
+
+    /// The shape of `query` if this connection answered the very same text through it before
+    /// ([`Self::remember`]). A text's checks, its parse and its lifted shape depend on the
+    /// text alone; whether the shape is still current is asked where it runs, as for any.
+    pub(super) fn remembered(&self, query: &str) -> Option<Arc<Lifted>> {
+        if query.len() > super::adhoc::ON_WORKER_BYTES {
+            return None;
+        }
+        self.texts.lock().expect("texts lock").get(query)
+    }
+
+    /// Remembers that `query`, a single statement that passed the server's checks and is not
+    /// a control statement, was answered through `lifted`; only texts short enough to be
+    /// parsed on the worker, so the memory this takes is bounded.
+    pub(super) fn remember(&self, query: &str, lifted: &Arc<Lifted>) {
+        if query.len() > super::adhoc::ON_WORKER_BYTES {
+            return;
+        }
+        self.texts
+            .lock()
+            .expect("texts lock")
+            .insert(query.to_string(), lifted.clone());
     }
 
     /// The prepared-plan cache's key of `sql`: plans depend on the session's time zone.
@@ -401,15 +433,16 @@ pub(super) fn query_response(
     QueryResponse::new(fields, rows)
 }
 
-/// A planned query's rows as text in the session's `style`: what datafusion-postgres's
+/// A planned query's rows in `format`, text in the session's `style`: what datafusion-postgres's
 /// `encode_dataframe` does, with the timestamps of [`super::text`].
 pub(super) async fn dataframe_response(
     df: DataFrame,
     style: TextStyle,
+    format: &Format,
 ) -> PgWireResult<QueryResponse> {
     let fields = Arc::new(arrow_schema_to_pg_fields(
         df.schema().as_arrow(),
-        &Format::UnifiedText,
+        format,
         Some(style.options.clone()),
     )?);
     let batches = df.execute_stream().await.map_err(api)?;
@@ -490,6 +523,51 @@ fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
         .collect())
 }
 
+/// Runs the plan a portal's statement was given at Parse, with the portal's parameters:
+/// judged again as the [`Guard`] judges it at Execute, its parameters decoded and checked as
+/// on the prepared path, a row change answered with its tag, rows in the portal's formats
+/// and the session's `style`.
+async fn run_planned(
+    login: &Login,
+    portal: &Portal<DfStatement>,
+    statement: &Statement,
+    plan: &LogicalPlan,
+    types: &[Option<DataType>],
+    style: TextStyle,
+) -> PgWireResult<Response> {
+    authorize(login.role, guard::plan_need(plan)?, what(statement))?;
+    let refs: Vec<Option<&DataType>> = types.iter().map(Option::as_ref).collect();
+    let mut values: Vec<ScalarValue> = match deserialize_parameters(portal, &refs)? {
+        ParamValues::List(v) => v.into_iter().map(|s| s.value).collect(),
+        ParamValues::Map(_) => Vec::new(),
+    };
+    super::params::check_decoded(portal, &values)?;
+    let zone = session_zone(&login.session.ctx, |z| {
+        z.and_then(|z| <Tz as std::str::FromStr>::from_str(z).ok())
+    });
+    let declared: Vec<DataType> = types
+        .iter()
+        .map(|t| t.clone().unwrap_or(DataType::Null))
+        .collect();
+    super::params::local_times_in_zone(portal, &declared, &mut values, zone.as_ref());
+    let bound = plan
+        .clone()
+        .replace_params_with_values(&ParamValues::from(values))
+        .map_err(api)?;
+    let df = login
+        .session
+        .ctx
+        .execute_logical_plan(bound)
+        .await
+        .map_err(api)?;
+    if let LogicalPlan::Dml(d) = plan {
+        return dml_response(df, &d.op).await;
+    }
+    Ok(Response::Query(
+        dataframe_response(df, style, &portal.result_column_format).await?,
+    ))
+}
+
 /// The simple protocol: control statements first, then datafusion-postgres's statement
 /// loop with the hooks.
 pub(super) struct Simple {
@@ -516,12 +594,18 @@ impl SimpleQueryHandler for Simple {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let login = self.conn.login()?;
-        let shape = super::shape::check(query)?;
+        // A text answered through its shape before was checked, parsed and lifted then; the
+        // same text is not again (a dashboard sends the same page over and over).
+        let remembered = login.session.remembered(query);
+        let statements = match &remembered {
+            Some(_) => 1,
+            None => super::shape::check(query)?.statements,
+        };
         let token = self.conn.statement.begin();
         let deadline = deadline(self.conn.shared.config.statement_timeout, &*client);
         // Several statements are bounded one at a time (each has its own commit gate), so a
         // write that committed in one does not exempt the others from the deadline.
-        if shape.statements > 1 {
+        if statements > 1 {
             let mut out = super::several::run(login, client, query, deadline, &token).await?;
             for r in &mut out {
                 bound_rows(r, deadline, &token);
@@ -532,18 +616,22 @@ impl SimpleQueryHandler for Simple {
         // for again, its plan cached for these values, runs there. Anything that plans, and
         // any long text (its parse alone, which never yields, could hold the worker for
         // seconds), goes off it; the shape found here is not looked for again there.
-        let mut known: Option<Option<Lifted>> = None;
+        let mut known: Option<Option<Arc<Lifted>>> = remembered.clone().map(Some);
         let style = TextStyle::of(client.metadata(), &login.session.ctx);
         if query.len() <= super::adhoc::ON_WORKER_BYTES {
             let (answer, lifted) = bounded(deadline, &token, async {
-                if control_statement(query)?.is_some() {
-                    return Ok((None, None));
-                }
-                let lifted = super::adhoc::shape_of(query);
+                let lifted = match remembered {
+                    Some(l) => Some(l),
+                    None if control_statement(query)?.is_some() => return Ok((None, None)),
+                    None => super::adhoc::shape_of(query).map(Arc::new),
+                };
                 let answer = match &lifted {
                     Some(l) => super::adhoc::run_cached(&login.session, l, style.clone()).await,
                     None => None,
                 };
+                if let (Some(_), Some(l)) = (&answer, &lifted) {
+                    login.session.remember(query, l);
+                }
                 Ok((answer, Some(lifted)))
             })
             .await?;
@@ -561,10 +649,11 @@ impl SimpleQueryHandler for Simple {
                 ]);
             }
             // An ad-hoc query runs as its prepared shape when it has one.
-            let lifted = known.unwrap_or_else(|| super::adhoc::shape_of(query));
+            let lifted = known.unwrap_or_else(|| super::adhoc::shape_of(query).map(Arc::new));
             if let Some(lifted) = &lifted {
                 if let Some(answer) = super::adhoc::run(&login.session, lifted, style.clone()).await
                 {
+                    login.session.remember(query, lifted);
                     return Ok(vec![answer]);
                 }
             }
@@ -824,8 +913,18 @@ impl ExtendedQueryHandler for Extended {
                 let fields = p.fields(&portal.result_column_format, &style.options)?;
                 return Ok(stream_response(fields, batches, style));
             }
-            if let (_, Some((_, plan))) = &portal.statement.statement {
-                super::params::check(portal, &parameter_types(plan)?)?;
+            if let (_, Some((statement, plan))) = &portal.statement.statement {
+                let types = parameter_types(plan)?;
+                super::params::check(portal, &types)?;
+                // A planned statement off the prepared path (`LIMIT $1`, a row change) runs
+                // here rather than in datafusion-postgres, so that its parameters and its
+                // rows are read and written in the session's zone and styles as on the
+                // prepared path.
+                if matches!(guard::statement_kind(statement), Ok(Kind::Plan)) {
+                    let style = TextStyle::of(client.metadata(), &login.session.ctx);
+                    let run = run_planned(login, portal, statement, plan, &types, style);
+                    return super::offload::off_worker(run).await;
+                }
             }
             super::offload::off_worker(ExtendedQueryHandler::do_query(
                 &*login.session.service,

@@ -60,11 +60,13 @@ impl Guard {
             return dml_response(df, &op).await;
         }
         let style = TextStyle::of(client.metadata(), ctx);
-        Ok(Response::Query(dataframe_response(df, style).await?))
+        Ok(Response::Query(
+            dataframe_response(df, style, &Format::UnifiedText).await?,
+        ))
     }
 }
 
-fn what(statement: &Statement) -> &'static str {
+pub(super) fn what(statement: &Statement) -> &'static str {
     match statement {
         Statement::Insert(_) => "INSERT",
         Statement::Delete(_) => "DELETE",
@@ -85,7 +87,7 @@ pub(super) async fn plan_of(
 /// A row change's answer, as PostgreSQL tags it: `INSERT 0 n`, `DELETE n`, `UPDATE n`, with
 /// no rows (DataFusion answers a change with a one-row `count` table, which a client that
 /// was told at Describe that the statement returns no rows cannot take).
-async fn dml_response(df: DataFrame, op: &WriteOp) -> PgWireResult<Response> {
+pub(super) async fn dml_response(df: DataFrame, op: &WriteOp) -> PgWireResult<Response> {
     let batches = df.collect().await.map_err(api)?;
     let rows = batches
         .first()

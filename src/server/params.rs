@@ -10,9 +10,9 @@
 //!   width (22P03); an integer bound where a timestamp is expected, or an interval, must fit
 //!   the conversion arrow-pg makes of it (22008);
 //! - [`check_decoded`], after: a value the client sent may not have become NULL (22008);
-//! - [`local_times_in_zone`], after: a time sent as text without an offset for a
-//!   `timestamptz` parameter is read in the session's time zone, as PostgreSQL reads it
-//!   (pgwire reads it in UTC);
+//! - [`local_times_in_zone`], after: a local time for a `timestamptz` parameter (text
+//!   without an offset, or a binary `timestamp`) is read in the session's time zone, as
+//!   PostgreSQL reads it (pgwire reads it in UTC);
 //! - [`guarded`]: a panic that still happens in decoding or executing fails the statement
 //!   instead of the connection.
 
@@ -149,9 +149,11 @@ pub(super) fn check_decoded<S>(portal: &Portal<S>, values: &[ScalarValue]) -> Pg
     Ok(())
 }
 
-/// Each `timestamptz` parameter sent as text is read again in the session's `zone`
-/// ([`crate::provider::zoned`]): pgwire read a local time (no offset of its own) in UTC.
-/// `types` are the parameters' types, `values` their decoded values, replaced in place.
+/// Each parameter of a time with a zone is read again in the session's `zone`
+/// ([`crate::provider::zoned`]), as PostgreSQL reads it: one sent as text without an offset
+/// of its own, and one sent in binary as a `timestamp` without a zone (psycopg's naive
+/// `datetime`), which pgwire both read in UTC. `types` are the parameters' types, `values`
+/// their decoded values, replaced in place.
 pub(super) fn local_times_in_zone<S>(
     portal: &Portal<S>,
     types: &[DataType],
@@ -162,20 +164,37 @@ pub(super) fn local_times_in_zone<S>(
         return;
     };
     for (i, (t, value)) in types.iter().zip(values.iter_mut()).enumerate() {
-        if !matches!(t, DataType::Timestamp(_, Some(_))) || portal.parameter_format.is_binary(i) {
+        if !matches!(t, DataType::Timestamp(_, Some(_))) || value.is_null() {
             continue;
         }
-        let Some(Some(raw)) = portal.parameters.get(i) else {
-            continue;
+        let instant = if portal.parameter_format.is_binary(i) {
+            let declared = portal.statement.parameter_types.get(i).cloned().flatten();
+            if declared != Some(Type::TIMESTAMP) {
+                continue;
+            }
+            // Decoded as the instant of its local time in UTC: the local time again.
+            let Ok(ScalarValue::TimestampMicrosecond(Some(us), _)) =
+                value.cast_to(&DataType::Timestamp(TimeUnit::Microsecond, None))
+            else {
+                continue;
+            };
+            let Some(local) = chrono::DateTime::from_timestamp_micros(us) else {
+                continue;
+            };
+            crate::provider::zoned::local_instant(local.naive_utc(), zone).map(|at| {
+                ScalarValue::TimestampMicrosecond(Some(at.timestamp_micros()), Some("UTC".into()))
+            })
+        } else {
+            let Some(Some(raw)) = portal.parameters.get(i) else {
+                continue;
+            };
+            let Ok(text) = std::str::from_utf8(raw) else {
+                continue;
+            };
+            let text = ScalarValue::Utf8(Some(text.to_string()));
+            crate::provider::zoned::in_session_zone(&text, zone)
         };
-        let Ok(text) = std::str::from_utf8(raw) else {
-            continue;
-        };
-        let explicit = ScalarValue::Utf8(Some(text.to_string()));
-        let Some(explicit) = crate::provider::zoned::in_session_zone(&explicit, zone) else {
-            continue;
-        };
-        if let Ok(v) = explicit.cast_to(t) {
+        if let Some(v) = instant.and_then(|v| v.cast_to(t).ok()) {
             *value = v;
         }
     }

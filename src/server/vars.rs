@@ -242,9 +242,26 @@ fn canonical(name: &str, value: &str) -> Result<String, PgWireError> {
             if utc {
                 return Ok("UTC".into());
             }
+            const TAKES: &str = "an IANA name such as Europe/Paris, or a number of hours east \
+                                 of UTC such as 5.5 or -3";
+            // A number is hours east of UTC, as PostgreSQL reads it.
+            if let Ok(hours) = tz.parse::<f64>() {
+                let minutes = (hours * 60.0).round();
+                if !hours.is_finite() || minutes.abs() > 15.0 * 60.0 || minutes != hours * 60.0 {
+                    return Err(bad_value(name, value, TAKES));
+                }
+                let (sign, minutes) = (if minutes < 0.0 { '-' } else { '+' }, minutes.abs() as u32);
+                return Ok(format!("{sign}{:02}:{:02}", minutes / 60, minutes % 60));
+            }
+            // Any other signed offset is a POSIX zone to PostgreSQL, where `+05:30` is five and
+            // a half hours WEST of UTC; chrono reads it east. Refused rather than read the
+            // other way round from PostgreSQL.
+            if tz.starts_with(['+', '-']) {
+                return Err(bad_value(name, value, TAKES));
+            }
             Tz::from_str(tz)
                 .map(|_| tz.to_string())
-                .map_err(|_| bad_value(name, value, "an IANA name such as Europe/Paris, or +HH:MM"))
+                .map_err(|_| bad_value(name, value, TAKES))
         }
         _ => Err(refused(name)),
     }
@@ -591,6 +608,23 @@ mod tests {
         );
         let c = of("SET TIME ZONE 'UTC'").unwrap();
         assert_eq!(c.time_zone, Some(None));
+        // Numbers are hours east, as PostgreSQL reads them; signed offsets, which PostgreSQL
+        // reads as POSIX zones (west), are refused.
+        for (given, taken) in [
+            ("-3", "-03:00"),
+            ("5.5", "+05:30"),
+            ("'+05.75'", "+05:45"),
+            ("'+05'", "+05:00"),
+        ] {
+            let c = of(&format!("SET TIME ZONE {given}")).unwrap();
+            assert_eq!(c.time_zone, Some(Some(taken.into())), "{given}");
+        }
+        for refused in ["'+05:30'", "'-0800'", "'16'", "'NaN'", "'5.1234'"] {
+            assert!(
+                of(&format!("SET TIME ZONE {refused}")).is_err(),
+                "{refused}"
+            );
+        }
         assert!(of("SET timezone = 'Mars/Olympus'")
             .unwrap_err()
             .starts_with("22023"));
