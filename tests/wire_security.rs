@@ -2086,6 +2086,29 @@ async fn every_path_reads_and_writes_times_in_the_session_zone() {
         let set = format!("SET TimeZone = '{zone}'");
         c.simple_query(&set).await.unwrap();
         pg.simple_query(&set).await.unwrap();
+        // Local times the clock skips or shows twice, read as PostgreSQL reads them (a
+        // break-it finding: arrow's cast refused them).
+        if zone != "UTC" {
+            for (ours, theirs) in [
+                (
+                    "SELECT '2026-03-08 02:30:00'::timestamptz".to_string(),
+                    "SELECT '2026-03-08 02:30:00'::timestamptz".to_string(),
+                ),
+                (
+                    "SELECT count(*) FROM chat WHERE timestamp > '2026-11-01 01:30:00'::timestamptz"
+                        .to_string(),
+                    format!(
+                        "SELECT count(*) FROM ({instants}) x \
+                         WHERE t > '2026-11-01 01:30:00'::timestamptz"
+                    ),
+                ),
+            ] {
+                let want = column(&pg.simple_query(&theirs).await.unwrap());
+                let got = column(&c.simple_query(&ours).await.unwrap());
+                let got: Vec<String> = got.iter().map(|v| trimmed(v)).collect();
+                assert_eq!(got, want, "{zone}: {ours}");
+            }
+        }
         // With no zone set (UTC), DataFusion's `timestamptz` has no zone and is written
         // without an offset: an older difference (docs/sql.md), left out here.
         if zone != "UTC" {
@@ -2161,6 +2184,18 @@ async fn every_path_reads_and_writes_times_in_the_session_zone() {
     );
     assert_eq!(trimmed(&got), "2026-01-05 00:00:00-05");
 
+    // A parameter the plan leaves untyped (`$1::int`), sent in binary with no type: decoded
+    // from its use, as before (a break-it finding read its bytes as text).
+    sock.write_all(&rawpg::extended_binary(
+        "SELECT count(*) FROM chat WHERE id = $1::int",
+        &[0],
+        &[Some(&3i32.to_be_bytes())],
+    ))
+    .await
+    .unwrap();
+    let got = first_text(&rawpg::until_ready(&mut sock, wait).await, "$1::int");
+    assert_eq!(got, "1");
+
     // A binary `timestamp` (without a zone) compared with the column: a local time.
     let local = chrono::NaiveDate::from_ymd_opt(2026, 1, 4)
         .unwrap()
@@ -2218,4 +2253,32 @@ async fn every_path_reads_and_writes_times_in_the_session_zone() {
     )
     .await;
     assert_eq!(stored, 3);
+}
+
+/// A subquery in the select list that refers to the outer query or to a parameter, which the
+/// server's SQL parser replaces by NULL (for psql's catalog queries), is refused with 0A000
+/// rather than answered NULL; an uncorrelated one is answered, and psql's catalog queries
+/// keep working (`server::psql_meta_commands_queries_and_errors`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subquery_the_parser_would_drop_is_refused_not_answered_null() {
+    let s = serve(with_users()).await;
+    let c = connect(&s, "carol").await;
+    for sql in [
+        "SELECT id, (SELECT max(c2.id) FROM chat c2 WHERE c2.id < c.id) FROM chat c WHERE id = 3",
+        "SELECT id, (SELECT count(*) FROM chat c2 WHERE c2.id < c.id) AS n FROM chat c",
+        "SELECT 1; SELECT (SELECT max(c2.id) FROM chat c2 WHERE c2.id < c.id) FROM chat c",
+    ] {
+        let e = c.simple_query(sql).await.expect_err(sql);
+        assert!(code(&e).starts_with("0A000"), "{sql}: {}", code(&e));
+    }
+    let e = c
+        .query(
+            "SELECT (SELECT max(id) FROM chat WHERE id < $1) AS m",
+            &[&5i64],
+        )
+        .await
+        .expect_err("a parameter in a select-list subquery");
+    assert!(code(&e).starts_with("0A000"), "{}", code(&e));
+    let n = count(&c, "SELECT (SELECT count(*) FROM chat) AS n").await;
+    assert_eq!(n, 10);
 }

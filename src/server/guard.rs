@@ -235,6 +235,81 @@ pub fn plan_need(plan: &LogicalPlan) -> Result<Role, PgWireError> {
     }
 }
 
+/// Refuses a text whose select list holds a subquery that the server's SQL parser would
+/// silently replace by NULL. datafusion-postgres's compatibility parser does that to every
+/// subquery in a select list that refers to the outer query or to a parameter (it is meant
+/// for psql's catalog queries, which DataFusion cannot plan otherwise): `SELECT id, (SELECT
+/// max(c2.id) FROM chat c2 WHERE c2.id < c.id) FROM chat c` answered NULL, a wrong answer
+/// (break-it finding). Such a statement is refused with 0A000 unless it reads the catalog
+/// (`pg_catalog`, `information_schema`, a `pg_` table), where psql relies on it.
+pub fn no_dropped_subquery(text: &str) -> Result<(), PgWireError> {
+    use datafusion::sql::sqlparser::ast::{Expr, Visit, Visitor};
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    use datafusion_postgres::datafusion_pg_catalog::sql::rules::{
+        RemoveSubqueryFromProjection, SqlStatementRewriteRule,
+    };
+    use std::ops::ControlFlow;
+
+    /// Counts subqueries, and whether a relation of the catalog is named.
+    #[derive(Default)]
+    struct Seen {
+        subqueries: usize,
+        catalog: bool,
+    }
+    impl Visitor for Seen {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+            self.subqueries += usize::from(matches!(e, Expr::Subquery(_)));
+            ControlFlow::Continue(())
+        }
+        fn pre_visit_relation(
+            &mut self,
+            name: &datafusion::sql::sqlparser::ast::ObjectName,
+        ) -> ControlFlow<()> {
+            let first = name
+                .0
+                .first()
+                .and_then(|p| p.as_ident())
+                .map(|i| i.value.to_lowercase());
+            let last = name
+                .0
+                .last()
+                .and_then(|p| p.as_ident())
+                .map(|i| i.value.to_lowercase());
+            self.catalog |= matches!(first.as_deref(), Some("pg_catalog" | "information_schema"))
+                || last.is_some_and(|l| l.starts_with("pg_"));
+            ControlFlow::Continue(())
+        }
+    }
+    fn seen(s: &Statement) -> Seen {
+        let mut v = Seen::default();
+        let _ = s.visit(&mut v);
+        v
+    }
+    // A text this parser refuses is refused where it is parsed, with its own error.
+    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, text) else {
+        return Ok(());
+    };
+    for statement in statements {
+        let before = seen(&statement);
+        if before.subqueries == 0 || before.catalog {
+            continue;
+        }
+        let after = seen(&RemoveSubqueryFromProjection.rewrite(statement));
+        if after.subqueries < before.subqueries {
+            return Err(refuse(
+                "0A000",
+                "a subquery in the select list that refers to the outer query or to a \
+                 parameter is not supported: write it as a join, or move it to the WHERE \
+                 clause"
+                    .into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn ddl_name(ddl: &DdlStatement) -> String {
     match ddl {
         DdlStatement::CreateMemoryTable(_) => "CREATE TABLE (or SELECT ... INTO)".into(),

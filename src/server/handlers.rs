@@ -657,6 +657,7 @@ impl SimpleQueryHandler for Simple {
                     return Ok(vec![answer]);
                 }
             }
+            guard::no_dropped_subquery(query)?;
             SimpleQueryHandler::do_query(&*login.session.service, client, query)
                 .await
                 .map_err(|e| refine_parse_error(e, query))
@@ -766,6 +767,7 @@ impl QueryParser for ControlAwareParser {
             };
             return Ok(Some((sql.to_string(), Some((placeholder, plan)))));
         }
+        guard::no_dropped_subquery(sql)?;
         // Planned here, off the runtime's workers ([`super::offload`]).
         super::offload::off_worker(self.inner().parse_sql(client, sql, types))
             .await
@@ -920,7 +922,18 @@ impl ExtendedQueryHandler for Extended {
                 // here rather than in datafusion-postgres, so that its parameters and its
                 // rows are read and written in the session's zone and styles as on the
                 // prepared path.
-                if matches!(guard::statement_kind(statement), Ok(Kind::Plan)) {
+                // Only when every parameter has a type, the plan's or the client's: one that
+                // has neither (`$1::int` types the cast, not `$1`) is decoded by
+                // datafusion-postgres, which infers it from its use (break-it finding: a
+                // binary int4 was read as text here).
+                let declared = &portal.statement.parameter_types;
+                let typed = types.iter().enumerate().all(|(i, t)| {
+                    t.is_some()
+                        || declared
+                            .get(i)
+                            .is_some_and(|d| d.as_ref().is_some_and(|d| *d != Type::UNKNOWN))
+                });
+                if typed && matches!(guard::statement_kind(statement), Ok(Kind::Plan)) {
                     let style = TextStyle::of(client.metadata(), &login.session.ctx);
                     let run = run_planned(login, portal, statement, plan, &types, style);
                     return super::offload::off_worker(run).await;

@@ -50,9 +50,12 @@ where
                 Some(statement) => Ok(vec![
                     run_control(ctx, login.role, &statement, &Format::UnifiedText).await?,
                 ]),
-                None => SimpleQueryHandler::do_query(&*login.session.service, client, piece)
-                    .await
-                    .map_err(|e| refine_parse_error(e, piece)),
+                None => {
+                    super::guard::no_dropped_subquery(piece)?;
+                    SimpleQueryHandler::do_query(&*login.session.service, client, piece)
+                        .await
+                        .map_err(|e| refine_parse_error(e, piece))
+                }
             }
         }))
         .await?;
