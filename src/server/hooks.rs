@@ -348,8 +348,9 @@ impl QueryHook for Guard {
 
 /// The last hook: whatever no earlier hook answered is refused, so no statement reaches
 /// datafusion-postgres's own execution (which plans text with `SessionContext::sql`). The
-/// one exception is a planned statement at the extended protocol's Execute: the [`Guard`]
-/// judged its plan just before, and datafusion-postgres executes exactly that plan.
+/// one exception is a planned statement at the extended protocol's Execute with a parameter
+/// of no known type (most run in `handlers::run_planned` instead): the [`Guard`] judged its
+/// plan just before, and datafusion-postgres executes exactly that plan.
 #[derive(Debug)]
 pub(super) struct Unhandled;
 
