@@ -18,7 +18,8 @@ use datafusion_postgres::pgwire::api::portal::Format;
 use datafusion_postgres::pgwire::api::results::Response;
 
 use super::guard::{self, Kind};
-use super::handlers::{stream_response, ConnSession, Prepared};
+use super::handlers::ConnSession;
+use super::respond::{stream_response, Prepared};
 use super::text::TextStyle;
 use crate::prepared::shapes::{lift, Lifted};
 use crate::prepared::PreparedError;

@@ -27,8 +27,9 @@ use futures::Stream;
 use tokio::sync::Mutex;
 
 use super::guard::{self, authorize, Role};
-use super::handlers::{api, dataframe_response};
+use super::handlers::api;
 use super::hooks::plan_of;
+use super::respond::dataframe_response;
 use super::text::TextStyle;
 
 fn error(code: &str, message: String) -> PgWireError {

@@ -20,47 +20,41 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
-use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DFSchema, ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
-use datafusion::prelude::{DataFrame, SessionContext};
+use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DFStatementAst;
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion_postgres::arrow_pg::datatypes::df::deserialize_parameters;
-use datafusion_postgres::arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch};
 use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::pgwire::api::portal::{Format, Portal};
 use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use datafusion_postgres::pgwire::api::results::{FieldInfo, QueryResponse, Response};
+use datafusion_postgres::pgwire::api::results::{FieldInfo, Response};
 use datafusion_postgres::pgwire::api::stmt::QueryParser;
 use datafusion_postgres::pgwire::api::store::PortalStore;
 use datafusion_postgres::pgwire::api::{ClientInfo, ClientPortalStore, ErrorHandler, Type};
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
-use datafusion_postgres::pgwire::messages::data::DataRow;
 use datafusion_postgres::pgwire::messages::PgWireBackendMessage;
-use datafusion_postgres::pgwire::types::format::FormatOptions;
 use datafusion_postgres::{DfSessionService, Parser, QueryHook};
-use futures::{Sink, StreamExt};
+use futures::Sink;
 
 use super::conn::ConnState;
-use super::conn::Login;
 use super::guard::{self, authorize, Kind, Role};
-use super::hooks::{dml_response, what, Guard, Unhandled};
+use super::hooks::{Guard, Unhandled};
 use super::limits::{bound_rows, bounded, deadline};
 use super::memory::QueryPool;
-use super::text::TextStyle;
+use super::respond::{batch_response, stream_response, Prepared};
+use super::text::{session_zone, TextStyle};
 use super::Shared;
 use crate::control::{ControlHandle, ControlStatement};
 use crate::lru::Lru;
 use crate::prepared::shapes::Lifted;
-use crate::prepared::{prepare_parsed, PreparedError, PreparedQuery};
-use datafusion::arrow::array::timezone::Tz;
+use crate::prepared::{prepare_parsed, PreparedError};
 
 /// Statements kept prepared per connection (least recently used out).
 const PREPARED_PER_CONNECTION: usize = 64;
@@ -350,11 +344,7 @@ impl ConnSession {
             Ok(p) if p.is_query() => {
                 let need = guard::plan_need(p.logical_plan())?;
                 authorize(self.role, need, "this statement")?;
-                Some(Arc::new(Prepared {
-                    schema: p.schema(),
-                    query: Arc::new(p),
-                    fields: Mutex::new([None, None]),
-                }))
+                Some(Arc::new(Prepared::new(p)))
             }
             Ok(_) | Err(PreparedError::NotAQuery(_)) => None,
             // Anything else (a parse error of this planner, say) is left to the general path,
@@ -362,22 +352,6 @@ impl ConnSession {
             Err(_) => None,
         })
     }
-}
-
-/// `read` of the session's time zone, `None` when it has none set. Read in place:
-/// `SessionContext::state()` clones the whole session state (every function registry); on
-/// the paths run at every execution of a prepared statement, those hash-map clones and their
-/// allocations topped a profile of the wire bench.
-pub(super) fn session_zone<T>(ctx: &SessionContext, read: impl FnOnce(Option<&str>) -> T) -> T {
-    read(
-        ctx.state_ref()
-            .read()
-            .config()
-            .options()
-            .execution
-            .time_zone
-            .as_deref(),
-    )
 }
 
 /// PostgreSQL's refusal of a prepared statement whose result columns changed.
@@ -401,63 +375,6 @@ fn same_columns(
             .iter()
             .zip(b.fields())
             .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
-}
-
-/// Rows encoded for the client as the batches arrive, in the session's text `style`
-/// (timestamps sent as text are formatted a column at a time, [`super::text`]).
-pub(super) fn stream_response(
-    fields: Arc<Vec<FieldInfo>>,
-    batches: SendableRecordBatchStream,
-    style: TextStyle,
-) -> Response {
-    Response::Query(query_response(fields, batches, style))
-}
-
-/// [`stream_response`]'s rows, for a caller that keeps them (a cursor's portal).
-pub(super) fn query_response(
-    fields: Arc<Vec<FieldInfo>>,
-    batches: SendableRecordBatchStream,
-    style: TextStyle,
-) -> QueryResponse {
-    let row_fields = fields.clone();
-    let rows = batches.flat_map(move |b| {
-        let rows: Box<dyn Iterator<Item = PgWireResult<DataRow>> + Send + Sync> = match b {
-            Ok(b) => {
-                let b = super::text::timestamps_as_text(b, &row_fields, &style);
-                encode_recordbatch(row_fields.clone(), b)
-            }
-            Err(e) => Box::new(std::iter::once(Err(api(e)))),
-        };
-        futures::stream::iter(rows)
-    });
-    QueryResponse::new(fields, rows)
-}
-
-/// A planned query's rows in `format`, text in the session's `style`: what datafusion-postgres's
-/// `encode_dataframe` does, with the timestamps of [`super::text`].
-pub(super) async fn dataframe_response(
-    df: DataFrame,
-    style: TextStyle,
-    format: &Format,
-) -> PgWireResult<QueryResponse> {
-    let fields = Arc::new(arrow_schema_to_pg_fields(
-        df.schema().as_arrow(),
-        format,
-        Some(style.options.clone()),
-    )?);
-    let batches = df.execute_stream().await.map_err(api)?;
-    Ok(query_response(fields, batches, style))
-}
-
-/// The answer to a control statement: its one-row result.
-pub(super) fn batch_response(batch: RecordBatch, format: &Format) -> PgWireResult<Response> {
-    let schema = batch.schema();
-    let fields = Arc::new(arrow_schema_to_pg_fields(&schema, format, None)?);
-    let rows: Vec<PgWireResult<DataRow>> = encode_recordbatch(fields.clone(), batch).collect();
-    Ok(Response::Query(QueryResponse::new(
-        fields,
-        futures::stream::iter(rows),
-    )))
 }
 
 /// Runs a control statement for an admin; everyone else is refused before it touches the
@@ -516,56 +433,11 @@ pub(super) fn refine_parse_error(e: PgWireError, text: &str) -> PgWireError {
 }
 
 /// The types a plan expects of its parameters, `$1` first.
-fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
+pub(super) fn parameter_types(plan: &LogicalPlan) -> PgWireResult<Vec<Option<DataType>>> {
     let types = plan.get_parameter_types().map_err(api)?;
     Ok((1..=types.len())
         .map(|i| types.get(&format!("${i}")).cloned().flatten())
         .collect())
-}
-
-/// Runs the plan a portal's statement was given at Parse, with the portal's parameters:
-/// judged again as the [`Guard`] judges it at Execute, its parameters decoded and checked as
-/// on the prepared path, a row change answered with its tag, rows in the portal's formats
-/// and the session's `style`.
-async fn run_planned(
-    login: &Login,
-    portal: &Portal<DfStatement>,
-    statement: &Statement,
-    plan: &LogicalPlan,
-    types: &[Option<DataType>],
-    style: TextStyle,
-) -> PgWireResult<Response> {
-    authorize(login.role, guard::plan_need(plan)?, what(statement))?;
-    let refs: Vec<Option<&DataType>> = types.iter().map(Option::as_ref).collect();
-    let mut values: Vec<ScalarValue> = match deserialize_parameters(portal, &refs)? {
-        ParamValues::List(v) => v.into_iter().map(|s| s.value).collect(),
-        ParamValues::Map(_) => Vec::new(),
-    };
-    super::params::check_decoded(portal, &values)?;
-    let zone = session_zone(&login.session.ctx, |z| {
-        z.and_then(|z| <Tz as std::str::FromStr>::from_str(z).ok())
-    });
-    let declared: Vec<DataType> = types
-        .iter()
-        .map(|t| t.clone().unwrap_or(DataType::Null))
-        .collect();
-    super::params::local_times_in_zone(portal, &declared, &mut values, zone.as_ref());
-    let bound = plan
-        .clone()
-        .replace_params_with_values(&ParamValues::from(values))
-        .map_err(api)?;
-    let df = login
-        .session
-        .ctx
-        .execute_logical_plan(bound)
-        .await
-        .map_err(api)?;
-    if let LogicalPlan::Dml(d) = plan {
-        return dml_response(df, &d.op).await;
-    }
-    Ok(Response::Query(
-        dataframe_response(df, style, &portal.result_column_format).await?,
-    ))
 }
 
 /// The simple protocol: control statements first, then datafusion-postgres's statement
@@ -667,45 +539,6 @@ impl SimpleQueryHandler for Simple {
             bound_rows(r, deadline, &token);
         }
         Ok(out)
-    }
-}
-
-/// A prepared query with its result columns as PostgreSQL fields, per result format (text
-/// or binary) and the session's format options they were built for (computed once, not per
-/// execution, while the options stay the same).
-pub(super) struct Prepared {
-    pub(super) query: Arc<PreparedQuery>,
-    schema: SchemaRef,
-    /// Text (0) and binary (1) results; per-column formats are computed each time.
-    fields: Mutex<[Option<FieldsFor>; 2]>,
-}
-
-/// Fields and the format options they carry.
-type FieldsFor = (Arc<FormatOptions>, Arc<Vec<FieldInfo>>);
-
-impl Prepared {
-    /// The result's fields in `format`, carrying the session's `options` (its date style,
-    /// interval style, bytea output and float digits, which the encoder reads from them).
-    pub(super) fn fields(
-        &self,
-        format: &Format,
-        options: &Arc<FormatOptions>,
-    ) -> PgWireResult<Arc<Vec<FieldInfo>>> {
-        let build = || arrow_schema_to_pg_fields(&self.schema, format, Some(options.clone()));
-        let slot = match format {
-            Format::UnifiedText => 0,
-            Format::UnifiedBinary => 1,
-            Format::Individual(_) => return Ok(Arc::new(build()?)),
-        };
-        let mut known = self.fields.lock().expect("fields lock");
-        if let Some((built_for, f)) = &known[slot] {
-            if built_for == options {
-                return Ok(f.clone());
-            }
-        }
-        let f = Arc::new(build()?);
-        known[slot] = Some((options.clone(), f.clone()));
-        Ok(f)
     }
 }
 
@@ -935,7 +768,8 @@ impl ExtendedQueryHandler for Extended {
                 });
                 if typed && matches!(guard::statement_kind(statement), Ok(Kind::Plan)) {
                     let style = TextStyle::of(client.metadata(), &login.session.ctx);
-                    let run = run_planned(login, portal, statement, plan, &types, style);
+                    let run =
+                        super::planned::run_planned(login, portal, statement, plan, &types, style);
                     return super::offload::off_worker(run).await;
                 }
             }

@@ -25,7 +25,8 @@ use datafusion_postgres::pgwire::messages::PgWireBackendMessage;
 use datafusion_postgres::QueryHook;
 
 use super::guard::{self, authorize, Kind, Role};
-use super::handlers::{api, batch_response, dataframe_response};
+use super::handlers::api;
+use super::respond::{batch_response, dataframe_response};
 use super::text::TextStyle;
 use super::vars;
 

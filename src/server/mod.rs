@@ -41,6 +41,8 @@ mod limits;
 pub mod memory;
 mod offload;
 mod params;
+mod planned;
+mod respond;
 mod retained;
 mod several;
 mod shape;

@@ -56,12 +56,28 @@ impl TextStyle {
         metadata: &std::collections::HashMap<String, String>,
         ctx: &SessionContext,
     ) -> Self {
-        let zone = super::handlers::session_zone(ctx, |z| z.and_then(|z| Tz::from_str(z).ok()));
+        let zone = session_zone(ctx, |z| z.and_then(|z| Tz::from_str(z).ok()));
         Self {
             options: Arc::new(FormatOptions::from_client_metadata(metadata)),
             zone,
         }
     }
+}
+
+/// `read` of the session's time zone, `None` when it has none set. Read in place:
+/// `SessionContext::state()` clones the whole session state (every function registry); on
+/// the paths run at every execution of a prepared statement, those hash-map clones and their
+/// allocations topped a profile of the wire bench.
+pub(super) fn session_zone<T>(ctx: &SessionContext, read: impl FnOnce(Option<&str>) -> T) -> T {
+    read(
+        ctx.state_ref()
+            .read()
+            .config()
+            .options()
+            .execution
+            .time_zone
+            .as_deref(),
+    )
 }
 
 /// `batch` with each `timestamptz` column that `fields` sends as text replaced by its text
