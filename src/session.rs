@@ -202,6 +202,9 @@ async fn build(
     ctx.add_analyzer_rule(Arc::new(crate::provider::ExactDecimalLiterals));
     // Before the optimizer turns a DELETE's subquery into a join it would lose.
     ctx.add_analyzer_rule(Arc::new(crate::provider::ChangeShape));
+    // Every table's times are in UTC: `date_trunc` of them takes arithmetic, not a time
+    // zone library per row (see `provider::utc_trunc`).
+    crate::provider::utc_trunc::install(&ctx);
     PulpitumSchema::install(&ctx, Some(factory.clone()))?;
     crate::control::system::register(&ctx, store.clone())?;
     for def in store.tables().await? {

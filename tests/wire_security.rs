@@ -871,6 +871,19 @@ async fn a_client_changes_only_its_own_session() {
 /// once committed them after the client had its 57014).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_stopped_by_its_timeout_leaves_nothing() {
+    write_stopped_by_its_timeout(false).await;
+}
+
+/// The same through the extended protocol, whose statement runs off the runtime's workers:
+/// the deadline must be watched there, not only by the caller, which cannot look until the
+/// hand-off returns (review finding: the write ran to its end and answered success after
+/// the timeout had passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_write_stopped_by_its_timeout_leaves_nothing() {
+    write_stopped_by_its_timeout(true).await;
+}
+
+async fn write_stopped_by_its_timeout(extended: bool) {
     let s = serve(with_users()).await;
     let c = connect(&s, "bob").await;
     // How long the write takes depends on the machine: shorter timeouts until one stops it
@@ -880,12 +893,15 @@ async fn a_write_stopped_by_its_timeout_leaves_nothing() {
         c.simple_query(&format!("SET statement_timeout = '{ms}ms'"))
             .await
             .unwrap();
-        let r = c
-            .simple_query(&format!(
-                "INSERT INTO chat SELECT {ch}, TIMESTAMP '2026-01-01T00:00:00Z', value, 'x' \
-                 FROM generate_series(1, 49000)"
-            ))
-            .await;
+        let insert = format!(
+            "INSERT INTO chat SELECT {ch}, TIMESTAMP '2026-01-01T00:00:00Z', value, 'x' \
+             FROM generate_series(1, 49000)"
+        );
+        let r = if extended {
+            c.execute(&insert, &[]).await.map(|_| ())
+        } else {
+            c.simple_query(&insert).await.map(|_| ())
+        };
         c.simple_query("RESET statement_timeout").await.unwrap();
         if let Err(e) = r {
             assert!(code(&e).starts_with("57014"), "{}", code(&e));
@@ -2067,6 +2083,49 @@ fn first_text(answer: &[Msg], what: &str) -> String {
         .unwrap_or_else(|| panic!("{what}: {answer:?}"));
     let len = i32::from_be_bytes([row.body[2], row.body[3], row.body[4], row.body[5]]);
     String::from_utf8(row.body[6..6 + len as usize].to_vec()).unwrap()
+}
+
+/// A `LIMIT` or `OFFSET` parameter sent without a type is a `bigint`, as PostgreSQL types
+/// it, in text and in binary (it was left untyped, read as text, and failed with `XX000`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untyped_limit_parameters_are_bigints() {
+    let s = serve(with_users()).await;
+    let mut sock = raw(&s).await;
+    rawpg::login(&mut sock, "alice", PASSWORD).await.unwrap();
+    let wait = Duration::from_secs(5);
+    let sql = "SELECT id FROM chat WHERE channel_id = 1 ORDER BY id LIMIT $1 OFFSET $2";
+    let want = {
+        let c = connect(&s, "alice").await;
+        let rows = c
+            .query(sql, &[&2i64, &1i64])
+            .await
+            .expect("described as bigints, bound as bigints");
+        assert_eq!(rows.len(), 2);
+        rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>()
+    };
+    for (message, how) in [
+        (
+            rawpg::extended_text(sql, &[0, 0], &[Some(b"2"), Some(b"1")]),
+            "text",
+        ),
+        (
+            rawpg::extended_binary(
+                sql,
+                &[0, 0],
+                &[Some(&2i64.to_be_bytes()), Some(&1i64.to_be_bytes())],
+            ),
+            "binary",
+        ),
+    ] {
+        sock.write_all(&message).await.unwrap();
+        let answer = rawpg::until_ready(&mut sock, wait).await;
+        assert!(
+            answer.iter().all(|m| m.error().is_none()),
+            "{how}: {answer:?}"
+        );
+        let rows: Vec<&rawpg::Msg> = answer.iter().filter(|m| m.kind == b'D').collect();
+        assert_eq!(rows.len(), want.len(), "{how}: {answer:?}");
+    }
 }
 
 /// What a break-it review found on the first version of the session zone: a string cast in

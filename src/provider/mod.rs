@@ -25,6 +25,7 @@ pub mod numbers;
 pub mod scan;
 pub mod sink;
 pub mod surface;
+pub mod utc_trunc;
 pub mod zoned;
 
 use std::sync::Arc;

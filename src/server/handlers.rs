@@ -602,9 +602,15 @@ impl QueryParser for ControlAwareParser {
         }
         guard::no_dropped_subquery(sql)?;
         // Planned here, off the runtime's workers ([`super::offload`]).
-        super::offload::off_worker(self.inner().parse_sql(client, sql, types))
+        let parsed = super::offload::off_worker(self.inner().parse_sql(client, sql, types))
             .await
-            .map_err(|e| refine_parse_error(e, sql))
+            .map_err(|e| refine_parse_error(e, sql))?;
+        Ok(match parsed {
+            Some((text, Some((statement, plan)))) => {
+                Some((text, Some((statement, super::params::typed_limits(plan)?))))
+            }
+            other => other,
+        })
     }
 
     fn get_parameter_types(&self, stmt: &DfStatement) -> PgWireResult<Vec<Type>> {
@@ -740,10 +746,14 @@ impl ExtendedQueryHandler for Extended {
                 // A physical plan cached for these values runs on the worker (the hot
                 // page); one to plan, off it ([`super::offload`]).
                 let batches = match p.query.execute_cached(&values) {
-                    Some(ready) => ready,
-                    None => super::offload::off_worker(p.query.execute_stream(&values)).await,
-                }
-                .map_err(api)?;
+                    Some(ready) => ready.map_err(api)?,
+                    None => {
+                        super::offload::off_worker(bounded(deadline, &token, async {
+                            p.query.execute_stream(&values).await.map_err(api)
+                        }))
+                        .await?
+                    }
+                };
                 let style = TextStyle::of(client.metadata(), &login.session.ctx);
                 let fields = p.fields(&portal.result_column_format, &style.options)?;
                 return Ok(stream_response(fields, batches, style));
@@ -770,14 +780,13 @@ impl ExtendedQueryHandler for Extended {
                     let style = TextStyle::of(client.metadata(), &login.session.ctx);
                     let run =
                         super::planned::run_planned(login, portal, statement, plan, &types, style);
-                    return super::offload::off_worker(run).await;
+                    return super::offload::off_worker(bounded(deadline, &token, run)).await;
                 }
             }
-            super::offload::off_worker(ExtendedQueryHandler::do_query(
-                &*login.session.service,
-                client,
-                portal,
-                max_rows,
+            super::offload::off_worker(bounded(
+                deadline,
+                &token,
+                ExtendedQueryHandler::do_query(&*login.session.service, client, portal, max_rows),
             ))
             .await
         });

@@ -18,7 +18,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::handlers::error;
 use super::vars;
-use crate::store::gate::{self, CommitGate};
+use crate::store::gate;
 
 /// The deadline of a statement that starts now: the server's timeout, or the client's own
 /// `SET statement_timeout` when that is shorter (a client may tighten, never loosen it).
@@ -63,6 +63,11 @@ pub(super) fn cancelled() -> PgWireError {
 /// store write began to commit stops it (the write rolls back) and answers 57014; one that
 /// comes after waits for the statement's own outcome, so a client is never told a write
 /// did not happen that did.
+///
+/// A bound nested inside another of the same statement (around work handed off the
+/// workers, whose caller's bound cannot be polled until the hand-off returns) shares the
+/// outer one's gate: with a gate each, the outer would find its own still open after the
+/// inner had let the write commit, and answer 57014 for a write that happened.
 pub(super) async fn bounded<T>(
     deadline: Option<(Instant, Duration)>,
     token: &CancellationToken,
@@ -74,7 +79,7 @@ pub(super) async fn bounded<T>(
             None => std::future::pending().await,
         }
     };
-    let gate = CommitGate::new();
+    let gate = gate::current().unwrap_or_default();
     let work = gate::within(gate.clone(), work);
     tokio::pin!(work);
     tokio::select! {
@@ -211,5 +216,27 @@ mod tests {
         })
         .await;
         assert!(cancelled.is_err());
+    }
+
+    /// A bound inside another (work handed off the workers keeps its statement's deadline)
+    /// shares the statement's gate: a write the inner one let commit is waited for by the
+    /// outer one too, not answered 57014.
+    #[tokio::test]
+    async fn a_nested_bound_shares_its_statement_gate() {
+        let token = CancellationToken::new();
+        let outer = Some((
+            Instant::now() + Duration::from_millis(20),
+            Duration::from_millis(20),
+        ));
+        let r = bounded(outer, &token, async {
+            bounded(None, &token, async {
+                assert!(gate::current().is_some_and(|g| g.begin_commit()));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok(4)
+            })
+            .await
+        })
+        .await;
+        assert_eq!(r.unwrap(), 4);
     }
 }

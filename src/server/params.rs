@@ -14,13 +14,21 @@
 //!   without an offset, or a binary `timestamp`) is read in the session's time zone, as
 //!   PostgreSQL reads it (pgwire reads it in UTC);
 //! - [`guarded`]: a panic that still happens in decoding or executing fails the statement
-//!   instead of the connection.
+//!   instead of the connection;
+//! - [`typed_limits`], at Parse: a parameter that is a `LIMIT` or `OFFSET` is a `bigint`,
+//!   as PostgreSQL types it (DataFusion leaves it untyped, and a driver that sent it with
+//!   type 0 had it read as text: `XX000`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::ScalarValue;
+use datafusion::logical_expr::expr::Placeholder;
+use datafusion::logical_expr::{Expr, Limit, LogicalPlan};
 use datafusion_postgres::arrow_pg::datatypes::into_pg_type;
 use datafusion_postgres::pgwire::api::portal::Portal;
 use datafusion_postgres::pgwire::api::Type;
@@ -205,5 +213,89 @@ pub(super) async fn guarded<T>(work: impl Future<Output = PgWireResult<T>>) -> P
     match AssertUnwindSafe(work).catch_unwind().await {
         Ok(r) => r,
         Err(_) => Err(super::handlers::internal_error()),
+    }
+}
+
+/// `plan` with each untyped parameter that is a whole `LIMIT` or `OFFSET` typed `bigint`
+/// (PostgreSQL's type for them), so that it is described to the client, decoded and bound
+/// as one. A parameter typed elsewhere in the statement keeps that type.
+pub(super) fn typed_limits(plan: LogicalPlan) -> PgWireResult<LogicalPlan> {
+    fn typed(expr: Option<Box<Expr>>, changed: &mut bool) -> Option<Box<Expr>> {
+        expr.map(|e| match *e {
+            Expr::Placeholder(Placeholder { id, field: None }) => {
+                *changed = true;
+                let field = Arc::new(Field::new(id.clone(), DataType::Int64, true));
+                Box::new(Expr::Placeholder(Placeholder {
+                    id,
+                    field: Some(field),
+                }))
+            }
+            other => Box::new(other),
+        })
+    }
+    plan.transform_up_with_subqueries(|p| match p {
+        LogicalPlan::Limit(Limit { skip, fetch, input }) => {
+            let mut changed = false;
+            let limit = Limit {
+                skip: typed(skip, &mut changed),
+                fetch: typed(fetch, &mut changed),
+                input,
+            };
+            Ok(Transformed::new_transformed(
+                LogicalPlan::Limit(limit),
+                changed,
+            ))
+        }
+        other => Ok(Transformed::no(other)),
+    })
+    .map(|t| t.data)
+    .map_err(|e| PgWireError::ApiError(Box::new(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::prelude::SessionContext;
+
+    async fn types(sql: &str) -> Vec<(String, Option<DataType>)> {
+        let plan = SessionContext::new()
+            .state()
+            .create_logical_plan(sql)
+            .await
+            .unwrap();
+        let mut t: Vec<_> = typed_limits(plan)
+            .unwrap()
+            .get_parameter_types()
+            .unwrap()
+            .into_iter()
+            .collect();
+        t.sort();
+        t
+    }
+
+    #[tokio::test]
+    async fn limit_and_offset_parameters_are_bigints() {
+        let int = Some(DataType::Int64);
+        assert_eq!(
+            types("SELECT * FROM (VALUES (1), (2)) t(a) LIMIT $1 OFFSET $2").await,
+            vec![("$1".into(), int.clone()), ("$2".into(), int.clone())]
+        );
+        // In a subquery too; a parameter typed by its use keeps that type.
+        assert_eq!(
+            types(
+                "SELECT * FROM (SELECT a FROM (VALUES (1), (2)) t(a) \
+                 WHERE a > $1 LIMIT $2) s"
+            )
+            .await,
+            vec![
+                ("$1".into(), Some(DataType::Int64)),
+                ("$2".into(), int.clone())
+            ]
+        );
+        // A parameter that is only part of the limit's expression is left to DataFusion.
+        assert_eq!(
+            types("SELECT 1 LIMIT $1::INT").await,
+            vec![("$1".into(), None)]
+        );
     }
 }

@@ -138,7 +138,7 @@ fn queries(msgs: &[Msg], channels: &[i64], n: usize, seed: u64) -> Vec<String> {
         // manifests when every bucket in it is archived.
         let day = 86_400_000_000i64;
         let (day_lo, day_hi) = (lo.div_euclid(day) * day, (hi.div_euclid(day) + 1) * day);
-        let q = match i % 19 {
+        let q = match i % 20 {
             16 => format!(
                 "SELECT {cols} FROM chat WHERE \"timestamp\" < {} ORDER BY \"timestamp\" DESC, id DESC, channel_id DESC LIMIT {limit}",
                 ts(hi)
@@ -218,6 +218,12 @@ fn queries(msgs: &[Msg], channels: &[i64], n: usize, seed: u64) -> Vec<String> {
             ),
             14 => format!(
                 "SELECT channel_id, min(\"timestamp\") AS t0, count(*) AS n FROM chat WHERE channel_id <> {ch} GROUP BY channel_id ORDER BY channel_id"
+            ),
+            // Truncated times (UTC, as the reference session's zone), at every granularity.
+            19 => format!(
+                "SELECT date_trunc('{}', \"timestamp\") AS d, count(*) AS n, min(id) AS a FROM chat WHERE channel_id = {ch} AND \"timestamp\" >= {} GROUP BY d ORDER BY d",
+                ["hour", "day", "week", "month", "quarter", "year"][(i / 20) % 6],
+                ts(lo)
             ),
             _ => format!(
                 "SELECT {cols} FROM chat WHERE channel_id = {ch} AND id >= {} AND \"timestamp\" < {} ORDER BY \"timestamp\" DESC, id DESC LIMIT {limit}",
