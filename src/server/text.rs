@@ -16,7 +16,10 @@
 //! written with the pattern of the field's date style, as pgwire would; in the ISO style the
 //! offset follows PostgreSQL's rule: hours, then minutes only when they are not zero, then
 //! seconds only when they are not zero (`+00`, `+05:30`, `-03:30`, `+00:19:32` for a
-//! local mean time). The other date styles keep pgwire's `+05:30` form.
+//! local mean time). The other date styles keep pgwire's `+05:30` form. In every style the
+//! fractional seconds are PostgreSQL's: pgwire writes six digits always
+//! (`00:00:00.000000`), PostgreSQL only up to the last digit that is not zero
+//! (`00:00:00`, `00:00:00.5`). A `timestamp` without a zone is written here for that alone.
 //!
 //! Binary results carry the instant alone and are left to the encoder, as is anything a zone
 //! cannot be found for.
@@ -26,7 +29,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use chrono::format::{Item, StrftimeItems};
-use chrono::{DateTime, Offset};
+use chrono::{DateTime, Offset, Timelike};
 use datafusion::arrow::array::timezone::Tz;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringBuilder};
 use datafusion::arrow::datatypes::{
@@ -93,14 +96,22 @@ pub(super) fn timestamps_as_text(
     let schema = batch.schema();
     let mut columns: Option<(Vec<ArrayRef>, Vec<Arc<Field>>)> = None;
     for (i, (field, pg)) in schema.fields().iter().zip(fields).enumerate() {
-        let DataType::Timestamp(_, Some(own)) = field.data_type() else {
+        let DataType::Timestamp(_, own) = field.data_type() else {
             continue;
         };
-        if pg.format() != FieldFormat::Text || *pg.datatype() != Type::TIMESTAMPTZ {
+        if pg.format() != FieldFormat::Text {
             continue;
         }
-        let Some(zone) = style.zone.or_else(|| Tz::from_str(own).ok()) else {
-            continue;
+        // A `timestamptz` in the session's zone (or its own); a `timestamp` as it is.
+        let zone = match (own, pg.datatype()) {
+            (Some(own), &Type::TIMESTAMPTZ) => {
+                match style.zone.or_else(|| Tz::from_str(own).ok()) {
+                    Some(zone) => Some(zone),
+                    None => continue,
+                }
+            }
+            (None, &Type::TIMESTAMP) => None,
+            _ => continue,
         };
         let Some(text) = column_text(batch.column(i).as_ref(), zone, pg) else {
             continue;
@@ -121,8 +132,9 @@ pub(super) fn timestamps_as_text(
     RecordBatch::try_new(Arc::new(Schema::new(out_fields)), arrays).unwrap_or(batch)
 }
 
-/// One column's values as text in `zone`; `None` to leave the column to the encoder.
-fn column_text(array: &dyn Array, zone: Tz, pg: &FieldInfo) -> Option<ArrayRef> {
+/// One column's values as text, in `zone` for a `timestamptz` (`None`: a `timestamp`);
+/// `None` to leave the column to the encoder.
+fn column_text(array: &dyn Array, zone: Option<Tz>, pg: &FieldInfo) -> Option<ArrayRef> {
     match array.data_type() {
         DataType::Timestamp(TimeUnit::Second, _) => {
             unit_text::<TimestampSecondType>(array, zone, pg)
@@ -143,19 +155,33 @@ fn column_text(array: &dyn Array, zone: Tz, pg: &FieldInfo) -> Option<ArrayRef> 
 /// The suffix pgwire gives the ISO pattern: chrono's hours-only offset.
 const HOURS_ONLY_OFFSET: &str = "%:::z";
 
-fn unit_text<T: ArrowTemporalType>(array: &dyn Array, zone: Tz, pg: &FieldInfo) -> Option<ArrayRef>
+/// Where every date style of pgwire writes six fractional digits, always.
+const SIX_DIGITS: &str = "%.6f";
+
+fn unit_text<T: ArrowTemporalType>(
+    array: &dyn Array,
+    zone: Option<Tz>,
+    pg: &FieldInfo,
+) -> Option<ArrayRef>
 where
     i64: From<T::Native>,
 {
     let values = array.as_primitive_opt::<T>()?;
     // The pattern pgwire takes for this field's date style, parsed once; in the ISO style
-    // the offset is written here instead, PostgreSQL's way.
-    let pattern = DateStyle::new(&pg.format_options().date_style).full_tz_format_smolstr();
+    // the offset is written here instead, PostgreSQL's way, and in every style the
+    // fractional seconds are (see `write_fraction`).
+    let style = DateStyle::new(&pg.format_options().date_style);
+    let pattern = match zone {
+        Some(_) => style.full_tz_format_smolstr(),
+        None => style.full_format_str().into(),
+    };
     let (pattern, pg_offset) = match pattern.strip_suffix(HOURS_ONLY_OFFSET) {
         Some(rest) => (rest, true),
         None => (pattern.as_str(), false),
     };
-    let items: Vec<Item<'_>> = StrftimeItems::new(pattern).parse().ok()?;
+    let (head, tail) = pattern.split_once(SIX_DIGITS)?;
+    let head: Vec<Item<'_>> = StrftimeItems::new(head).parse().ok()?;
+    let tail: Vec<Item<'_>> = StrftimeItems::new(tail).parse().ok()?;
     let mut out = StringBuilder::with_capacity(values.len(), values.len() * 32);
     for i in 0..values.len() {
         if values.is_null(i) {
@@ -163,19 +189,44 @@ where
             continue;
         }
         // An instant chrono cannot represent is sent as NULL, as arrow-pg does.
-        match values.value_as_datetime_with_tz(i, zone) {
-            Some(d) => {
+        let written = match zone {
+            Some(zone) => values.value_as_datetime_with_tz(i, zone).map(|d| {
                 let d = d.fixed_offset();
-                write!(out, "{}", d.format_with_items(items.iter())).ok()?;
+                write!(out, "{}", d.format_with_items(head.iter()))?;
+                write_fraction(&mut out, d.nanosecond())?;
+                write!(out, "{}", d.format_with_items(tail.iter()))?;
                 if pg_offset {
-                    write_offset(&mut out, &d).ok()?;
+                    write_offset(&mut out, &d)?;
                 }
+                Ok(())
+            }),
+            None => values.value_as_datetime(i).map(|d| {
+                write!(out, "{}", d.format_with_items(head.iter()))?;
+                write_fraction(&mut out, d.nanosecond())?;
+                write!(out, "{}", d.format_with_items(tail.iter()))
+            }),
+        };
+        match written {
+            Some(r) => {
+                r.ok()?;
                 out.append_value("");
             }
             None => out.append_null(),
         }
     }
     Some(Arc::new(out.finish()))
+}
+
+/// Fractional seconds as PostgreSQL writes them: microseconds, without their trailing
+/// zeros, and nothing at all for a whole second (`00:00:00`, `00:00:00.5`,
+/// `00:00:00.123456`). Finer digits are cut, as pgwire cuts them.
+fn write_fraction<W: Write>(out: &mut W, nanos: u32) -> std::fmt::Result {
+    let micros = nanos / 1_000 % 1_000_000;
+    if micros == 0 {
+        return Ok(());
+    }
+    let digits = format!("{micros:06}");
+    write!(out, ".{}", digits.trim_end_matches('0'))
 }
 
 /// PostgreSQL's ISO offset of `d`: `+HH`, `+HH:MM` when the minutes are not zero,
@@ -268,6 +319,54 @@ mod tests {
             .unwrap()
     }
 
+    /// Each row's values as the text it carries (`None`: NULL).
+    fn row_texts(rows: &[DataRow]) -> Vec<Vec<Option<String>>> {
+        rows.iter()
+            .map(|r| {
+                let mut at = 0;
+                let mut out = Vec::new();
+                while at < r.data.len() {
+                    let n = i32::from_be_bytes(r.data[at..at + 4].try_into().unwrap());
+                    at += 4;
+                    if n < 0 {
+                        out.push(None);
+                        continue;
+                    }
+                    let end = at + n as usize;
+                    out.push(Some(String::from_utf8(r.data[at..end].to_vec()).unwrap()));
+                    at = end;
+                }
+                out
+            })
+            .collect()
+    }
+
+    /// pgwire's text with PostgreSQL's fractional seconds: trailing zeros cut, and the point
+    /// with them when nothing is left.
+    fn pg_fraction(text: &str) -> String {
+        // The seconds' point, after the time of day's first colon (German dates have dots).
+        let Some(dot) = text
+            .find(':')
+            .and_then(|colon| text[colon..].find('.').map(|d| colon + d))
+        else {
+            return text.to_string();
+        };
+        let digits = text[dot + 1..]
+            .find(|c: char| !c.is_ascii_digit())
+            .map_or(text.len(), |n| dot + 1 + n);
+        let kept = text[dot + 1..digits].trim_end_matches('0');
+        let point = if kept.is_empty() { "" } else { "." };
+        format!("{}{point}{kept}{}", &text[..dot], &text[digits..])
+    }
+
+    /// pgwire's rows with PostgreSQL's fractional seconds in every text.
+    fn pg_rows(batch: RecordBatch, fields: &Arc<Vec<FieldInfo>>) -> Vec<Vec<Option<String>>> {
+        row_texts(&rows(batch, fields))
+            .into_iter()
+            .map(|r| r.into_iter().map(|v| v.map(|t| pg_fraction(&t))).collect())
+            .collect()
+    }
+
     /// The `at` column's text, per row.
     fn texts(ts: ArrayRef, options: FormatOptions, session: Option<&str>) -> Vec<Option<String>> {
         let batch = batch_of(ts);
@@ -282,35 +381,40 @@ mod tests {
         Arc::new(TimestampMicrosecondArray::from(INSTANTS.to_vec()).with_timezone(zone))
     }
 
-    /// The ISO offsets are PostgreSQL's (what `SET TimeZone` then `SELECT ts::text` prints
-    /// there, with all six fractional digits): minutes and seconds are kept, not cut off.
+    /// The ISO offsets and fractions are PostgreSQL's (what `SET TimeZone` then `SELECT
+    /// ts::text` prints there): minutes and seconds of an offset are kept, not cut off, and
+    /// fractional seconds are written only as far as their last digit that is not zero.
     #[test]
     fn iso_offsets_are_postgresqls() {
         let new_year = Some(1_767_225_600_000_000);
         let cases = [
-            ("UTC", new_year, "2026-01-01 00:00:00.000000+00"),
-            ("Asia/Kolkata", new_year, "2026-01-01 05:30:00.000000+05:30"),
-            (
-                "Asia/Kathmandu",
-                new_year,
-                "2026-01-01 05:45:00.000000+05:45",
-            ),
-            (
-                "America/St_Johns",
-                new_year,
-                "2025-12-31 20:30:00.000000-03:30",
-            ),
-            (
-                "America/New_York",
-                new_year,
-                "2025-12-31 19:00:00.000000-05",
-            ),
+            ("UTC", new_year, "2026-01-01 00:00:00+00"),
+            ("Asia/Kolkata", new_year, "2026-01-01 05:30:00+05:30"),
+            ("Asia/Kathmandu", new_year, "2026-01-01 05:45:00+05:45"),
+            ("America/St_Johns", new_year, "2025-12-31 20:30:00-03:30"),
+            ("America/New_York", new_year, "2025-12-31 19:00:00-05"),
             // Berlin kept its local mean time until 1893.
             (
                 "Europe/Berlin",
                 Some(-2_524_521_600_000_000),
-                "1890-01-01 00:53:28.000000+00:53:28",
+                "1890-01-01 00:53:28+00:53:28",
             ),
+            (
+                "UTC",
+                Some(1_767_225_600_500_000),
+                "2026-01-01 00:00:00.5+00",
+            ),
+            (
+                "UTC",
+                Some(1_767_225_600_123_450),
+                "2026-01-01 00:00:00.12345+00",
+            ),
+            (
+                "UTC",
+                Some(1_767_225_600_000_001),
+                "2026-01-01 00:00:00.000001+00",
+            ),
+            ("UTC", Some(-1), "1969-12-31 23:59:59.999999+00"),
         ];
         for (zone, at, want) in cases {
             let ts = Arc::new(TimestampMicrosecondArray::from(vec![at]).with_timezone("UTC"));
@@ -326,7 +430,7 @@ mod tests {
         let time = text.rfind(' ').unwrap() + 1;
         let at = time + text[time..].find(['+', '-']).unwrap();
         let (local, offset) = text.split_at(at);
-        let local = NaiveDateTime::parse_from_str(local, "%Y-%m-%d %H:%M:%S%.6f").unwrap();
+        let local = NaiveDateTime::parse_from_str(local, "%Y-%m-%d %H:%M:%S%.f").unwrap();
         let sign = if offset.starts_with('-') { -1 } else { 1 };
         let parts: Vec<i64> = offset[1..].split(':').map(|p| p.parse().unwrap()).collect();
         assert!((1..=3).contains(&parts.len()), "{text}");
@@ -343,8 +447,8 @@ mod tests {
 
     /// Every text names exactly the instant it was made from, in every zone shape (whole,
     /// half and quarter hours, west and east, summer time, local mean times with seconds),
-    /// before 1970 and far ahead; NULLs stay NULL. Whole-hour offsets are byte for byte what
-    /// pgwire writes.
+    /// before 1970 and far ahead; NULLs stay NULL. Whole-hour offsets are what pgwire
+    /// writes, with PostgreSQL's fractional seconds.
     #[test]
     fn every_text_names_its_instant() {
         for zone in ZONES {
@@ -370,11 +474,16 @@ mod tests {
             let options = FormatOptions::default();
             let fields = text_fields(&batch, &options);
             let ours = timestamps_as_text(batch.clone(), &fields, &TextStyle::with(options, None));
-            assert_eq!(rows(ours, &fields), rows(batch, &fields), "{zone}");
+            assert_eq!(
+                row_texts(&rows(ours, &fields)),
+                pg_rows(batch, &fields),
+                "{zone}"
+            );
         }
     }
 
-    /// The other date styles are written as pgwire writes them, from the session's options.
+    /// The other date styles are written as pgwire writes them, from the session's options,
+    /// with PostgreSQL's fractional seconds.
     #[test]
     fn other_date_styles_are_pgwires() {
         for style in ["German", "SQL, DMY", "Postgres, MDY"] {
@@ -390,7 +499,11 @@ mod tests {
                     &TextStyle::with(options.clone(), None),
                 );
                 assert_eq!(ours.schema().field(1).data_type(), &DataType::Utf8);
-                assert_eq!(rows(ours, &fields), rows(batch, &fields), "{style} {zone}");
+                assert_eq!(
+                    row_texts(&rows(ours, &fields)),
+                    pg_rows(batch, &fields),
+                    "{style} {zone}"
+                );
             }
         }
     }
@@ -410,17 +523,28 @@ mod tests {
         );
     }
 
-    /// Binary results, and columns that are not `timestamptz`, are untouched.
+    /// Binary results, and columns that are not timestamps, are untouched; a `timestamp`
+    /// (without a zone) is written as it is, with PostgreSQL's fractional seconds, whatever
+    /// the session's zone.
     #[test]
     fn other_columns_and_formats_are_left_to_the_encoder() {
         let ts = TimestampMicrosecondArray::from(vec![Some(0)]).with_timezone("UTC");
         let naive = TimestampMicrosecondArray::from(vec![Some(0)]);
+        let naive_ns = TimestampNanosecondArray::from(vec![Some(1_500_000_000), None]);
         let schema = Arc::new(Schema::new(vec![
             Field::new("at", ts.data_type().clone(), true),
             Field::new("naive", naive.data_type().clone(), true),
+            Field::new("n", DataType::Int64, true),
         ]));
-        let batch =
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(ts), Arc::new(naive)]).unwrap();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(ts),
+                Arc::new(naive),
+                Arc::new(Int64Array::from(vec![Some(7)])),
+            ],
+        )
+        .unwrap();
         let style = TextStyle::with(FormatOptions::default(), Some("Asia/Kolkata"));
         let binary =
             Arc::new(arrow_schema_to_pg_fields(&schema, &Format::UnifiedBinary, None).unwrap());
@@ -432,9 +556,25 @@ mod tests {
             Arc::new(arrow_schema_to_pg_fields(&schema, &Format::UnifiedText, None).unwrap());
         let converted = timestamps_as_text(batch, &text, &style);
         assert_eq!(converted.schema().field(0).data_type(), &DataType::Utf8);
+        assert_eq!(converted.schema().field(1).data_type(), &DataType::Utf8);
+        assert_eq!(converted.schema().field(2).data_type(), &DataType::Int64);
         assert_eq!(
-            converted.schema().field(1).data_type(),
-            &DataType::Timestamp(TimeUnit::Microsecond, None)
+            row_texts(&rows(converted, &text)),
+            vec![vec![
+                Some("1970-01-01 05:30:00+05:30".to_string()),
+                Some("1970-01-01 00:00:00".to_string()),
+                Some("7".to_string()),
+            ]]
+        );
+        let naive = batch_of(Arc::new(naive_ns));
+        let fields = text_fields(&naive, &FormatOptions::default());
+        let got = timestamps_as_text(naive, &fields, &style);
+        assert_eq!(
+            row_texts(&rows(got, &fields)),
+            vec![
+                vec![Some("0".into()), Some("1970-01-01 00:00:01.5".into())],
+                vec![Some("1".into()), None],
+            ]
         );
     }
 }
