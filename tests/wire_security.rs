@@ -2109,6 +2109,43 @@ async fn untyped_limit_parameters_are_bigints() {
         let rows: Vec<&rawpg::Msg> = answer.iter().filter(|m| m.kind == b'D').collect();
         assert_eq!(rows.len(), want.len(), "{how}: {answer:?}");
     }
+    // The same parameter as a limit and in a comparison (break-it findings): typed by the
+    // comparison, as PostgreSQL types it, and its limit still a constant once bound.
+    let c = connect(&s, "alice").await;
+    let ids =
+        |rows: Vec<tokio_postgres::Row>| -> Vec<i64> { rows.iter().map(|r| r.get(0)).collect() };
+    let all = ids(c
+        .query("SELECT id FROM chat WHERE channel_id = 1 ORDER BY id", &[])
+        .await
+        .unwrap());
+    for n in [1i64, 2, 3] {
+        let got = ids(c
+            .query(
+                "SELECT id FROM chat WHERE channel_id = 1 AND id >= $1 ORDER BY id LIMIT $1",
+                &[&n],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("LIMIT $1 used twice: {e}")));
+        let want: Vec<i64> = all
+            .iter()
+            .copied()
+            .filter(|i| *i >= n)
+            .take(n as usize)
+            .collect();
+        assert_eq!(got, want, "n = {n}");
+    }
+    let small: Vec<i32> = c
+        .query(
+            "SELECT a FROM (VALUES (CAST(1 AS INT)), (CAST(2 AS INT)), (CAST(3 AS INT))) t(a) \
+             WHERE a >= $1 ORDER BY a LIMIT $1",
+            &[&2i32],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("an int parameter as a limit: {e}"))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(small, vec![2, 3]);
 }
 
 /// What a break-it review found on the first version of the session zone: a string cast in

@@ -26,12 +26,13 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::ParamValues;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionState;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::TaskContext;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::{Expr, Limit, LogicalPlan};
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
 use datafusion::prelude::SessionContext;
@@ -123,6 +124,55 @@ const REUSABLE_OPERATORS: [&str; 8] = [
     "LocalLimitExec",
     "FilterExec",
 ];
+
+/// `plan` with each `LIMIT` and `OFFSET` expression (in subqueries too) that `f` replaces
+/// replaced; `f` answers `None` to keep one as it is.
+pub(crate) fn map_limits(
+    plan: LogicalPlan,
+    mut f: impl FnMut(&Expr) -> Option<Expr>,
+) -> Result<LogicalPlan, DataFusionError> {
+    plan.transform_up_with_subqueries(|p| match p {
+        LogicalPlan::Limit(Limit { skip, fetch, input }) => {
+            let mut changed = false;
+            let mut map = |e: Option<Box<Expr>>| {
+                e.map(|e| match f(&e) {
+                    Some(new) => {
+                        changed = true;
+                        Box::new(new)
+                    }
+                    None => e,
+                })
+            };
+            let (skip, fetch) = (map(skip), map(fetch));
+            let limit = Limit { skip, fetch, input };
+            Ok(Transformed::new_transformed(
+                LogicalPlan::Limit(limit),
+                changed,
+            ))
+        }
+        other => Ok(Transformed::no(other)),
+    })
+    .map(|t| t.data)
+}
+
+/// `plan` with each `LIMIT` and `OFFSET` that is a cast of a constant folded into the
+/// constant. The plan was optimised with its parameters in place, so a `LIMIT $1` bound
+/// afterwards is the value under the casts type coercion put around the parameter, which
+/// the physical planner does not evaluate ("Unsupported LIMIT expression").
+fn constant_limits(plan: LogicalPlan) -> Result<LogicalPlan, DataFusionError> {
+    fn constant(e: &Expr) -> Option<ScalarValue> {
+        match e {
+            Expr::Literal(v, _) => Some(v.clone()),
+            Expr::Cast(c) => constant(&c.expr)?.cast_to(c.field.data_type()).ok(),
+            Expr::TryCast(c) => constant(&c.expr)?.cast_to(c.field.data_type()).ok(),
+            _ => None,
+        }
+    }
+    map_limits(plan, |e| match e {
+        Expr::Literal(..) => None,
+        e => constant(e).map(|v| Expr::Literal(v, None)),
+    })
+}
 
 /// Whether a physical plan can be executed again later: its leaves are all Pulpitum scans
 /// that list buckets when they run (so the plan holds nothing observed while planning),
@@ -377,6 +427,7 @@ impl PreparedQuery {
             .plan
             .clone()
             .with_param_values(ParamValues::from(bound.clone()))?;
+        let logical = constant_limits(logical)?;
         // The logical plan was optimised when prepared; only physical planning remains.
         let plan = self
             .state

@@ -12,9 +12,11 @@
 //! argument whose zone is UTC it hands the built-in the same values typed without the zone
 //! (the buffers are shared, nothing is copied) and types the answer back; for every other
 //! zone, and for everything else the function does (its types, its ordering, its
-//! `preimage` that turns `date_trunc(...) = literal` into a range the scan can prune on),
-//! it delegates. The answers are the built-in's by construction; a unit test compares the
-//! two over every granularity, unit and edge it could differ on.
+//! `preimage`, should a later DataFusion give it one), it delegates. Within the range of a
+//! nanosecond time (1677 to 2262) the answers are the built-in's by construction; a unit
+//! test compares the two over every granularity, unit and edge it could differ on. Outside
+//! it, the built-in refuses a UTC time of an array for `hour` and `day` (it converts each
+//! to nanoseconds) where the wrapper answers as PostgreSQL does (break-it finding).
 
 use std::sync::Arc;
 
@@ -393,6 +395,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A microsecond time outside the nanosecond range is truncated, as PostgreSQL
+    /// truncates it (`1600-03-01 00:00:00+00`), where the built-in refuses it.
+    #[test]
+    fn times_outside_the_nanosecond_range_are_truncated() {
+        let ours = ScalarUDF::new_from_impl(UtcDateTrunc::new(builtin()));
+        // 1600-03-01 13:45:00 UTC.
+        let at = -11_670_862_500_000_000i64;
+        let input: ArrayRef =
+            Arc::new(TimestampMicrosecondArray::from(vec![Some(at)]).with_timezone("UTC"));
+        let day = call(&ours, "day", ColumnarValue::Array(input.clone())).unwrap();
+        let day = day.into_array(1).unwrap();
+        assert_eq!(day.data_type(), input.data_type());
+        let want = -11_670_912_000_000_000i64;
+        assert_eq!(
+            ScalarValue::try_from_array(&day, 0).unwrap(),
+            ScalarValue::TimestampMicrosecond(Some(want), Some("UTC".into()))
+        );
+        assert!(call(&builtin(), "day", ColumnarValue::Array(input)).is_err());
     }
 
     #[test]

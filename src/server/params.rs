@@ -25,10 +25,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
-use datafusion::common::tree_node::Transformed;
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::expr::Placeholder;
-use datafusion::logical_expr::{Expr, Limit, LogicalPlan};
+use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion_postgres::arrow_pg::datatypes::into_pg_type;
 use datafusion_postgres::pgwire::api::portal::Portal;
 use datafusion_postgres::pgwire::api::Type;
@@ -218,38 +218,60 @@ pub(super) async fn guarded<T>(work: impl Future<Output = PgWireResult<T>>) -> P
 
 /// `plan` with each untyped parameter that is a whole `LIMIT` or `OFFSET` typed `bigint`
 /// (PostgreSQL's type for them), so that it is described to the client, decoded and bound
-/// as one. A parameter typed elsewhere in the statement keeps that type.
+/// as one. A parameter used anywhere else in the statement is left as it was, to take its
+/// type from that use (`WHERE a >= $1 LIMIT $1` with an `int` column: typing it here
+/// would conflict, break-it finding).
 pub(super) fn typed_limits(plan: LogicalPlan) -> PgWireResult<LogicalPlan> {
-    fn typed(expr: Option<Box<Expr>>, changed: &mut bool) -> Option<Box<Expr>> {
-        expr.map(|e| match *e {
-            Expr::Placeholder(Placeholder { id, field: None }) => {
-                *changed = true;
-                let field = Arc::new(Field::new(id.clone(), DataType::Int64, true));
-                Box::new(Expr::Placeholder(Placeholder {
-                    id,
-                    field: Some(field),
-                }))
-            }
-            other => Box::new(other),
-        })
-    }
-    plan.transform_up_with_subqueries(|p| match p {
-        LogicalPlan::Limit(Limit { skip, fetch, input }) => {
-            let mut changed = false;
-            let limit = Limit {
-                skip: typed(skip, &mut changed),
-                fetch: typed(fetch, &mut changed),
-                input,
-            };
-            Ok(Transformed::new_transformed(
-                LogicalPlan::Limit(limit),
-                changed,
-            ))
+    let elsewhere = used_outside_limits(&plan).map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+    crate::prepared::map_limits(plan, |e| match e {
+        Expr::Placeholder(Placeholder { id, field: None }) if !elsewhere.contains(id) => {
+            let field = Arc::new(Field::new(id.clone(), DataType::Int64, true));
+            Some(Expr::Placeholder(Placeholder {
+                id: id.clone(),
+                field: Some(field),
+            }))
         }
-        other => Ok(Transformed::no(other)),
+        _ => None,
     })
-    .map(|t| t.data)
     .map_err(|e| PgWireError::ApiError(Box::new(e)))
+}
+
+/// The parameters used anywhere but as a whole `LIMIT` or `OFFSET`.
+fn used_outside_limits(
+    plan: &LogicalPlan,
+) -> datafusion::common::Result<std::collections::HashSet<String>> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let mut ids = std::collections::HashSet::new();
+    let mut note = |e: &Expr| {
+        e.apply(|e| {
+            if let Expr::Placeholder(Placeholder { id, .. }) = e {
+                ids.insert(id.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .map(|_| ())
+    };
+    plan.apply_with_subqueries(|p| {
+        match p {
+            // A limit's own expressions are its skip and fetch: a bare parameter there is
+            // a limit's; anything else is noted.
+            LogicalPlan::Limit(l) => {
+                for e in l.skip.iter().chain(l.fetch.iter()) {
+                    if !matches!(**e, Expr::Placeholder(_)) {
+                        note(e)?;
+                    }
+                }
+            }
+            _ => {
+                p.apply_expressions(|e| {
+                    note(e)?;
+                    Ok(TreeNodeRecursion::Continue)
+                })?;
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(ids)
 }
 
 #[cfg(test)]
@@ -291,6 +313,16 @@ mod tests {
                 ("$1".into(), Some(DataType::Int64)),
                 ("$2".into(), int.clone())
             ]
+        );
+        // A parameter used elsewhere too takes its type from there (break-it finding: an
+        // `int` column's comparison conflicted with the limit's `bigint`).
+        assert_eq!(
+            types(
+                "SELECT a FROM (VALUES (CAST(1 AS INT)), (CAST(2 AS INT))) t(a) \
+                 WHERE a >= $1 ORDER BY a LIMIT $1"
+            )
+            .await,
+            vec![("$1".into(), Some(DataType::Int32))]
         );
         // A parameter that is only part of the limit's expression is left to DataFusion.
         assert_eq!(
