@@ -2146,6 +2146,14 @@ async fn untyped_limit_parameters_are_bigints() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(small, vec![2, 3]);
+    // A negative limit or offset: PostgreSQL's codes, not an internal error.
+    for (sql, want) in [
+        ("SELECT id FROM chat LIMIT $1", "2201W"),
+        ("SELECT id FROM chat OFFSET $1", "2201X"),
+    ] {
+        let e = c.query(sql, &[&-1i64]).await.expect_err(sql);
+        assert!(code(&e).starts_with(want), "{sql}: {}", code(&e));
+    }
 }
 
 /// What a break-it review found on the first version of the session zone: a string cast in

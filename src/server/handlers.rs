@@ -157,6 +157,12 @@ fn sqlstate(e: &(dyn std::error::Error + 'static)) -> &'static str {
         "40001"
     } else if text.contains("table '") && text.contains("' not found") {
         "42P01"
+    } else if text.contains("LIMIT must be >= 0") {
+        // invalid_row_count_in_limit_clause
+        "2201W"
+    } else if text.contains("OFFSET must be >=0") {
+        // invalid_row_count_in_result_offset_clause
+        "2201X"
     } else if text.contains("must not be NULL") {
         // not_null_violation
         "23502"
