@@ -46,6 +46,7 @@ mod respond;
 mod retained;
 mod several;
 mod shape;
+mod sqlstate;
 mod text;
 pub mod tls;
 pub mod vars;
